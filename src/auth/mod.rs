@@ -1,0 +1,1 @@
+//! Tokens, SCRAM-SHA-256 server side, cleartext check.

@@ -1,0 +1,12 @@
+//! sandpit: a Postgres wire-protocol gateway that gives every AI-agent task its own
+//! throwaway database, forked lazily from a golden snapshot.
+
+pub mod auth;
+pub mod config;
+pub mod control;
+pub mod lifecycle;
+pub mod pg;
+pub mod provider;
+pub mod proxy;
+pub mod registry;
+pub mod wire;

@@ -1,0 +1,88 @@
+//! Where scratch databases come from. One trait; the `instance` provider is the
+//! embedded default (its own Postgres process per fork, on a copy of a golden data dir).
+
+pub mod instance;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use serde::{Deserialize, Serialize};
+
+/// A boxed future, so that `Provider` stays object safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a backend is tagged with, inside the backend itself, so a janitor can find it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendTag {
+    /// Token id that owns the backend.
+    pub token_id: String,
+    /// Task name of the token.
+    pub task: String,
+    /// Expiry of the token, RFC 3339.
+    pub expires_at: String,
+}
+
+/// How the gateway reaches a running backend.
+#[derive(Debug, Clone)]
+pub struct BackendTarget {
+    /// Full path of the unix socket file (`…/.s.PGSQL.5432`).
+    pub socket_path: PathBuf,
+    /// Role the gateway logs in as: the agent role, never a superuser.
+    pub user: String,
+    /// Database to connect to.
+    pub database: String,
+    /// Password for `user`, when the backend asks for one (peer auth needs none).
+    pub password: Option<String>,
+}
+
+/// A running backend.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    /// Provider-specific handle, persisted in the registry (for `instance`: the instance dir name).
+    pub handle: String,
+    /// Where to connect.
+    pub target: BackendTarget,
+    /// How the fork was made ("reflink", "copy", "btrfs-snapshot", "restart", "adopted").
+    pub method: String,
+    /// Whether the backend runs in an empty network namespace.
+    pub netns: bool,
+}
+
+/// Errors from a provider.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderError {
+    #[error("no PostgreSQL server binaries found ({0}); install the Debian package `postgresql` or set postgres.bin_dir")]
+    NoBinaries(String),
+    #[error("golden snapshot: {0}")]
+    Golden(String),
+    #[error("fork failed: {0}")]
+    Fork(String),
+    #[error("backend {0} not found")]
+    NotFound(String),
+    #[error("backend did not become ready: {0}")]
+    NotReady(String),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A source of scratch databases.
+pub trait Provider: Send + Sync + 'static {
+    /// Short name for logs and metrics ("instance", "template", "remote").
+    fn name(&self) -> &'static str;
+    /// Fork a new backend from the golden, tagged with `tag`, and wait until it accepts connections.
+    fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>>;
+    /// Make sure an existing backend (known from the registry, e.g. after a gateway restart) is
+    /// running: adopt it if it is, start it again if it is not.
+    fn ensure_running<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<Backend, ProviderError>>;
+    /// Stop a backend and remove everything it had (processes, files). Idempotent.
+    fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// Stop a backend but keep its data, for a graceful gateway shutdown. Idempotent.
+    fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// Every backend that exists, with its tag (for the janitor).
+    fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>>;
+    /// Strings that must never reach a client (socket dirs, data paths, superuser names).
+    fn secrets(&self) -> Vec<String>;
+}
