@@ -2,6 +2,7 @@
 //! throwaway database, forked lazily from a golden snapshot.
 
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod lifecycle;
@@ -9,4 +10,5 @@ pub mod pg;
 pub mod provider;
 pub mod proxy;
 pub mod registry;
+pub mod server;
 pub mod wire;

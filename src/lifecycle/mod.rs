@@ -1,1 +1,436 @@
-//! lifecycle
+//! The life of a token: issue, lazy single-flight fork, TTL expiry, revoke. Ending a token
+//! ends its sessions (they see the reason), destroys its backend, and marks the record.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use serde::Serialize;
+use time::OffsetDateTime;
+use tokio::sync::{watch, Mutex};
+
+use crate::auth::{self, Verifier};
+use crate::config::Config;
+use crate::provider::{Backend, BackendTag, Provider, ProviderError};
+use crate::registry::{Caps, Registry, RegistryError, TokenRecord, TokenState};
+
+/// Why a token stopped being usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    /// TTL passed.
+    Expired,
+    /// Revoked by the harness.
+    Revoked,
+    /// The gateway is shutting down (token stays valid).
+    Shutdown,
+}
+
+impl EndReason {
+    /// Message the client sees.
+    pub fn message(self) -> &'static str {
+        match self {
+            EndReason::Expired => "terminating connection because the sandpit token expired",
+            EndReason::Revoked => "terminating connection because the sandpit token was revoked",
+            EndReason::Shutdown => {
+                "terminating connection because the sandpit gateway is shutting down"
+            }
+        }
+    }
+}
+
+/// Errors of lifecycle operations.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("unknown token {0}")]
+    Unknown(String),
+    #[error("token {0} is {1}")]
+    NotUsable(String, &'static str),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Provider(#[from] ProviderError),
+}
+
+/// What the harness asks for at issue.
+#[derive(Debug, Clone, Default)]
+pub struct IssueRequest {
+    /// Task name.
+    pub task: String,
+    /// TTL; default from config.
+    pub ttl: Option<Duration>,
+    /// Row cap; default from config.
+    pub max_rows: Option<u64>,
+    /// Byte cap; default from config.
+    pub max_bytes: Option<u64>,
+    /// Concurrent sessions; default from config.
+    pub max_connections: Option<u32>,
+    /// Free-form metadata.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A token as shown to the harness (never includes the secret, except `dsn` right at issue).
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenView {
+    /// Public id.
+    pub id: String,
+    /// Only at issue: the DSN the agent uses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dsn: Option<String>,
+    /// Task name.
+    pub task: String,
+    /// Metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Issue time, RFC 3339.
+    pub created_at: String,
+    /// Expiry, RFC 3339.
+    pub expires_at: String,
+    /// issued / live / expired / revoked.
+    pub state: TokenState,
+    /// Row cap per statement.
+    pub max_rows: u64,
+    /// Byte cap per statement.
+    pub max_bytes: u64,
+    /// Session cap.
+    pub max_connections: u32,
+    /// Whether a backend exists now.
+    pub backend: bool,
+    /// Forks made for this token.
+    pub fork_count: u64,
+    /// Sessions open now.
+    pub sessions: u32,
+}
+
+/// Runtime state of one token in this process.
+pub struct TokenRuntime {
+    backend: Mutex<Option<Backend>>,
+    sessions: AtomicU32,
+    ended: watch::Sender<Option<EndReason>>,
+}
+
+impl TokenRuntime {
+    fn new() -> Self {
+        TokenRuntime {
+            backend: Mutex::new(None),
+            sessions: AtomicU32::new(0),
+            ended: watch::channel(None).0,
+        }
+    }
+
+    /// A receiver that fires when the token ends.
+    pub fn ended(&self) -> watch::Receiver<Option<EndReason>> {
+        self.ended.subscribe()
+    }
+}
+
+/// Holds one session slot of a token; frees it on drop.
+pub struct SessionSlot(Arc<TokenRuntime>);
+
+impl Drop for SessionSlot {
+    fn drop(&mut self) {
+        self.0.sessions.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!("sandpit_sessions").decrement(1.0);
+    }
+}
+
+/// The gateway's shared state.
+pub struct Gateway {
+    /// Configuration.
+    pub config: Config,
+    /// Token store.
+    pub registry: Registry,
+    /// Scratch database source.
+    pub provider: Arc<dyn Provider>,
+    runtimes: DashMap<String, Arc<TokenRuntime>>,
+    secrets: Vec<String>,
+}
+
+fn rfc3339(t: OffsetDateTime) -> String {
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+impl Gateway {
+    /// Assemble the gateway state.
+    pub fn new(config: Config, registry: Registry, provider: Arc<dyn Provider>) -> Arc<Gateway> {
+        let secrets = provider.secrets();
+        Arc::new(Gateway {
+            config,
+            registry,
+            provider,
+            runtimes: DashMap::new(),
+            secrets,
+        })
+    }
+
+    /// Strings that must never reach a client.
+    pub fn secrets(&self) -> &[String] {
+        &self.secrets
+    }
+
+    /// The runtime state of a token (created on first use).
+    pub fn runtime(&self, id: &str) -> Arc<TokenRuntime> {
+        self.runtimes
+            .entry(id.to_string())
+            .or_insert_with(|| Arc::new(TokenRuntime::new()))
+            .clone()
+    }
+
+    /// Issue a token; returns its view with the DSN.
+    pub fn issue(self: &Arc<Self>, req: IssueRequest) -> Result<TokenView, LifecycleError> {
+        let d = &self.config.tokens;
+        if req.task.trim().is_empty() || req.task.len() > 200 {
+            return Err(LifecycleError::Invalid(
+                "task must be 1 to 200 characters".into(),
+            ));
+        }
+        if req.task.contains(['/', '\\', '\0']) || req.task.starts_with('.') {
+            return Err(LifecycleError::Invalid(
+                "task must not contain '/', '\\' or NUL, nor start with '.'".into(),
+            ));
+        }
+        let ttl = req.ttl.unwrap_or(d.ttl);
+        if ttl.is_zero() || ttl > d.max_ttl {
+            return Err(LifecycleError::Invalid(format!(
+                "ttl must be between 1s and {}",
+                humantime::format_duration(d.max_ttl)
+            )));
+        }
+        let max_rows = req.max_rows.unwrap_or(d.max_rows);
+        let max_bytes = req.max_bytes.unwrap_or(d.max_bytes);
+        let max_connections = req.max_connections.unwrap_or(d.max_connections);
+        if max_rows == 0 || max_bytes == 0 || max_connections == 0 {
+            return Err(LifecycleError::Invalid(
+                "max_rows, max_bytes and max_connections must be at least 1".into(),
+            ));
+        }
+        let id = auth::new_token_id();
+        let secret = auth::new_secret();
+        let now = OffsetDateTime::now_utc();
+        let rec = TokenRecord {
+            id: id.clone(),
+            task: req.task,
+            metadata: req.metadata,
+            created_at: now,
+            expires_at: now + ttl,
+            caps: Caps {
+                max_rows,
+                max_bytes,
+                max_connections,
+            },
+            state: TokenState::Issued,
+            verifier: Verifier::from_secret(&secret),
+            backend: None,
+            fork_count: 0,
+            ended_at: None,
+        };
+        self.registry.insert(rec.clone())?;
+        metrics::counter!("sandpit_tokens_issued_total").increment(1);
+        self.schedule_expiry(&rec);
+        let mut view = self.view(&rec);
+        view.dsn = Some(format!(
+            "postgresql://{}:{}@{}:{}/sandpit",
+            id,
+            secret,
+            self.config.dsn_host(),
+            self.config.listen.port()
+        ));
+        tracing::info!(token = %id, task = %rec.task, expires_at = %view.expires_at, "token issued");
+        Ok(view)
+    }
+
+    /// The harness-facing view of a record.
+    pub fn view(&self, rec: &TokenRecord) -> TokenView {
+        let sessions = self
+            .runtimes
+            .get(&rec.id)
+            .map(|r| r.sessions.load(Ordering::Acquire))
+            .unwrap_or(0);
+        TokenView {
+            id: rec.id.clone(),
+            dsn: None,
+            task: rec.task.clone(),
+            metadata: rec.metadata.clone(),
+            created_at: rfc3339(rec.created_at),
+            expires_at: rfc3339(rec.expires_at),
+            state: rec.state,
+            max_rows: rec.caps.max_rows,
+            max_bytes: rec.caps.max_bytes,
+            max_connections: rec.caps.max_connections,
+            backend: rec.backend.is_some(),
+            fork_count: rec.fork_count,
+            sessions,
+        }
+    }
+
+    fn schedule_expiry(self: &Arc<Self>, rec: &TokenRecord) {
+        let gw = Arc::downgrade(self);
+        let id = rec.id.clone();
+        let left = rec.expires_at - OffsetDateTime::now_utc();
+        let left = Duration::try_from(left).unwrap_or(Duration::ZERO);
+        tokio::spawn(async move {
+            tokio::time::sleep(left).await;
+            if let Some(gw) = gw.upgrade() {
+                if let Err(e) = gw.end(&id, EndReason::Expired).await {
+                    tracing::warn!(token = %id, error = %e, "expiring token failed");
+                }
+            }
+        });
+    }
+
+    /// At start: schedule expiry for every usable token; end the ones whose TTL passed while
+    /// the gateway was down.
+    pub async fn resume(self: &Arc<Self>) {
+        for rec in self.registry.list() {
+            if rec.state.is_usable() {
+                self.schedule_expiry(&rec);
+            } else if rec.backend.is_some() {
+                // Ended earlier but its backend outlived a crash: finish the job.
+                if let Err(e) = self.destroy_backend(&rec.id).await {
+                    tracing::warn!(token = %rec.id, error = %e, "destroying leftover backend failed");
+                }
+            }
+        }
+    }
+
+    /// Check a token may open one more session now; returns the slot.
+    pub fn acquire_session(&self, rec: &TokenRecord) -> Result<SessionSlot, u32> {
+        let rt = self.runtime(&rec.id);
+        let prev = rt.sessions.fetch_add(1, Ordering::AcqRel);
+        if prev >= rec.caps.max_connections {
+            rt.sessions.fetch_sub(1, Ordering::AcqRel);
+            return Err(rec.caps.max_connections);
+        }
+        metrics::gauge!("sandpit_sessions").increment(1.0);
+        Ok(SessionSlot(rt))
+    }
+
+    /// The running backend of a token: forked on first use (concurrent callers share one
+    /// fork), restarted/adopted if the registry knows one from before.
+    pub async fn backend_for(&self, id: &str) -> Result<Backend, LifecycleError> {
+        let rt = self.runtime(id);
+        let mut slot = rt.backend.lock().await;
+        // Checked under the lock, so a fork can never start after the token ended.
+        let rec = self
+            .registry
+            .get(id)
+            .ok_or_else(|| LifecycleError::Unknown(id.into()))?;
+        if !rec.state.is_usable() {
+            return Err(LifecycleError::NotUsable(id.into(), state_word(rec.state)));
+        }
+        if let Some(b) = slot.as_ref() {
+            return Ok(b.clone());
+        }
+        if let Some(handle) = rec.backend.as_deref() {
+            match self.provider.ensure_running(handle).await {
+                Ok(b) => {
+                    tracing::info!(token = %id, method = %b.method, "backend resumed");
+                    *slot = Some(b.clone());
+                    return Ok(b);
+                }
+                Err(ProviderError::NotFound(_)) => {
+                    tracing::warn!(token = %id, "backend vanished; forking a new one");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let tag = BackendTag {
+            token_id: rec.id.clone(),
+            task: rec.task.clone(),
+            expires_at: rfc3339(rec.expires_at),
+        };
+        let started = std::time::Instant::now();
+        let b = self.provider.fork(&tag).await?;
+        let took = started.elapsed();
+        metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
+        metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
+            .record(took.as_secs_f64());
+        metrics::gauge!("sandpit_backends").increment(1.0);
+        tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
+        let handle = b.handle.clone();
+        self.registry.update(id, |r| {
+            r.backend = Some(handle);
+            r.fork_count += 1;
+            r.state = TokenState::Live;
+        })?;
+        *slot = Some(b.clone());
+        Ok(b)
+    }
+
+    /// End a token: mark it, end its sessions with the reason, destroy its backend.
+    /// Returns false when it had ended already.
+    pub async fn end(&self, id: &str, reason: EndReason) -> Result<bool, LifecycleError> {
+        let new_state = match reason {
+            EndReason::Expired => TokenState::Expired,
+            EndReason::Revoked => TokenState::Revoked,
+            EndReason::Shutdown => return Ok(false),
+        };
+        let mut changed = false;
+        let rec = self.registry.update(id, |r| {
+            if r.state.is_usable() {
+                r.state = new_state;
+                r.ended_at = Some(OffsetDateTime::now_utc());
+                changed = true;
+            }
+        })?;
+        if rec.is_none() {
+            return Err(LifecycleError::Unknown(id.into()));
+        }
+        if !changed {
+            return Ok(false);
+        }
+        tracing::info!(token = %id, reason = ?reason, "token ended");
+        self.runtime(id).ended.send_replace(Some(reason));
+        self.destroy_backend(id).await?;
+        Ok(true)
+    }
+
+    async fn destroy_backend(&self, id: &str) -> Result<(), LifecycleError> {
+        let rt = self.runtime(id);
+        let mut slot = rt.backend.lock().await;
+        let handle = self.registry.get(id).and_then(|r| r.backend);
+        if let Some(h) = handle {
+            self.provider.destroy(&h).await?;
+            metrics::counter!("sandpit_destroys_total").increment(1);
+            if slot.take().is_some() {
+                metrics::gauge!("sandpit_backends").decrement(1.0);
+            }
+            self.registry.update(id, |r| r.backend = None)?;
+        }
+        Ok(())
+    }
+
+    /// Graceful shutdown: end every session with 57P01 and stop (not destroy) every running
+    /// backend; they start again lazily on the next connection after a restart.
+    pub async fn shutdown(&self) {
+        let rts: Vec<(String, Arc<TokenRuntime>)> = self
+            .runtimes
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        for (_, rt) in &rts {
+            rt.ended.send_replace(Some(EndReason::Shutdown));
+        }
+        for (id, rt) in rts {
+            let mut slot = rt.backend.lock().await;
+            if let Some(b) = slot.take() {
+                if let Err(e) = self.provider.stop(&b.handle).await {
+                    tracing::warn!(token = %id, error = %e, "stopping backend failed");
+                }
+            }
+        }
+    }
+}
+
+/// Word for a state in client messages.
+pub fn state_word(s: TokenState) -> &'static str {
+    match s {
+        TokenState::Issued => "issued",
+        TokenState::Live => "live",
+        TokenState::Expired => "expired",
+        TokenState::Revoked => "revoked",
+    }
+}

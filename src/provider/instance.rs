@@ -1,1 +1,497 @@
-//! The `instance` provider: one Postgres process per fork, on a copy of the golden data dir.
+//! The `instance` provider: one Postgres process per fork, on a copy of the golden data dir,
+//! reachable only over a unix socket, optionally in an empty network namespace.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use sha2::{Digest, Sha256};
+use tokio::process::Child;
+
+use super::copy::{self, CopyMethod};
+use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
+use super::{Backend, BackendTag, BackendTarget, BoxFuture, Provider, ProviderError};
+use crate::pg::process::{self, ServerSpec};
+use crate::pg::user::{self, RunAs};
+use crate::pg::{self as pgbin, PgBinaries};
+
+/// Name of the tag file inside an instance dir.
+const TAG_FILE: &str = "sandpit-tag.json";
+/// Grace period for a fast shutdown before the process group is killed.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// Grace period for an immediate shutdown.
+const DESTROY_GRACE: Duration = Duration::from_secs(5);
+
+/// Settings of the `instance` provider.
+#[derive(Debug, Clone)]
+pub struct InstanceConfig {
+    /// Directory holding `postgres`, `initdb`, `psql` (config `postgres.bin_dir`); found if None.
+    pub bin_dir: Option<PathBuf>,
+    /// `<data dir>/pg`: the golden and the instances live under it.
+    pub root: PathBuf,
+    /// SQL file the golden is built from.
+    pub golden_sql: PathBuf,
+    /// `max_connections` of each scratch instance.
+    pub max_connections: u32,
+    /// OS user for Postgres when the gateway runs as root (default `sandpit`).
+    pub run_as: Option<String>,
+    /// Try to start each instance in an empty network namespace.
+    pub netns: bool,
+}
+
+impl InstanceConfig {
+    /// Defaults for everything but the root and the golden SQL file.
+    pub fn new(root: impl Into<PathBuf>, golden_sql: impl Into<PathBuf>) -> Self {
+        InstanceConfig {
+            bin_dir: None,
+            root: root.into(),
+            golden_sql: golden_sql.into(),
+            max_connections: 20,
+            run_as: None,
+            netns: true,
+        }
+    }
+}
+
+/// Forks are separate Postgres servers on copies of a stopped golden data directory.
+pub struct InstanceProvider {
+    bins: PgBinaries,
+    run_as: RunAs,
+    netns: bool,
+    root: PathBuf,
+    real_root: PathBuf,
+    golden_dir: PathBuf,
+    instances: PathBuf,
+    copy: CopyMethod,
+    max_connections: u32,
+    /// Children we spawned, so exited ones are reaped; after a restart only pids are known.
+    children: Mutex<HashMap<String, Child>>,
+}
+
+impl InstanceProvider {
+    /// Finds binaries, resolves the OS user, builds the golden if needed (may take ~10-30 s the first time).
+    pub async fn new(cfg: InstanceConfig) -> Result<Self, ProviderError> {
+        let bins = pgbin::find_binaries(cfg.bin_dir.as_deref())?;
+        let run_as = user::resolve(cfg.run_as.as_deref())?;
+        let gateway_user = user::gateway_user_name()?;
+        let real_root = prepare_root(&cfg.root, &run_as)?;
+        let instances = real_root.join("instances");
+        make_dir(&instances, 0o711)?;
+        let netns = cfg.netns && process::probe_netns(&bins, &run_as);
+        let copy = copy::probe(&real_root);
+        tracing::info!(
+            bin_dir = %bins.bin_dir.display(),
+            major = bins.major,
+            os_user = %run_as.name,
+            netns,
+            copy_method = copy.as_str(),
+            "instance provider"
+        );
+        let ctx = GoldenCtx {
+            bins: &bins,
+            run_as: &run_as,
+            netns,
+            root: &real_root,
+            sql_path: &cfg.golden_sql,
+            gateway_user: &gateway_user,
+            max_connections: cfg.max_connections,
+        };
+        let (golden_dir, _built) = golden::ensure(&ctx).await?;
+        Ok(InstanceProvider {
+            bins,
+            run_as,
+            netns,
+            root: cfg.root,
+            real_root,
+            golden_dir,
+            instances,
+            copy,
+            max_connections: cfg.max_connections,
+            children: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The copy method forks use ("reflink", "copy", "btrfs-snapshot").
+    pub fn copy_method(&self) -> &str {
+        self.copy.as_str()
+    }
+
+    /// Superuser role name (for tests that need to prove containment; never given to agents).
+    pub fn superuser(&self) -> &str {
+        SUPERUSER
+    }
+
+    /// Directory of the current golden (its data dir is `<golden_dir>/data`).
+    pub fn golden_dir(&self) -> &Path {
+        &self.golden_dir
+    }
+
+    /// The real directory everything lives in (the configured root, or its fallback target).
+    pub fn real_root(&self) -> &Path {
+        &self.real_root
+    }
+
+    /// Whether instances start in an empty network namespace.
+    pub fn netns(&self) -> bool {
+        self.netns
+    }
+
+    fn inst_dir(&self, handle: &str) -> Result<PathBuf, ProviderError> {
+        validate_handle(handle)?;
+        Ok(self.instances.join(handle))
+    }
+
+    fn backend(&self, handle: &str, method: &str) -> Backend {
+        let inst = self.instances.join(handle);
+        Backend {
+            handle: handle.to_string(),
+            target: BackendTarget {
+                socket_path: process::socket_path(&golden::socket_dir_for(&inst)),
+                user: AGENT.to_string(),
+                database: DATABASE.to_string(),
+                password: None,
+            },
+            method: method.to_string(),
+            netns: self.netns,
+        }
+    }
+
+    /// Starts the instance's server and remembers the child.
+    async fn start(&self, handle: &str, inst: &Path) -> Result<(), ProviderError> {
+        let sock = golden::socket_dir_for(inst);
+        golden::prepare_socket_dir(&sock, &self.run_as)?;
+        let data = inst.join("data");
+        let log = inst.join("postgres.log");
+        let spec = ServerSpec {
+            bins: &self.bins,
+            run_as: &self.run_as,
+            netns: self.netns,
+            data: &data,
+            socket_dir: &sock,
+            log: &log,
+            max_connections: self.max_connections,
+            extra: &[],
+        };
+        let child = process::start_postgres(&spec).await?;
+        self.lock_children().insert(handle.to_string(), child);
+        Ok(())
+    }
+
+    fn lock_children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
+        // A panic while holding the lock cannot leave the map inconsistent: keep going.
+        self.children.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stops whatever postmaster runs for `inst` with `sig`, waiting up to `grace`.
+    async fn stop_server(&self, handle: &str, inst: &Path, sig: Signal, grace: Duration) {
+        let data = inst.join("data");
+        let mut child = self.lock_children().remove(handle);
+        let child_pid = child.as_ref().and_then(|c| c.id()).map(|p| p as i32);
+        let file_pid = process::read_pid_file(&data)
+            .map(|pf| pf.pid)
+            .filter(|&pid| process::is_postmaster_of(pid, &data));
+        if let Some(pid) = child_pid {
+            process::stop_postmaster(pid, child.as_mut(), sig, grace).await;
+        }
+        if let Some(pid) = file_pid.filter(|p| Some(*p) != child_pid) {
+            process::stop_postmaster(pid, None, sig, grace).await;
+        }
+    }
+
+    async fn fork_inner(&self, tag: &BackendTag, inst: &Path) -> Result<(), ProviderError> {
+        let src = self.golden_dir.join("data");
+        let dst = inst.join("data");
+        let (method, owner) = (self.copy, self.run_as.clone());
+        tokio::task::spawn_blocking(move || copy::copy_tree(&src, &dst, method, &owner))
+            .await
+            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+        let json =
+            serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
+        fs::write(inst.join(TAG_FILE), json)?;
+        self.start(&tag.token_id, inst).await
+    }
+
+    async fn destroy_inner(&self, handle: &str) -> Result<(), ProviderError> {
+        let inst = self.inst_dir(handle)?;
+        let sock = golden::socket_dir_for(&inst);
+        if inst.exists() {
+            self.stop_server(handle, &inst, Signal::SIGQUIT, DESTROY_GRACE)
+                .await;
+            let dir = inst.clone();
+            tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            })
+            .await
+            .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+        } else {
+            self.lock_children().remove(handle);
+        }
+        golden::remove_socket_dir(&sock, &inst)?;
+        tracing::debug!(handle, "instance destroyed");
+        Ok(())
+    }
+
+    async fn ensure_inner(&self, handle: &str) -> Result<Backend, ProviderError> {
+        let inst = self.inst_dir(handle)?;
+        let data = inst.join("data");
+        if !data.is_dir() {
+            return Err(ProviderError::NotFound(handle.to_string()));
+        }
+        let sock = golden::socket_dir_for(&inst);
+        let deadline = Instant::now() + process::READY_TIMEOUT;
+        loop {
+            match process::read_pid_file(&data) {
+                Some(pf) if process::is_postmaster_of(pf.pid, &data) => {
+                    if pf.status == "ready" && process::socket_path(&sock).exists() {
+                        return Ok(self.backend(handle, "adopted"));
+                    }
+                    // Starting up (or shutting down): wait for it to settle.
+                    if Instant::now() > deadline {
+                        return Err(ProviderError::NotReady(format!(
+                            "instance {handle} stuck in state {:?}",
+                            pf.status
+                        )));
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                _ => break,
+            }
+        }
+        // Stale lock files could name a pid that now belongs to someone else; no postmaster of
+        // this instance runs, so they are safe to drop. Postgres does crash recovery itself.
+        let _ = fs::remove_file(data.join("postmaster.pid"));
+        let _ = fs::remove_file(sock.join(format!("{}.lock", process::SOCKET_FILE)));
+        let _ = fs::remove_file(process::socket_path(&sock));
+        self.lock_children().remove(handle);
+        let t0 = Instant::now();
+        self.start(handle, &inst).await?;
+        tracing::info!(
+            handle,
+            elapsed_ms = t0.elapsed().as_millis() as u64,
+            "instance restarted"
+        );
+        Ok(self.backend(handle, "restart"))
+    }
+}
+
+impl Provider for InstanceProvider {
+    fn name(&self) -> &'static str {
+        "instance"
+    }
+
+    fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(async move {
+            let t0 = Instant::now();
+            let handle = tag.token_id.as_str();
+            let inst = self.inst_dir(handle)?;
+            match fs::DirBuilder::new().mode(0o711).create(&inst) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    return Err(ProviderError::Fork(format!(
+                        "instance {handle} already exists"
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            fs::set_permissions(&inst, fs::Permissions::from_mode(0o711))?;
+            if let Err(e) = self.fork_inner(tag, &inst).await {
+                if let Err(e2) = self.destroy_inner(handle).await {
+                    tracing::warn!(handle, error = %e2, "cleanup after failed fork");
+                }
+                return Err(e);
+            }
+            let backend = self.backend(handle, self.copy.as_str());
+            tracing::info!(handle, method = %backend.method, netns = self.netns,
+                elapsed_ms = t0.elapsed().as_millis() as u64, "instance forked");
+            Ok(backend)
+        })
+    }
+
+    fn ensure_running<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(self.ensure_inner(handle))
+    }
+
+    fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.destroy_inner(handle))
+    }
+
+    fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let inst = self.inst_dir(handle)?;
+            if inst.exists() {
+                self.stop_server(handle, &inst, Signal::SIGINT, STOP_GRACE)
+                    .await;
+            }
+            Ok(())
+        })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>> {
+        Box::pin(async move {
+            let mut out = Vec::new();
+            let rd = match fs::read_dir(&self.instances) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+                Err(e) => return Err(e.into()),
+            };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if validate_handle(&name).is_err() || !e.path().is_dir() {
+                    continue;
+                }
+                let tag = fs::read(e.path().join(TAG_FILE))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<BackendTag>(&b).ok());
+                out.push((name, tag));
+            }
+            out.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(out)
+        })
+    }
+
+    fn secrets(&self) -> Vec<String> {
+        let mut v = vec![
+            self.root.display().to_string(),
+            self.real_root.display().to_string(),
+            "/tmp/sandpit-s-".to_string(),
+            SUPERUSER.to_string(),
+        ];
+        if let Ok(abs) = std::path::absolute(&self.root) {
+            v.push(abs.display().to_string());
+        }
+        v.sort();
+        v.dedup();
+        v
+    }
+}
+
+/// Handles become directory names: only a conservative alphabet, no path tricks.
+fn validate_handle(handle: &str) -> Result<(), ProviderError> {
+    let ok = !handle.is_empty()
+        && handle.len() <= 64
+        && !handle.starts_with('.')
+        && handle
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ProviderError::Other(format!(
+            "invalid backend handle {handle:?}"
+        )))
+    }
+}
+
+fn make_dir(dir: &Path, mode: u32) -> Result<(), ProviderError> {
+    match fs::DirBuilder::new().mode(mode).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+        Err(e) => {
+            return Err(ProviderError::Other(format!(
+                "creating {}: {e}",
+                dir.display()
+            )))
+        }
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+/// Makes `root` a directory the Postgres user can traverse and returns its canonical path.
+/// If an ancestor is closed to that user (e.g. under /root, or a 0700 tempdir), the real
+/// directory is `/var/tmp/sandpit-<hash>` and `root` becomes a symlink to it.
+fn prepare_root(root: &Path, run_as: &RunAs) -> Result<PathBuf, ProviderError> {
+    let name = root.file_name().ok_or_else(|| {
+        ProviderError::Other(format!(
+            "data root {} has no final component",
+            root.display()
+        ))
+    })?;
+    let parent = match root.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&parent)?;
+    let abs = fs::canonicalize(&parent)?.join(name);
+    let real = match fs::symlink_metadata(&abs) {
+        Ok(m) if m.file_type().is_symlink() => {
+            let target = fs::read_link(&abs)?;
+            let target = if target.is_absolute() {
+                target
+            } else {
+                abs.parent().unwrap_or(Path::new("/")).join(target)
+            };
+            // The fallback may have been cleaned (e.g. /var/tmp after a reboot): recreate it.
+            if !target.exists() {
+                make_owned_dir(&target)?;
+            }
+            fs::canonicalize(&abs)?
+        }
+        Ok(m) if m.is_dir() => {
+            if m.uid() == nix::unistd::geteuid().as_raw() && m.mode() & 0o011 != 0o011 {
+                fs::set_permissions(&abs, fs::Permissions::from_mode(0o711))?;
+            }
+            abs.clone()
+        }
+        Ok(_) => {
+            return Err(ProviderError::Other(format!(
+                "data root {} is not a directory",
+                abs.display()
+            )))
+        }
+        Err(_) if user::can_traverse(abs.parent().unwrap_or(Path::new("/")), run_as) => {
+            make_dir(&abs, 0o711)?;
+            abs.clone()
+        }
+        Err(_) => {
+            let h = hex::encode(Sha256::digest(abs.as_os_str().as_encoded_bytes()));
+            let fallback = PathBuf::from(format!("/var/tmp/sandpit-{}", &h[..12]));
+            make_owned_dir(&fallback)?;
+            std::os::unix::fs::symlink(&fallback, &abs)?;
+            tracing::info!(root = %abs.display(), real = %fallback.display(),
+                "data root is not reachable by the postgres user; using a fallback directory");
+            fallback
+        }
+    };
+    if !user::can_traverse(&real, run_as) {
+        return Err(ProviderError::Other(format!(
+            "postgres user {} cannot reach data root {}; choose a data dir outside private directories",
+            run_as.name,
+            real.display()
+        )));
+    }
+    Ok(real)
+}
+
+/// Creates (or accepts) a 0711 directory we own; refuses a symlink or someone else's directory,
+/// since the fallback lives in a world-writable place.
+fn make_owned_dir(dir: &Path) -> Result<(), ProviderError> {
+    make_dir_all_parent(dir)?;
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw() => {}
+        Ok(_) => {
+            return Err(ProviderError::Other(format!(
+                "{} exists and is not our directory",
+                dir.display()
+            )))
+        }
+        Err(_) => make_dir(dir, 0o711)?,
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+    Ok(())
+}
+
+fn make_dir_all_parent(dir: &Path) -> Result<(), ProviderError> {
+    if let Some(p) = dir.parent() {
+        fs::create_dir_all(p)?;
+    }
+    Ok(())
+}

@@ -1,6 +1,8 @@
 //! Where scratch databases come from. One trait; the `instance` provider is the
 //! embedded default (its own Postgres process per fork, on a copy of a golden data dir).
 
+pub mod copy;
+pub mod golden;
 pub mod instance;
 
 use std::future::Future;
@@ -76,7 +78,10 @@ pub trait Provider: Send + Sync + 'static {
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>>;
     /// Make sure an existing backend (known from the registry, e.g. after a gateway restart) is
     /// running: adopt it if it is, start it again if it is not.
-    fn ensure_running<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<Backend, ProviderError>>;
+    fn ensure_running<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>>;
     /// Stop a backend and remove everything it had (processes, files). Idempotent.
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
     /// Stop a backend but keep its data, for a graceful gateway shutdown. Idempotent.

@@ -1,1 +1,69 @@
-//! proxy
+//! The Postgres-facing side: listener, TLS, startup and auth, backend connect, relay, cancel.
+
+pub mod auth_flow;
+pub mod backend;
+pub mod cancel;
+pub mod relay;
+pub mod session;
+pub mod stream;
+pub mod tls;
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use crate::lifecycle::Gateway;
+use cancel::CancelMap;
+
+/// Shared state of the Postgres listener.
+pub struct Proxy {
+    /// Gateway state (tokens, provider).
+    pub gw: Arc<Gateway>,
+    /// Cancel keys minted by the gateway.
+    pub cancel: CancelMap,
+    /// TLS acceptor when TLS is on.
+    pub tls: Option<TlsAcceptor>,
+}
+
+impl Proxy {
+    /// Build the listener state.
+    pub fn new(gw: Arc<Gateway>, tls: Option<TlsAcceptor>) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            gw,
+            cancel: CancelMap::default(),
+            tls,
+        })
+    }
+
+    /// Accept connections until `shutdown` turns true. Each connection is its own task;
+    /// a failure in one never touches another.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => {
+                    if *shutdown.borrow() { break; }
+                }
+                accepted = listener.accept() => {
+                    match accepted {
+                        Ok((sock, peer)) => {
+                            let _ = sock.set_nodelay(true);
+                            let this = self.clone();
+                            tokio::spawn(async move { session::handle(this, sock, peer).await });
+                        }
+                        Err(e) => {
+                            // EMFILE and friends: back off instead of spinning.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

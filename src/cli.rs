@@ -1,0 +1,179 @@
+//! The CLI's client side: token commands call the control API over HTTP.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// A CLI failure, printed by the binary.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("no admin key: set SANDPIT_ADMIN_KEY, admin_key in the config, or run where <data dir>/admin.key exists")]
+    NoAdminKey,
+    #[error("cannot reach the sandpit API at {api}: {message}")]
+    Unreachable { api: String, message: String },
+    #[error("API error {status}: {message}")]
+    Api { status: u16, message: String },
+    #[error("bad argument: {0}")]
+    BadArgument(String),
+}
+
+/// A client for the control API.
+pub struct ApiClient {
+    base: String,
+    key: String,
+    agent: ureq::Agent,
+}
+
+impl ApiClient {
+    /// `base` like `http://127.0.0.1:6433`.
+    pub fn new(base: &str, key: Option<String>) -> Result<ApiClient, CliError> {
+        let key = key.ok_or(CliError::NoAdminKey)?;
+        let agent = ureq::AgentBuilder::new()
+            .timeout(Duration::from_secs(120))
+            .build();
+        Ok(ApiClient {
+            base: base.trim_end_matches('/').to_string(),
+            key,
+            agent,
+        })
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, CliError> {
+        let url = format!("{}{}", self.base, path);
+        let req = self
+            .agent
+            .request(method, &url)
+            .set("Authorization", &format!("Bearer {}", self.key));
+        let res = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match res {
+            Ok(r) => r.into_json::<Value>().map_err(|e| CliError::Api {
+                status: 200,
+                message: e.to_string(),
+            }),
+            Err(ureq::Error::Status(status, r)) => {
+                let v: Value = r.into_json().unwrap_or(Value::Null);
+                let message = v
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no message)")
+                    .to_string();
+                Err(CliError::Api { status, message })
+            }
+            Err(e) => Err(CliError::Unreachable {
+                api: self.base.clone(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// POST /v1/tokens.
+    pub fn issue(
+        &self,
+        task: &str,
+        ttl: Option<Duration>,
+        max_rows: Option<u64>,
+        max_bytes: Option<u64>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Value, CliError> {
+        let body = serde_json::json!({
+            "task": task,
+            "ttl_seconds": ttl.map(|d| d.as_secs().max(1)),
+            "max_rows": max_rows,
+            "max_bytes": max_bytes,
+            "metadata": metadata,
+        });
+        self.call("POST", "/v1/tokens", Some(body))
+    }
+
+    /// GET /v1/tokens.
+    pub fn list(&self) -> Result<Value, CliError> {
+        self.call("GET", "/v1/tokens", None)
+    }
+
+    /// GET /v1/tokens/{id}.
+    pub fn show(&self, id: &str) -> Result<Value, CliError> {
+        self.call("GET", &format!("/v1/tokens/{}", encode(id)), None)
+    }
+
+    /// DELETE /v1/tokens/{id}.
+    pub fn revoke(&self, id: &str) -> Result<Value, CliError> {
+        self.call("DELETE", &format!("/v1/tokens/{}", encode(id)), None)
+    }
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Parse a size like `1MiB`, `512k`, `1000`.
+pub fn parse_size(s: &str) -> Result<u64, CliError> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| CliError::BadArgument(format!("size {s:?}")))?;
+    let mult = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => 1024 * 1024,
+        "g" | "gb" | "gib" => 1024 * 1024 * 1024,
+        _ => {
+            return Err(CliError::BadArgument(format!(
+                "size unit in {s:?} (use B, KiB, MiB, GiB)"
+            )))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| CliError::BadArgument(format!("size {s:?} is too large")))
+}
+
+/// Parse `k=v`.
+pub fn parse_meta(s: &str) -> Result<(String, String), CliError> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(CliError::BadArgument(format!(
+            "metadata {s:?} must be key=value"
+        ))),
+    }
+}
+
+/// One line per token for `token list`.
+pub fn token_line(v: &Value) -> String {
+    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    format!(
+        "{}  {:<8} {:<24} expires {}  sessions {}",
+        s("id"),
+        s("state"),
+        s("task"),
+        s("expires_at"),
+        v.get("sessions").and_then(Value::as_u64).unwrap_or(0)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_meta() {
+        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(parse_size("512k").unwrap(), 512 * 1024);
+        assert_eq!(parse_size("42").unwrap(), 42);
+        assert!(parse_size("12 parsecs").is_err());
+        assert_eq!(parse_meta("a=b=c").unwrap(), ("a".into(), "b=c".into()));
+        assert!(parse_meta("=x").is_err());
+    }
+}

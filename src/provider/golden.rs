@@ -1,0 +1,408 @@
+//! The golden snapshot: a stopped, cleanly shut down data directory built from the golden SQL
+//! file, which every fork copies. Rebuilt only when its identity (SQL bytes, server major
+//! version, [`GOLDEN_FORMAT`]) changes.
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::Signal;
+use sha2::{Digest, Sha256};
+
+use crate::pg::process::{self, ServerSpec};
+use crate::pg::user::RunAs;
+use crate::pg::PgBinaries;
+use crate::provider::ProviderError;
+
+/// Bump when the way the golden is built changes, so old goldens are rebuilt.
+pub const GOLDEN_FORMAT: &str = "sandpit-golden-v1";
+/// Superuser role, used only by the gateway (never handed to an agent).
+pub const SUPERUSER: &str = "sandpit_admin";
+/// Role the gateway logs in as on behalf of the agent.
+pub const AGENT: &str = "agent";
+/// The only database the agent can reach.
+pub const DATABASE: &str = "sandpit";
+/// Written last into a finished golden; a golden without it is never used.
+pub const READY_MARKER: &str = "sandpit-golden-ready";
+
+/// Everything a golden build needs.
+pub struct GoldenCtx<'a> {
+    /// Server binaries.
+    pub bins: &'a PgBinaries,
+    /// OS user Postgres runs as.
+    pub run_as: &'a RunAs,
+    /// Start servers in an empty network namespace.
+    pub netns: bool,
+    /// Real (canonical) provider root.
+    pub root: &'a Path,
+    /// SQL file the golden is built from.
+    pub sql_path: &'a Path,
+    /// OS user of the gateway (peer identity mapped to the agent and superuser roles).
+    pub gateway_user: &'a str,
+    /// `max_connections` for the build server.
+    pub max_connections: u32,
+}
+
+/// Directory name of the golden for these SQL bytes and server version.
+pub fn golden_name(sql: &[u8], major: u32) -> String {
+    let mut h = Sha256::new();
+    h.update(sql);
+    h.update(major.to_string().as_bytes());
+    h.update(GOLDEN_FORMAT.as_bytes());
+    format!("golden-{}", &hex::encode(h.finalize())[..16])
+}
+
+/// Makes sure the golden exists under `ctx.root`, building it if needed. Returns its directory
+/// (the data dir is `<dir>/data`) and whether it was built now.
+pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<(PathBuf, bool), ProviderError> {
+    let sql = fs::read(ctx.sql_path).map_err(|e| {
+        ProviderError::Golden(format!(
+            "reading golden SQL {}: {e}",
+            ctx.sql_path.display()
+        ))
+    })?;
+    let name = golden_name(&sql, ctx.bins.major);
+    let dir = ctx.root.join(&name);
+    // One builder at a time per root, across processes (and across providers in one process).
+    let lock_path = ctx.root.join("golden.lock");
+    let _lock = tokio::task::spawn_blocking(move || -> Result<Flock<fs::File>, ProviderError> {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)?;
+        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| {
+            ProviderError::Golden(format!("locking {}: {e}", lock_path.display()))
+        })
+    })
+    .await
+    .map_err(|e| ProviderError::Other(format!("lock task: {e}")))??;
+
+    remove_stale(ctx.root, &name);
+    if dir.join(READY_MARKER).is_file() && dir.join("data").is_dir() {
+        tracing::debug!(golden = %dir.display(), "golden is up to date");
+        return Ok((dir, false));
+    }
+    if dir.exists() {
+        tracing::warn!(golden = %dir.display(), "removing half-built golden");
+        fs::remove_dir_all(&dir)?;
+    }
+    let tmp = ctx
+        .root
+        .join(format!("{name}.building-{}", std::process::id()));
+    let started = Instant::now();
+    tracing::info!(sql = %ctx.sql_path.display(), "building golden snapshot (first start or golden SQL changed)");
+    match build(ctx, &tmp).await {
+        Ok(()) => {
+            fs::rename(&tmp, &dir)?;
+            sync_dir(ctx.root);
+            tracing::info!(golden = %dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "golden built");
+            Ok((dir, true))
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Removes other goldens and leftovers of interrupted builds (we hold the build lock, so no
+/// build is in progress; forks copy the golden, so no instance uses an old one).
+fn remove_stale(root: &Path, keep: &str) {
+    let Ok(rd) = fs::read_dir(root) else { return };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().to_string();
+        if n.starts_with("golden-") && n != keep && e.path().is_dir() {
+            tracing::info!(dir = %e.path().display(), "removing stale golden");
+            if let Err(err) = fs::remove_dir_all(e.path()) {
+                tracing::warn!(dir = %e.path().display(), error = %err, "could not remove stale golden");
+            }
+        }
+    }
+}
+
+async fn build(ctx: &GoldenCtx<'_>, tmp: &Path) -> Result<(), ProviderError> {
+    if tmp.exists() {
+        fs::remove_dir_all(tmp)?;
+    }
+    fs::DirBuilder::new().mode(0o711).create(tmp)?;
+    fs::set_permissions(tmp, fs::Permissions::from_mode(0o711))?;
+    let data = tmp.join("data");
+    fs::DirBuilder::new().mode(0o700).create(&data)?;
+    ctx.run_as.chown(&data)?;
+
+    initdb(ctx, &data).await?;
+    write_config(ctx, &data)?;
+
+    let sock = socket_dir_for(tmp);
+    prepare_socket_dir(&sock, ctx.run_as)?;
+    let log = tmp.join("build.log");
+    // Small WAL floor during the build so the final checkpoint leaves few segments to copy.
+    let extra = [("min_wal_size", "2MB".to_string())];
+    let spec = ServerSpec {
+        bins: ctx.bins,
+        run_as: ctx.run_as,
+        netns: ctx.netns,
+        data: &data,
+        socket_dir: &sock,
+        log: &log,
+        max_connections: ctx.max_connections,
+        extra: &extra,
+    };
+    let mut child = process::start_postgres(&spec).await?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    let result = load(ctx, &sock).await;
+    if result.is_err() {
+        process::stop_postmaster(
+            pid,
+            Some(&mut child),
+            Signal::SIGQUIT,
+            Duration::from_secs(5),
+        )
+        .await;
+        let _ = remove_socket_dir(&sock, tmp);
+        return result;
+    }
+    // Fast (clean) shutdown: the copy must not need crash recovery.
+    process::signal(pid, Signal::SIGINT);
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
+    let _ = remove_socket_dir(&sock, tmp);
+    match status {
+        Ok(Ok(s)) if s.success() => {}
+        other => {
+            process::signal_group(pid, Signal::SIGKILL);
+            return Err(ProviderError::Golden(format!(
+                "golden server did not shut down cleanly ({other:?}): {}",
+                process::log_tail(&log)
+            )));
+        }
+    }
+    // fsync was off while building: flush everything before declaring the golden done.
+    sync_dir(tmp);
+    fs::write(tmp.join(READY_MARKER), format!("{GOLDEN_FORMAT}\n"))?;
+    Ok(())
+}
+
+async fn initdb(ctx: &GoldenCtx<'_>, data: &Path) -> Result<(), ProviderError> {
+    let mut cmd = process::command(&ctx.bins.initdb, ctx.run_as, false);
+    cmd.arg("-D")
+        .arg(data)
+        .args([
+            "-U",
+            SUPERUSER,
+            "--auth-local=peer",
+            "--auth-host=reject",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ])
+        // no-sync: the build syncs once at the end; 1 MB WAL segments keep the copied pg_wal small.
+        .args(["--no-sync", "--wal-segsize=1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::process::Command::from(cmd)
+        .output()
+        .await
+        .map_err(|e| ProviderError::Golden(format!("running initdb: {e}")))?;
+    if !out.status.success() {
+        return Err(ProviderError::Golden(format!(
+            "initdb failed: {}",
+            tail(&String::from_utf8_lossy(&out.stderr))
+        )));
+    }
+    Ok(())
+}
+
+/// Peer auth only over the socket, mapped from the gateway's OS user; no TCP at all.
+fn write_config(ctx: &GoldenCtx<'_>, data: &Path) -> Result<(), ProviderError> {
+    let hba = "# sandpit: unix socket only, peer identity mapped by pg_ident map \"sandpit\"\n\
+               local all all peer map=sandpit\n";
+    let u = ctx.gateway_user;
+    if u.chars().any(|c| c.is_whitespace() || c == '"' || c == '#') {
+        return Err(ProviderError::Golden(format!(
+            "gateway OS user name {u:?} cannot go into pg_ident.conf"
+        )));
+    }
+    let ident = format!(
+        "# sandpit: the gateway's OS user may log in as the agent and the admin role\n\
+                         sandpit {u} {AGENT}\nsandpit {u} {SUPERUSER}\n"
+    );
+    let conf = "\n# sandpit\nlisten_addresses = ''\nwal_level = minimal\nmax_wal_senders = 0\n\
+                max_wal_size = 64MB\nmin_wal_size = 32MB\nfsync = off\nsynchronous_commit = off\n\
+                full_page_writes = off\nautovacuum = off\nlogging_collector = off\n";
+    for (file, text, append) in [
+        ("pg_hba.conf", hba, false),
+        ("pg_ident.conf", ident.as_str(), false),
+        ("postgresql.conf", conf, true),
+    ] {
+        let p = data.join(file);
+        if append {
+            let mut old = fs::read_to_string(&p)?;
+            old.push_str(text);
+            fs::write(&p, old)?;
+        } else {
+            fs::write(&p, text)?;
+        }
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o600))?;
+        ctx.run_as.chown(&p)?;
+    }
+    Ok(())
+}
+
+/// Roles, database, then the golden SQL as the agent (so the agent owns exactly its objects).
+async fn load(ctx: &GoldenCtx<'_>, sock: &Path) -> Result<(), ProviderError> {
+    let create_role =
+        format!("CREATE ROLE {AGENT} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION");
+    let create_db = format!("CREATE DATABASE {DATABASE} OWNER {AGENT}");
+    psql(
+        &ctx.bins.psql,
+        sock,
+        SUPERUSER,
+        "postgres",
+        &[
+            "-c",
+            &create_role,
+            "-c",
+            &create_db,
+            "-c",
+            "REVOKE ALL ON DATABASE postgres FROM PUBLIC",
+            "-c",
+            "REVOKE ALL ON DATABASE template1 FROM PUBLIC",
+            "-c",
+            &format!("REVOKE ALL ON DATABASE {DATABASE} FROM PUBLIC"),
+        ],
+    )
+    .await?;
+    psql(
+        &ctx.bins.psql,
+        sock,
+        SUPERUSER,
+        DATABASE,
+        &["-c", &format!("ALTER SCHEMA public OWNER TO {AGENT}")],
+    )
+    .await?;
+    let file = ctx.sql_path.to_string_lossy().to_string();
+    psql(&ctx.bins.psql, sock, AGENT, DATABASE, &["-f", &file]).await?;
+    // Hint bits and visibility map set once here, instead of dirtying pages in every fork.
+    psql(
+        &ctx.bins.psql,
+        sock,
+        SUPERUSER,
+        DATABASE,
+        &["-c", "VACUUM ANALYZE"],
+    )
+    .await?;
+    psql(
+        &ctx.bins.psql,
+        sock,
+        SUPERUSER,
+        "postgres",
+        &["-c", "CHECKPOINT", "-c", "CHECKPOINT"],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Runs `psql` as the gateway's OS user against the socket in `sock`.
+async fn psql(
+    bin: &Path,
+    sock: &Path,
+    user: &str,
+    db: &str,
+    args: &[&str],
+) -> Result<(), ProviderError> {
+    let out = tokio::process::Command::new(bin)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-p",
+            &process::PORT.to_string(),
+        ])
+        .arg("-h")
+        .arg(sock)
+        .args(["-U", user, "-d", db])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+    if !out.status.success() {
+        return Err(ProviderError::Golden(format!(
+            "psql as {user} on {db} failed: {}",
+            tail(&String::from_utf8_lossy(&out.stderr))
+        )));
+    }
+    Ok(())
+}
+
+fn tail(s: &str) -> String {
+    let s = s.trim();
+    let start = s.len().saturating_sub(2000);
+    let start = (start..=s.len())
+        .find(|&i| s.is_char_boundary(i))
+        .unwrap_or(s.len());
+    s[start..].to_string()
+}
+
+/// Socket directory for a server whose files live in `dir`: `<dir>/s` if the socket path fits
+/// comfortably in `sun_path`, else a short per-dir path under /tmp.
+pub fn socket_dir_for(dir: &Path) -> PathBuf {
+    let local = dir.join("s");
+    if process::socket_path(&local).as_os_str().len() < 100 {
+        return local;
+    }
+    let h = hex::encode(Sha256::digest(dir.as_os_str().as_encoded_bytes()));
+    PathBuf::from(format!("/tmp/sandpit-s-{}", &h[..16]))
+}
+
+/// Creates the socket directory (mode 0700, owned by the Postgres user: only it and root can
+/// connect). Refuses a symlink or non-directory planted at that path.
+pub fn prepare_socket_dir(dir: &Path, run_as: &RunAs) -> Result<(), ProviderError> {
+    match fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_dir() => {}
+        Ok(_) => {
+            return Err(ProviderError::Other(format!(
+                "socket dir {} exists and is not a directory",
+                dir.display()
+            )))
+        }
+        Err(_) => fs::DirBuilder::new().mode(0o700).create(dir)?,
+    }
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    run_as.chown(dir)?;
+    Ok(())
+}
+
+/// Removes a socket dir if it lives outside `owner_dir` (inside, it goes with the owner dir).
+pub fn remove_socket_dir(sock: &Path, owner_dir: &Path) -> Result<(), ProviderError> {
+    if sock.starts_with(owner_dir) {
+        if sock.exists() {
+            fs::remove_dir_all(sock)?;
+        }
+        return Ok(());
+    }
+    match fs::remove_dir_all(sock) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Flushes the filesystem holding `dir` (syncfs), best effort.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(f) = fs::File::open(dir) {
+        use std::os::unix::io::AsRawFd;
+        if let Err(e) = nix::unistd::syncfs(f.as_raw_fd()) {
+            tracing::warn!(dir = %dir.display(), error = %e, "syncfs failed");
+        }
+    }
+}

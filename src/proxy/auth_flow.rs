@@ -1,0 +1,155 @@
+//! Authenticating the client: SCRAM-SHA-256 when the user name is a token id, otherwise a
+//! cleartext password holding the whole token (`<id>.<secret>`), only over TLS or loopback.
+
+use time::OffsetDateTime;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::auth::{self, ScramError, ScramServer};
+use crate::lifecycle::{state_word, Gateway};
+use crate::registry::TokenRecord;
+use crate::wire::frame::FrameReader;
+use crate::wire::messages;
+
+/// Why a client was not let in; each maps to the SQLSTATE the contract names.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    #[error("token \"{0}\" is unknown")]
+    UnknownToken(String),
+    #[error("password authentication failed for token \"{0}\"")]
+    WrongSecret(String),
+    #[error("token \"{0}\" has {1}")]
+    Ended(String, &'static str),
+    #[error("cleartext password authentication requires TLS on this connection; use sslmode=require or SCRAM")]
+    CleartextNeedsTls,
+    #[error("invalid authentication message: {0}")]
+    Protocol(String),
+    #[error("connection lost during authentication")]
+    Lost,
+}
+
+impl AuthError {
+    /// SQLSTATE for the client.
+    pub fn sqlstate(&self) -> &'static str {
+        match self {
+            AuthError::WrongSecret(_) => "28P01",
+            AuthError::UnknownToken(_) | AuthError::Ended(..) | AuthError::CleartextNeedsTls => {
+                "28000"
+            }
+            AuthError::Protocol(_) | AuthError::Lost => "08P01",
+        }
+    }
+
+    /// Label for the auth failure metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AuthError::UnknownToken(_) => "unknown",
+            AuthError::WrongSecret(_) => "wrong_secret",
+            AuthError::Ended(_, "expired") => "expired",
+            AuthError::Ended(..) => "revoked",
+            AuthError::CleartextNeedsTls => "cleartext_without_tls",
+            AuthError::Protocol(_) | AuthError::Lost => "protocol",
+        }
+    }
+}
+
+/// Run the authentication exchange; returns the token record on success (AuthenticationOk
+/// already sent).
+pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    gw: &Gateway,
+    conn: &mut FrameReader<S>,
+    user: &str,
+    cleartext_allowed: bool,
+) -> Result<TokenRecord, AuthError> {
+    let rec = if auth::token::is_token_id(user) {
+        let rec = gw
+            .registry
+            .get(user)
+            .ok_or_else(|| AuthError::UnknownToken(user.to_string()))?;
+        scram(conn, &rec).await?;
+        rec
+    } else {
+        if !cleartext_allowed {
+            return Err(AuthError::CleartextNeedsTls);
+        }
+        send(conn, &messages::auth_cleartext()).await?;
+        let f = read_password_frame(conn).await?;
+        let pw = messages::password_message(f.body())
+            .ok_or_else(|| AuthError::Protocol("malformed password message".into()))?;
+        let pw = std::str::from_utf8(pw)
+            .map_err(|_| AuthError::Protocol("password is not UTF-8".into()))?;
+        let (id, secret) = auth::parse_full_token(pw)
+            .ok_or_else(|| AuthError::UnknownToken("(not a token)".into()))?;
+        let rec = gw
+            .registry
+            .get(id)
+            .ok_or_else(|| AuthError::UnknownToken(id.to_string()))?;
+        if !rec.verifier.check_cleartext(secret) {
+            return Err(AuthError::WrongSecret(rec.id));
+        }
+        rec
+    };
+    // Only someone holding the secret learns that the token ended.
+    if !rec.state.is_usable() {
+        let word = ended_word(&rec);
+        return Err(AuthError::Ended(rec.id, word));
+    }
+    if rec.expires_at <= OffsetDateTime::now_utc() {
+        return Err(AuthError::Ended(rec.id, "expired"));
+    }
+    send(conn, &messages::auth_ok()).await?;
+    Ok(rec)
+}
+
+fn ended_word(rec: &TokenRecord) -> &'static str {
+    match state_word(rec.state) {
+        "revoked" => "been revoked",
+        _ => "expired",
+    }
+}
+
+async fn scram<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut FrameReader<S>,
+    rec: &TokenRecord,
+) -> Result<(), AuthError> {
+    send(conn, &messages::auth_sasl(&["SCRAM-SHA-256"])).await?;
+    let f = read_password_frame(conn).await?;
+    let (mech, data) = messages::sasl_initial_response(f.body())
+        .ok_or_else(|| AuthError::Protocol("malformed SASLInitialResponse".into()))?;
+    if mech != "SCRAM-SHA-256" {
+        return Err(AuthError::Protocol(format!(
+            "unsupported SASL mechanism {mech:?}"
+        )));
+    }
+    let (state, server_first) = ScramServer::start(&rec.verifier.scram, data)
+        .map_err(|e| AuthError::Protocol(e.to_string()))?;
+    send(conn, &messages::auth_sasl_continue(&server_first)).await?;
+    let f = read_password_frame(conn).await?;
+    match state.finish(f.body()) {
+        Ok(server_final) => send(conn, &messages::auth_sasl_final(&server_final)).await,
+        Err(ScramError::BadProof) => Err(AuthError::WrongSecret(rec.id.clone())),
+        Err(e) => Err(AuthError::Protocol(e.to_string())),
+    }
+}
+
+async fn read_password_frame<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut FrameReader<S>,
+) -> Result<crate::wire::Frame, AuthError> {
+    match conn.read_frame().await {
+        Ok(Some(f)) if f.tag == b'p' => Ok(f),
+        Ok(Some(f)) => Err(AuthError::Protocol(format!(
+            "expected a password message, got {:?}",
+            f.tag as char
+        ))),
+        Ok(None) => Err(AuthError::Lost),
+        Err(e) => Err(AuthError::Protocol(e.to_string())),
+    }
+}
+
+async fn send<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut FrameReader<S>,
+    msg: &[u8],
+) -> Result<(), AuthError> {
+    let s = conn.get_mut();
+    s.write_all(msg).await.map_err(|_| AuthError::Lost)?;
+    s.flush().await.map_err(|_| AuthError::Lost)
+}

@@ -1,0 +1,84 @@
+//! Cancel keys: the gateway mints its own BackendKeyData per session and routes a
+//! CancelRequest carrying it to the real backend process.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use rand::Rng;
+use tokio::io::AsyncReadExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+
+use crate::wire::startup::encode_cancel;
+
+/// Where a cancel for one session goes.
+#[derive(Debug, Clone)]
+pub struct CancelTarget {
+    /// Backend socket.
+    pub socket_path: PathBuf,
+    /// Real backend pid.
+    pub pid: i32,
+    /// Real backend secret.
+    pub secret: i32,
+}
+
+/// Minted keys of live sessions.
+#[derive(Default)]
+pub struct CancelMap {
+    map: Arc<DashMap<(i32, i32), CancelTarget>>,
+}
+
+/// A minted key; removed from the map when dropped (session over).
+pub struct CancelKey {
+    /// The pid the client sees.
+    pub pid: i32,
+    /// The secret the client sees.
+    pub secret: i32,
+    map: Arc<DashMap<(i32, i32), CancelTarget>>,
+}
+
+impl Drop for CancelKey {
+    fn drop(&mut self) {
+        self.map.remove(&(self.pid, self.secret));
+    }
+}
+
+impl CancelMap {
+    /// Mint a fresh key for a session's backend.
+    pub fn mint(&self, target: CancelTarget) -> CancelKey {
+        let mut rng = rand::thread_rng();
+        loop {
+            let pid = rng.gen_range(1..i32::MAX);
+            let secret: i32 = rng.gen();
+            if let dashmap::mapref::entry::Entry::Vacant(v) = self.map.entry((pid, secret)) {
+                v.insert(target);
+                return CancelKey {
+                    pid,
+                    secret,
+                    map: self.map.clone(),
+                };
+            }
+        }
+    }
+
+    /// Forward a cancel to the right backend. Unknown keys are ignored, as Postgres does.
+    pub async fn cancel(&self, pid: i32, secret: i32) -> bool {
+        let Some(t) = self.map.get(&(pid, secret)).map(|t| t.clone()) else {
+            metrics::counter!("sandpit_cancel_requests_total", "result" => "unknown").increment(1);
+            return false;
+        };
+        let result = async {
+            let mut s = UnixStream::connect(&t.socket_path).await?;
+            s.write_all(&encode_cancel(t.pid, t.secret)).await?;
+            // Postgres closes the connection once it has handled the request.
+            let mut sink = [0u8; 64];
+            let _ = s.read(&mut sink).await;
+            Ok::<_, std::io::Error>(())
+        }
+        .await;
+        let ok = result.is_ok();
+        metrics::counter!("sandpit_cancel_requests_total", "result" => if ok { "forwarded" } else { "failed" }).increment(1);
+        ok
+    }
+}

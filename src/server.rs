@@ -1,0 +1,209 @@
+//! `sandpit serve`: wire the pieces together, run until a signal, shut down cleanly.
+
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::Config;
+use crate::control::{self, ApiState};
+use crate::lifecycle::Gateway;
+use crate::provider::instance::{InstanceConfig, InstanceProvider};
+use crate::proxy::{tls, Proxy};
+use crate::registry::Registry;
+
+/// The demo golden shipped with the binary, used when no golden SQL is configured.
+pub const DEMO_GOLDEN_SQL: &str = include_str!("../config/demo_golden.sql");
+
+/// Startup failures of `serve`.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Provider(#[from] crate::provider::ProviderError),
+    #[error(transparent)]
+    Registry(#[from] crate::registry::RegistryError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The admin key: config, then `SANDPIT_ADMIN_KEY`, then `<data_dir>/admin.key` (created
+/// with mode 0600 when `create` is set).
+pub fn admin_key(cfg: &Config, create: bool) -> std::io::Result<Option<String>> {
+    if let Some(k) = &cfg.admin_key {
+        return Ok(Some(k.clone()));
+    }
+    if let Ok(k) = std::env::var("SANDPIT_ADMIN_KEY") {
+        if !k.is_empty() {
+            return Ok(Some(k));
+        }
+    }
+    let path = cfg.data_dir.join("admin.key");
+    match std::fs::read_to_string(&path) {
+        Ok(k) => return Ok(Some(k.trim().to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let key = crate::auth::new_secret();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    f.write_all(key.as_bytes())?;
+    f.sync_all()?;
+    Ok(Some(key))
+}
+
+fn prepare_data_dir(dir: &Path) -> Result<(), ServeError> {
+    let err = |source| ServeError::DataDir {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(err)?;
+    // Searchable (not readable) by others, so the unprivileged Postgres user can reach pg/.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(err)?;
+    Ok(())
+}
+
+/// Run the gateway until `stop` turns true; then end sessions and stop backends.
+/// `ready` is called once both listeners are bound, with their addresses.
+pub async fn run(
+    cfg: Config,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    mut stop: watch::Receiver<bool>,
+    ready: impl FnOnce(std::net::SocketAddr, std::net::SocketAddr),
+) -> Result<(), ServeError> {
+    cfg.validate()?;
+    prepare_data_dir(&cfg.data_dir)?;
+    let data_dir = cfg
+        .data_dir
+        .canonicalize()
+        .map_err(|source| ServeError::DataDir {
+            path: cfg.data_dir.clone(),
+            source,
+        })?;
+    let key = admin_key(&cfg, true)
+        .map_err(|source| ServeError::DataDir {
+            path: data_dir.join("admin.key"),
+            source,
+        })?
+        .unwrap_or_default();
+
+    let golden_sql = match &cfg.golden.sql {
+        Some(p) => p.clone(),
+        None => {
+            let p = data_dir.join("demo_golden.sql");
+            if std::fs::read_to_string(&p).ok().as_deref() != Some(DEMO_GOLDEN_SQL) {
+                std::fs::write(&p, DEMO_GOLDEN_SQL).map_err(|source| ServeError::DataDir {
+                    path: p.clone(),
+                    source,
+                })?;
+            }
+            p
+        }
+    };
+    let provider = InstanceProvider::new(InstanceConfig {
+        bin_dir: cfg.postgres.bin_dir.clone(),
+        root: data_dir.join("pg"),
+        golden_sql,
+        max_connections: cfg.postgres.max_connections,
+        run_as: cfg.postgres.run_as.clone(),
+        netns: cfg.postgres.netns,
+    })
+    .await?;
+    tracing::info!(
+        copy_method = provider.copy_method(),
+        "instance provider ready"
+    );
+    let registry = Registry::open(&data_dir.join("tokens"))?;
+    let tls = tls::acceptor(
+        &cfg.tls,
+        &data_dir,
+        &cfg.public_host.iter().cloned().collect::<Vec<_>>(),
+    )?;
+    let pg_listener = TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+    let api_listener =
+        TcpListener::bind(cfg.api_listen)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: cfg.api_listen,
+                source,
+            })?;
+    let pg_addr = pg_listener
+        .local_addr()
+        .map_err(|source| ServeError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+    let api_addr = api_listener
+        .local_addr()
+        .map_err(|source| ServeError::Listen {
+            addr: cfg.api_listen,
+            source,
+        })?;
+
+    let mut cfg = cfg;
+    cfg.data_dir = data_dir;
+    cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
+    let gw = Gateway::new(cfg, registry, Arc::new(provider));
+    gw.resume().await;
+
+    let proxy = Proxy::new(gw.clone(), tls);
+    let pg_task = tokio::spawn(proxy.serve(pg_listener, stop.clone()));
+    let api = control::router(ApiState {
+        gw: gw.clone(),
+        admin_key: Arc::new(key),
+        metrics,
+    });
+    let mut api_stop = stop.clone();
+    let api_task = tokio::spawn(async move {
+        let shutdown = async move {
+            while !*api_stop.borrow() {
+                if api_stop.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        if let Err(e) = axum::serve(api_listener, api)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(error = %e, "control API failed");
+        }
+    });
+    ready(pg_addr, api_addr);
+
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            break;
+        }
+    }
+    tracing::info!("shutting down");
+    let _ = pg_task.await;
+    gw.shutdown().await;
+    // Give sessions a moment to flush their FATAL to clients.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), api_task).await;
+    Ok(())
+}

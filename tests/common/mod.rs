@@ -1,0 +1,300 @@
+//! Test harness: runs the real `sandpit` binary against real Postgres processes.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A running gateway process.
+pub struct Gateway {
+    pub child: Option<Child>,
+    pub data_dir: PathBuf,
+    pub pg_port: u16,
+    pub api: String,
+    pub admin_key: String,
+    _tmp: Option<tempfile::TempDir>,
+}
+
+/// A small golden for tests that need their own gateway.
+pub const SMALL_GOLDEN: &str = "create table items(id int primary key, name text not null);\n\
+insert into items select g, 'item ' || g from generate_series(1, 1000) g;\n";
+
+pub fn tempdir() -> tempfile::TempDir {
+    let t = tempfile::Builder::new()
+        .prefix("sandpit-test-")
+        .tempdir()
+        .expect("tempdir");
+    // The unprivileged Postgres user must be able to reach below it.
+    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    t
+}
+
+impl Gateway {
+    /// Start a gateway on a fresh data dir. `golden` None = the demo golden.
+    pub fn start(golden: Option<&str>, config: Option<&str>) -> Gateway {
+        let tmp = tempdir();
+        let dir = tmp.path().to_path_buf();
+        let mut g = Gateway::start_in(&dir, golden, config);
+        g._tmp = Some(tmp);
+        g
+    }
+
+    /// Start a gateway on a given data dir (for restarts).
+    pub fn start_in(dir: &Path, golden: Option<&str>, config: Option<&str>) -> Gateway {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandpit"));
+        cmd.arg("serve")
+            .arg("--data-dir")
+            .arg(dir)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--api-listen")
+            .arg("127.0.0.1:0")
+            .env("SANDPIT_LOG", "info,sandpit=debug")
+            .env_remove("SANDPIT_ADMIN_KEY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(
+                std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(dir.join("gateway.log"))
+                    .expect("log"),
+            ));
+        if let Some(sql) = golden {
+            let p = dir.join("golden.sql");
+            std::fs::write(&p, sql).expect("write golden");
+            cmd.arg("--golden-sql").arg(p);
+        }
+        if let Some(c) = config {
+            let p = dir.join("sandpit.toml");
+            std::fs::write(&p, c).expect("write config");
+            cmd.arg("--config").arg(p);
+        }
+        // If the test process dies, the gateway gets SIGTERM and stops its backends.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn sandpit");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if line.starts_with("sandpit ready") {
+                    let _ = tx.send(line);
+                }
+            }
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(240)) {
+            Ok(l) => l,
+            Err(_) => {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default();
+                panic!("gateway did not become ready; log:\n{log}");
+            }
+        };
+        // "sandpit ready postgres=127.0.0.1:P api=http://127.0.0.1:Q"
+        let pg = line
+            .split("postgres=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .expect("pg addr");
+        let api = line
+            .split("api=")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .expect("api")
+            .to_string();
+        let pg_port = pg
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port");
+        let admin_key = std::fs::read_to_string(dir.join("admin.key"))
+            .expect("admin key")
+            .trim()
+            .to_string();
+        Gateway {
+            child: Some(child),
+            data_dir: dir.to_path_buf(),
+            pg_port,
+            api,
+            admin_key,
+            _tmp: None,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("gateway.log")).unwrap_or_default()
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let req = ureq::request(method, &format!("{}{}", self.api, path))
+            .set("Authorization", &format!("Bearer {}", self.admin_key));
+        let res = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match res {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(s, r)) => (s, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("api call failed: {e}"),
+        }
+    }
+
+    /// Issue a token through the HTTP API.
+    pub fn issue(&self, task: &str, ttl_seconds: u64) -> Value {
+        self.issue_with(serde_json::json!({"task": task, "ttl_seconds": ttl_seconds}))
+    }
+
+    pub fn issue_with(&self, body: Value) -> Value {
+        let (s, v) = self.call("POST", "/v1/tokens", Some(body));
+        assert_eq!(s, 201, "{v}");
+        v
+    }
+
+    pub fn show(&self, id: &str) -> Value {
+        self.call("GET", &format!("/v1/tokens/{id}"), None).1
+    }
+
+    pub fn revoke(&self, id: &str) -> (u16, Value) {
+        self.call("DELETE", &format!("/v1/tokens/{id}"), None)
+    }
+
+    pub fn raw_call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        self.call(method, path, body)
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// SIGKILL, no cleanup.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn instances_dir(&self) -> PathBuf {
+        self.data_dir.join("pg").join("instances")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The demo-golden gateway shared by the tests of one test binary. Started from a thread
+/// that lives as long as the process, so PDEATHSIG fires only when the process ends.
+pub fn shared() -> &'static Gateway {
+    static G: OnceLock<Gateway> = OnceLock::new();
+    G.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // A fixed dir under target/ so the demo golden is built once, not per run.
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("shared-gateway");
+            for sub in ["tokens", "pg/instances", "gateway.log"] {
+                let p = dir.join(sub);
+                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+            }
+            std::fs::create_dir_all(&dir).expect("shared dir");
+            let g = Gateway::start_in(&dir, None, None);
+            let leaked: &'static Gateway = Box::leak(Box::new(g));
+            let _ = tx.send(leaked as *const Gateway as usize);
+            loop {
+                std::thread::park();
+            }
+        });
+        let p = rx.recv().expect("shared gateway");
+        // SAFETY: leaked above, lives for the whole process.
+        let g: &'static Gateway = unsafe { &*(p as *const Gateway) };
+        Gateway {
+            child: None,
+            data_dir: g.data_dir.clone(),
+            pg_port: g.pg_port,
+            api: g.api.clone(),
+            admin_key: g.admin_key.clone(),
+            _tmp: None,
+        }
+    })
+}
+
+/// Connect with tokio-postgres (no TLS).
+pub async fn connect(dsn: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// The SQLSTATE of a tokio-postgres error.
+pub fn sqlstate(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        eprintln!("db error: {} {}", db.code().code(), db.message());
+    }
+    e.code()
+        .map(|c| c.code().to_string())
+        .unwrap_or_else(|| format!("(no code: {e})"))
+}
+
+/// Run psql with a DSN; returns (success, stdout, stderr).
+pub fn psql(dsn: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("psql")
+        .arg(dsn)
+        .args(["-X", "-v", "ON_ERROR_STOP=1", "-At"])
+        .args(args)
+        .env_remove("PGPASSWORD")
+        .output()
+        .expect("run psql");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+}
+
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    f()
+}
