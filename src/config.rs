@@ -295,4 +295,15 @@ mod tests {
         assert_eq!(c.tokens.ttl, Duration::from_secs(300));
         c.validate().unwrap();
     }
+
+    #[test]
+    fn shipped_example_config_parses_and_matches_defaults() {
+        let c: Config = toml::from_str(include_str!("../config/sandpit.toml")).unwrap();
+        c.validate().unwrap();
+        let d = Config::default();
+        assert_eq!(c.listen, d.listen);
+        assert_eq!(c.tokens.max_rows, d.tokens.max_rows);
+        assert_eq!(c.limits.max_message, d.limits.max_message);
+        assert_eq!(c.tls.mode, d.tls.mode);
+    }
 }
