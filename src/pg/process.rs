@@ -2,6 +2,7 @@
 //! an empty network namespace; readiness via `postmaster.pid`; signals and waiting for exit.
 
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -184,7 +185,7 @@ pub async fn stop_postmaster(
             "postmaster did not exit in time; killing its process group"
         );
         signal_group(pid, Signal::SIGKILL);
-        wait_gone(pid, child.as_deref_mut(), Duration::from_secs(5)).await;
+        wait_gone(pid, child, Duration::from_secs(5)).await;
     }
     signal_group(pid, Signal::SIGKILL);
 }
@@ -218,9 +219,11 @@ pub async fn start_postgres(spec: &ServerSpec<'_>) -> Result<Child, ProviderErro
             "socket directory path contains a double quote".into(),
         ));
     }
+    // 0600: the log can quote statements and data; instance dirs are only searchable (0711).
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(spec.log)?;
     let log2 = log.try_clone()?;
     let mut cmd = command(&spec.bins.postgres, spec.run_as, spec.netns);

@@ -3,7 +3,7 @@
 //! version, [`GOLDEN_FORMAT`]) changes.
 
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -180,9 +180,51 @@ async fn build(ctx: &GoldenCtx<'_>, tmp: &Path) -> Result<(), ProviderError> {
             )));
         }
     }
+    trim_wal(ctx.bins, &data).await?;
     // fsync was off while building: flush everything before declaring the golden done.
     sync_dir(tmp);
     fs::write(tmp.join(READY_MARKER), format!("{GOLDEN_FORMAT}\n"))?;
+    Ok(())
+}
+
+/// After a clean shutdown only the segment holding the shutdown checkpoint is needed; the
+/// recycled ones would be copied into every fork for nothing.
+async fn trim_wal(bins: &PgBinaries, data: &Path) -> Result<(), ProviderError> {
+    let out = tokio::process::Command::new(bins.bin_dir.join("pg_controldata"))
+        .env_clear()
+        .env("LC_ALL", "C")
+        .arg(data)
+        .stdin(Stdio::null())
+        .output()
+        .await;
+    let text = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).to_string(),
+        other => {
+            tracing::debug!(?other, "pg_controldata unavailable; not trimming WAL");
+            return Ok(());
+        }
+    };
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+    };
+    let (Some(state), Some(redo)) = (
+        field("Database cluster state:"),
+        field("Latest checkpoint's REDO WAL file:"),
+    ) else {
+        return Ok(());
+    };
+    if state != "shut down" || redo.len() != 24 {
+        tracing::warn!(%state, "golden not cleanly shut down; keeping its WAL");
+        return Ok(());
+    }
+    for e in fs::read_dir(data.join("pg_wal"))?.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let is_segment = name.len() == 24 && name.chars().all(|c| c.is_ascii_hexdigit());
+        if is_segment && name != redo && e.file_type().map(|t| t.is_file()).unwrap_or(false) {
+            fs::remove_file(e.path())?;
+        }
+    }
     Ok(())
 }
 
@@ -368,10 +410,13 @@ pub fn socket_dir_for(dir: &Path) -> PathBuf {
 /// connect). Refuses a symlink or non-directory planted at that path.
 pub fn prepare_socket_dir(dir: &Path, run_as: &RunAs) -> Result<(), ProviderError> {
     match fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_dir() => {}
+        // Under /tmp someone else could have created it first: only accept our own.
+        Ok(m)
+            if m.file_type().is_dir()
+                && (m.uid() == run_as.uid || m.uid() == nix::unistd::geteuid().as_raw()) => {}
         Ok(_) => {
             return Err(ProviderError::Other(format!(
-                "socket dir {} exists and is not a directory",
+                "socket dir {} exists and is not our directory",
                 dir.display()
             )))
         }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -203,6 +203,7 @@ impl InstanceProvider {
     }
 
     async fn fork_inner(&self, tag: &BackendTag, inst: &Path) -> Result<(), ProviderError> {
+        let t0 = Instant::now();
         let src = self.golden_dir.join("data");
         let dst = inst.join("data");
         let (method, owner) = (self.copy, self.run_as.clone());
@@ -211,8 +212,17 @@ impl InstanceProvider {
             .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
         let json =
             serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
-        fs::write(inst.join(TAG_FILE), json)?;
-        self.start(&tag.token_id, inst).await
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(inst.join(TAG_FILE))?;
+        std::io::Write::write_all(&mut f, &json)?;
+        let copied = t0.elapsed();
+        self.start(&tag.token_id, inst).await?;
+        tracing::debug!(handle = %tag.token_id, copy_ms = copied.as_millis() as u64,
+            start_ms = (t0.elapsed() - copied).as_millis() as u64, "fork phases");
+        Ok(())
     }
 
     async fn destroy_inner(&self, handle: &str) -> Result<(), ProviderError> {
@@ -247,8 +257,19 @@ impl InstanceProvider {
         loop {
             match process::read_pid_file(&data) {
                 Some(pf) if process::is_postmaster_of(pf.pid, &data) => {
-                    if pf.status == "ready" && process::socket_path(&sock).exists() {
-                        return Ok(self.backend(handle, "adopted"));
+                    if pf.status == "ready" {
+                        if process::socket_path(&sock).exists() {
+                            return Ok(self.backend(handle, "adopted"));
+                        }
+                        // Running but unreachable (e.g. a /tmp cleaner removed its socket dir):
+                        // restart it so it listens again.
+                        tracing::warn!(
+                            handle,
+                            "instance running without its socket; restarting it"
+                        );
+                        self.stop_server(handle, &inst, Signal::SIGINT, STOP_GRACE)
+                            .await;
+                        continue;
                     }
                     // Starting up (or shutting down): wait for it to settle.
                     if Instant::now() > deadline {
