@@ -10,5 +10,6 @@ pub mod pg;
 pub mod provider;
 pub mod proxy;
 pub mod registry;
+pub mod review;
 pub mod server;
 pub mod wire;

@@ -1,0 +1,3 @@
+//! What the agent did: the statement log, and (later) the diff against the golden.
+
+pub mod log;
