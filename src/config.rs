@@ -165,6 +165,10 @@ pub struct TokenDefaults {
     pub max_bytes: u64,
     /// Concurrent sessions per token.
     pub max_connections: u32,
+    /// Highest max_rows a token may be issued with.
+    pub max_rows_limit: u64,
+    /// Highest max_bytes a token may be issued with.
+    pub max_bytes_limit: u64,
 }
 
 impl Default for TokenDefaults {
@@ -175,6 +179,8 @@ impl Default for TokenDefaults {
             max_rows: 200,
             max_bytes: 1024 * 1024,
             max_connections: 10,
+            max_rows_limit: 100_000,
+            max_bytes_limit: 64 * 1024 * 1024,
         }
     }
 }

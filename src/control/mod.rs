@@ -41,6 +41,8 @@ pub struct IssueBody {
     pub max_bytes: Option<u64>,
     /// Session cap.
     pub max_connections: Option<u32>,
+    /// "truncate" (default) or "error".
+    pub cap_mode: Option<crate::registry::CapMode>,
     /// Metadata.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -106,6 +108,7 @@ async fn issue_token(
         max_rows: b.max_rows,
         max_bytes: b.max_bytes,
         max_connections: b.max_connections,
+        cap_mode: b.cap_mode,
         metadata: b.metadata,
     };
     match s.gw.issue(req) {

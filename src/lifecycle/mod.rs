@@ -14,7 +14,8 @@ use tokio::sync::{watch, Mutex};
 use crate::auth::{self, Verifier};
 use crate::config::Config;
 use crate::provider::{Backend, BackendTag, Provider, ProviderError};
-use crate::registry::{Caps, Registry, RegistryError, TokenRecord, TokenState};
+use crate::registry::{CapMode, Caps, Registry, RegistryError, TokenRecord, TokenState};
+use crate::review::log::LogBook;
 
 /// Why a token stopped being usable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,8 @@ pub struct IssueRequest {
     pub max_bytes: Option<u64>,
     /// Concurrent sessions; default from config.
     pub max_connections: Option<u32>,
+    /// Truncate (default) or error when a result exceeds a cap.
+    pub cap_mode: Option<CapMode>,
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
 }
@@ -96,6 +99,8 @@ pub struct TokenView {
     pub max_bytes: u64,
     /// Session cap.
     pub max_connections: u32,
+    /// truncate / error.
+    pub cap_mode: CapMode,
     /// Whether a backend exists now.
     pub backend: bool,
     /// Forks made for this token.
@@ -144,6 +149,8 @@ pub struct Gateway {
     pub registry: Registry,
     /// Scratch database source.
     pub provider: Arc<dyn Provider>,
+    /// Open statement logs.
+    pub logs: LogBook,
     runtimes: DashMap<String, Arc<TokenRuntime>>,
     secrets: Vec<String>,
 }
@@ -161,6 +168,7 @@ impl Gateway {
             config,
             registry,
             provider,
+            logs: LogBook::default(),
             runtimes: DashMap::new(),
             secrets,
         })
@@ -220,6 +228,7 @@ impl Gateway {
                 max_rows,
                 max_bytes,
                 max_connections,
+                cap_mode: req.cap_mode.unwrap_or_default(),
             },
             state: TokenState::Issued,
             verifier: Verifier::from_secret(&secret),
@@ -260,6 +269,7 @@ impl Gateway {
             max_rows: rec.caps.max_rows,
             max_bytes: rec.caps.max_bytes,
             max_connections: rec.caps.max_connections,
+            cap_mode: rec.caps.cap_mode,
             backend: rec.backend.is_some(),
             fork_count: rec.fork_count,
             sessions,
@@ -384,6 +394,7 @@ impl Gateway {
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");
         self.runtime(id).ended.send_replace(Some(reason));
+        self.logs.close(id);
         self.destroy_backend(id).await?;
         Ok(true)
     }
