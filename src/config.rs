@@ -47,6 +47,22 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Defaults and ceilings for tokens.
     pub tokens: TokenDefaults,
+    /// The statement log.
+    pub log: LogConfig,
+}
+
+/// Statement log settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Write every statement to `<data_dir>/logs/<task>/<token>.jsonl` before it runs.
+    pub statements: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { statements: true }
+    }
 }
 
 impl Default for Config {
@@ -63,6 +79,7 @@ impl Default for Config {
             golden: GoldenConfig::default(),
             limits: LimitsConfig::default(),
             tokens: TokenDefaults::default(),
+            log: LogConfig::default(),
         }
     }
 }

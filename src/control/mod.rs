@@ -53,6 +53,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
+        .route("/v1/tokens/{id}/statements", get(token_statements))
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(state)
@@ -167,5 +168,24 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
         )
             .into_response(),
         None => error(StatusCode::NOT_FOUND, "metrics recorder not installed"),
+    }
+}
+
+async fn token_statements(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = check_auth(&s, &headers) {
+        return r;
+    }
+    let Some(rec) = s.gw.registry.get(&id) else {
+        return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
+    };
+    let path = crate::review::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
+    match tokio::task::spawn_blocking(move || crate::review::log::read_statements(&path)).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

@@ -32,8 +32,8 @@ pub struct SessionIdentity {
     pub task: String,
     /// Session number in this process.
     pub session: u64,
-    /// The token's log.
-    pub log: Arc<TokenLog>,
+    /// The token's log (None when statement logging is turned off in config).
+    pub log: Option<Arc<TokenLog>>,
     /// Caps.
     pub caps: CapPolicy,
 }
@@ -170,6 +170,14 @@ impl Pipeline {
                 break;
             };
             to_backend.extend_from_slice(&o.bytes);
+            let barrier = o
+                .pending
+                .iter()
+                .any(|p| matches!(p, Pending::Execute { barrier: true, .. }));
+            if barrier {
+                // The backend only flushes at Sync or Flush; we hold the Sync back, so ask.
+                to_backend.extend_from_slice(&crate::wire::frame::build(b'H', &[]));
+            }
             for p in o.pending {
                 if !self.skip_until_sync {
                     self.fifo.push_back(p);
@@ -199,7 +207,11 @@ impl Pipeline {
         params: Vec<Option<String>>,
         kind: Kind,
     ) -> u64 {
-        let seq = self.id.log.next_seq();
+        let Some(log) = &self.id.log else {
+            metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
+            return 0;
+        };
+        let seq = log.next_seq();
         let rec = LogRecord::Statement(StatementRecord {
             seq,
             ts: now(),
@@ -211,7 +223,7 @@ impl Pipeline {
             params,
             kind: kind.as_str().to_string(),
         });
-        if let Err(e) = self.id.log.append(&rec) {
+        if let Err(e) = log.append(&rec) {
             // The statement still runs: the log is a record, not a gate. Loudly reported.
             tracing::error!(error = %e, "statement log write failed");
             metrics::counter!("sandpit_log_errors_total").increment(1);
@@ -254,7 +266,8 @@ impl Pipeline {
             tag: tag.map(str::to_string),
             skipped,
         });
-        if let Err(e) = self.id.log.append(&rec) {
+        let Some(log) = &self.id.log else { return };
+        if let Err(e) = log.append(&rec) {
             tracing::error!(error = %e, "statement log write failed");
             metrics::counter!("sandpit_log_errors_total").increment(1);
         }

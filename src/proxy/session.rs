@@ -207,22 +207,22 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     }
     tracing::info!("session started");
     client.set_max_len(max_message);
-    let log = match proxy
-        .gw
-        .logs
-        .get(&proxy.gw.config.data_dir, &rec.task, &rec.id)
-    {
-        Ok(l) => l,
-        Err(e) => {
-            // No statement may run unrecorded.
-            tracing::error!(error = %e, "cannot open the statement log");
-            return fatal(
-                client.get_mut(),
-                "58030",
-                "sandpit cannot write the statement log for this token",
-            )
-            .await;
+    let log = if proxy.gw.config.log.statements {
+        match proxy
+            .gw
+            .logs
+            .get(&proxy.gw.config.data_dir, &rec.task, &rec.id)
+        {
+            Ok(l) => Some(l),
+            Err(e) => {
+                // No statement may run unrecorded.
+                tracing::error!(error = %e, "cannot open the statement log");
+                let msg = "sandpit cannot write the statement log for this token";
+                return fatal(client.get_mut(), "58030", msg).await;
+            }
         }
+    } else {
+        None
     };
     let session_no = proxy
         .sessions
