@@ -78,6 +78,7 @@ impl ApiClient {
         max_rows: Option<u64>,
         max_bytes: Option<u64>,
         cap_mode: Option<&str>,
+        max_connections: Option<u32>,
         metadata: BTreeMap<String, String>,
     ) -> Result<Value, CliError> {
         let body = serde_json::json!({
@@ -86,6 +87,7 @@ impl ApiClient {
             "max_rows": max_rows,
             "max_bytes": max_bytes,
             "cap_mode": cap_mode,
+            "max_connections": max_connections,
             "metadata": metadata,
         });
         self.call("POST", "/v1/tokens", Some(body))

@@ -89,6 +89,9 @@ enum TokenCmd {
         /// What a capped result does: truncate (default) or error.
         #[arg(long)]
         cap_mode: Option<String>,
+        /// Concurrent sessions for this token.
+        #[arg(long)]
+        max_connections: Option<u32>,
         /// Metadata key=value (repeatable).
         #[arg(long = "meta")]
         meta: Vec<String>,
@@ -197,6 +200,7 @@ fn main() -> Result<()> {
                 max_rows,
                 max_bytes,
                 cap_mode,
+                max_connections,
                 meta,
                 api,
             } => {
@@ -211,6 +215,7 @@ fn main() -> Result<()> {
                     *max_rows,
                     max_bytes,
                     cap_mode.as_deref(),
+                    *max_connections,
                     metadata,
                 )?;
                 print(&v, api.json, |v| {
