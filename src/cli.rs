@@ -78,6 +78,7 @@ impl ApiClient {
         max_rows: Option<u64>,
         max_bytes: Option<u64>,
         cap_mode: Option<&str>,
+        allow: Option<Vec<String>>,
         max_connections: Option<u32>,
         metadata: BTreeMap<String, String>,
     ) -> Result<Value, CliError> {
@@ -87,6 +88,7 @@ impl ApiClient {
             "max_rows": max_rows,
             "max_bytes": max_bytes,
             "cap_mode": cap_mode,
+            "allow": allow,
             "max_connections": max_connections,
             "metadata": metadata,
         });

@@ -89,6 +89,9 @@ enum TokenCmd {
         /// What a capped result does: truncate (default) or error.
         #[arg(long)]
         cap_mode: Option<String>,
+        /// Seatbelt: statement kinds allowed, comma-separated (read,write,ddl,transaction,privilege,utility or all).
+        #[arg(long, value_delimiter = ',')]
+        allow: Option<Vec<String>>,
         /// Concurrent sessions for this token.
         #[arg(long)]
         max_connections: Option<u32>,
@@ -200,6 +203,7 @@ fn main() -> Result<()> {
                 max_rows,
                 max_bytes,
                 cap_mode,
+                allow,
                 max_connections,
                 meta,
                 api,
@@ -215,6 +219,7 @@ fn main() -> Result<()> {
                     *max_rows,
                     max_bytes,
                     cap_mode.as_deref(),
+                    allow.clone(),
                     *max_connections,
                     metadata,
                 )?;

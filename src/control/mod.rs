@@ -43,6 +43,8 @@ pub struct IssueBody {
     pub max_connections: Option<u32>,
     /// "truncate" (default) or "error".
     pub cap_mode: Option<crate::registry::CapMode>,
+    /// Seatbelt policy: allowed statement kinds.
+    pub allow: Option<Vec<String>>,
     /// Metadata.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -110,6 +112,7 @@ async fn issue_token(
         max_bytes: b.max_bytes,
         max_connections: b.max_connections,
         cap_mode: b.cap_mode,
+        allow: b.allow,
         metadata: b.metadata,
     };
     match s.gw.issue(req) {

@@ -71,6 +71,8 @@ pub struct IssueRequest {
     pub max_connections: Option<u32>,
     /// Truncate (default) or error when a result exceeds a cap.
     pub cap_mode: Option<CapMode>,
+    /// Seatbelt policy: allowed statement kinds (None = all).
+    pub allow: Option<Vec<String>>,
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
 }
@@ -101,6 +103,9 @@ pub struct TokenView {
     pub max_connections: u32,
     /// truncate / error.
     pub cap_mode: CapMode,
+    /// Allowed statement kinds, when a seatbelt policy is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
     /// Whether a backend exists now.
     pub backend: bool,
     /// Forks made for this token.
@@ -215,6 +220,27 @@ impl Gateway {
                 "max_rows, max_bytes and max_connections must be at least 1".into(),
             ));
         }
+        let allow = match req.allow {
+            None => None,
+            Some(kinds) if kinds.iter().any(|k| k == "all") => None,
+            Some(kinds) => {
+                const KINDS: [&str; 6] = [
+                    "read",
+                    "write",
+                    "ddl",
+                    "transaction",
+                    "privilege",
+                    "utility",
+                ];
+                if let Some(bad) = kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+                    return Err(LifecycleError::Invalid(format!(
+                        "unknown statement kind {bad:?} in allow (use {} or all; unparsed statements are always denied under a policy)",
+                        KINDS.join(", ")
+                    )));
+                }
+                Some(kinds)
+            }
+        };
         let id = auth::new_token_id();
         let secret = auth::new_secret();
         let now = OffsetDateTime::now_utc();
@@ -229,6 +255,7 @@ impl Gateway {
                 max_bytes,
                 max_connections,
                 cap_mode: req.cap_mode.unwrap_or_default(),
+                allow,
             },
             state: TokenState::Issued,
             verifier: Verifier::from_secret(&secret),
@@ -270,6 +297,7 @@ impl Gateway {
             max_bytes: rec.caps.max_bytes,
             max_connections: rec.caps.max_connections,
             cap_mode: rec.caps.cap_mode,
+            allow: rec.caps.allow.clone(),
             backend: rec.backend.is_some(),
             fork_count: rec.fork_count,
             sessions,

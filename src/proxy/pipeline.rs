@@ -36,7 +36,14 @@ pub struct SessionIdentity {
     pub log: Option<Arc<TokenLog>>,
     /// Caps.
     pub caps: CapPolicy,
+    /// Seatbelt policy: statement kinds allowed (None = all).
+    pub allow: Option<Vec<String>>,
 }
+
+/// Raises the refusal inside the backend, so that the transaction state the client sees
+/// after a refused statement is the real one.
+const DENY_SQL: &str =
+    "DO $sandpit$ BEGIN RAISE EXCEPTION 'sandpit policy' USING ERRCODE = '42501'; END $sandpit$";
 
 /// A statement on its way through the backend.
 struct Stmt {
@@ -51,6 +58,8 @@ struct Stmt {
     lowered: bool,
     /// FETCH / SELECT for the tag of a cut result.
     verb: &'static str,
+    /// Refused by the seatbelt policy.
+    denied: bool,
 }
 
 enum Pending {
@@ -76,6 +85,11 @@ enum Pending {
     /// A simple Query (or FunctionCall) relayed as is: responses until ReadyForQuery.
     Simple {
         stmts: VecDeque<Stmt>,
+    },
+    /// A simple Query or FunctionCall replaced by the policy refusal: an error, then
+    /// ReadyForQuery.
+    Denied {
+        message: String,
     },
 }
 
@@ -244,7 +258,46 @@ impl Pipeline {
             copy_out: false,
             lowered: false,
             verb: verb_of(text),
+            denied: false,
         }
+    }
+
+    fn denies(&self, kind: Kind) -> bool {
+        match &self.id.allow {
+            None => false,
+            Some(allowed) => kind == Kind::Unparsed || !allowed.iter().any(|k| k == kind.as_str()),
+        }
+    }
+
+    fn denial_message(&self, kind: Kind) -> String {
+        let allowed = self.id.allow.as_deref().unwrap_or_default().join(", ");
+        format!(
+            "sandpit policy: this token may run only {allowed} statements; this one is {} and was not run (the scratch database, not this policy, is the boundary)",
+            kind.as_str()
+        )
+    }
+
+    /// Refuse a whole simple Query or FunctionCall: log it, and send the refusal instead.
+    fn deny_simple(&mut self, stmts: VecDeque<Stmt>) {
+        let mut message = None;
+        for mut s in stmts {
+            if message.is_none() && self.denies(s.kind) {
+                s.denied = true;
+                message = Some(self.denial_message(s.kind));
+                metrics::counter!("sandpit_denied_statements_total", "kind" => s.kind.as_str())
+                    .increment(1);
+                self.log_outcome(&s, Some("42501".into()), None, false);
+            } else {
+                self.log_outcome(&s, None, None, true);
+            }
+        }
+        let mut q = DENY_SQL.as_bytes().to_vec();
+        q.push(0);
+        let message = message.unwrap_or_else(|| self.denial_message(Kind::Unparsed));
+        self.push(
+            crate::wire::frame::build(b'Q', &q),
+            vec![Pending::Denied { message }],
+        );
     }
 
     fn log_outcome(&self, stmt: &Stmt, sqlstate: Option<String>, tag: Option<&str>, skipped: bool) {
@@ -265,6 +318,7 @@ impl Pipeline {
             sqlstate,
             tag: tag.map(str::to_string),
             skipped,
+            denied: stmt.denied,
         });
         let Some(log) = &self.id.log else { return };
         if let Err(e) = log.append(&rec) {
@@ -331,12 +385,16 @@ impl Pipeline {
                     .unwrap_or(0);
                 let stmt =
                     self.new_stmt("function", &format!("function call oid={oid}"), Vec::new());
-                self.push(
-                    f.raw,
-                    vec![Pending::Simple {
-                        stmts: VecDeque::from([stmt]),
-                    }],
-                );
+                if self.denies(stmt.kind) {
+                    self.deny_simple(VecDeque::from([stmt]));
+                } else {
+                    self.push(
+                        f.raw,
+                        vec![Pending::Simple {
+                            stmts: VecDeque::from([stmt]),
+                        }],
+                    );
+                }
             }
             // Flush, Terminate, COPY data from the client and anything unknown: no response of
             // their own that we track (the backend answers unknown messages with an error,
@@ -362,6 +420,24 @@ impl Pipeline {
             }
             None => false,
         };
+        if self.id.allow.is_some() {
+            // Judged statement by statement; one refusal rejects the whole string.
+            let kinds: Vec<Kind> = match &pieces {
+                Some(p) if !p.is_empty() => p.iter().map(|s| classify::classify(s)).collect(),
+                _ => vec![classify::classify(&text)],
+            };
+            if kinds.iter().any(|k| self.denies(*k)) {
+                let stmts: VecDeque<Stmt> = match &pieces {
+                    Some(p) if !p.is_empty() => p
+                        .iter()
+                        .map(|s| self.new_stmt("simple", s, Vec::new()))
+                        .collect(),
+                    _ => VecDeque::from([self.new_stmt("simple", &text, Vec::new())]),
+                };
+                self.deny_simple(stmts);
+                return;
+            }
+        }
         if !rewrite {
             let stmts: VecDeque<Stmt> = match &pieces {
                 Some(p) if !p.is_empty() => p
@@ -418,6 +494,29 @@ impl Pipeline {
             None => (Arc::from(""), Vec::new()),
         };
         let mut stmt = self.new_stmt("extended", &text, params);
+        if self.denies(stmt.kind) {
+            // The refusal is raised by the backend in place of this Execute (the rest of the
+            // pipeline is then skipped up to Sync, as after any error).
+            stmt.denied = true;
+            metrics::counter!("sandpit_denied_statements_total", "kind" => stmt.kind.as_str())
+                .increment(1);
+            let mut bytes = BytesMut::new();
+            bytes.extend_from_slice(&frontend::build_parse(b"", DENY_SQL.as_bytes()));
+            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+            bytes.extend_from_slice(&frontend::build_execute(b"", 0));
+            self.push(
+                bytes.freeze(),
+                vec![
+                    Pending::Parse { swallow: true },
+                    Pending::Bind { swallow: true },
+                    Pending::Execute {
+                        stmt,
+                        barrier: false,
+                    },
+                ],
+            );
+            return;
+        }
         let error_mode = self.id.caps.mode == CapMode::Error;
         let lowered = if error_mode || stmt.kind != Kind::Write {
             self.id.caps.lowered(asked)
@@ -518,7 +617,7 @@ impl Pipeline {
                             self.log_outcome(&s, None, None, true);
                         }
                     }
-                    Some(Pending::Sync) | None => {}
+                    Some(Pending::Sync) | Some(Pending::Denied { .. }) | None => {}
                     Some(other) => {
                         // Out of step (should not happen): keep the entry, relay anyway.
                         tracing::warn!("ReadyForQuery while waiting for another response");
@@ -656,6 +755,9 @@ impl Pipeline {
         let scrubbed =
             messages::scrub_error(f.tag, f.body(), secrets).unwrap_or_else(|| f.raw.clone());
         match self.fifo.front_mut() {
+            Some(Pending::Denied { message }) => {
+                out.extend_from_slice(&messages::error_response(Severity::Error, "42501", message));
+            }
             Some(Pending::Simple { stmts }) => {
                 // The rest of a simple query is skipped by the server; ReadyForQuery follows.
                 let failed = stmts.pop_front();
@@ -672,13 +774,17 @@ impl Pipeline {
                 // Extended protocol: the server skips everything up to the next Sync.
                 let mut first = true;
                 let mut injected = false;
+                let mut denial = None;
                 while let Some(p) = self.fifo.front() {
                     if matches!(p, Pending::Sync) {
                         break;
                     }
                     match self.fifo.pop_front() {
                         Some(Pending::Execute { stmt, .. }) => {
-                            if first {
+                            if first && stmt.denied {
+                                denial = Some(self.denial_message(stmt.kind));
+                                self.log_outcome(&stmt, Some("42501".into()), None, false);
+                            } else if first {
                                 self.log_outcome(&stmt, code.clone(), None, false);
                             } else {
                                 self.log_outcome(&stmt, None, None, true);
@@ -699,7 +805,13 @@ impl Pipeline {
                 if self.fifo.is_empty() {
                     self.skip_until_sync = true;
                 }
-                if injected {
+                if let Some(msg) = denial {
+                    out.extend_from_slice(&messages::error_response(
+                        Severity::Error,
+                        "42501",
+                        &msg,
+                    ));
+                } else if injected {
                     let msg = self.id.caps.error_text();
                     out.extend_from_slice(&messages::error_response(
                         Severity::Error,

@@ -238,6 +238,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             max_bytes: rec.caps.max_bytes,
             mode: rec.caps.cap_mode,
         },
+        allow: rec.caps.allow.clone(),
     });
     relay::run(client, conn.reader, ended, proxy.gw.secrets(), pipeline).await;
     tracing::info!("session ended");

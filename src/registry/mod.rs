@@ -70,6 +70,10 @@ pub struct Caps {
     /// Truncate or fail capped results.
     #[serde(default)]
     pub cap_mode: CapMode,
+    /// Seatbelt: statement kinds allowed (None = all). Unparsed statements are denied
+    /// whenever this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
 }
 
 /// Everything the gateway knows about one token. The secret itself is never stored.

@@ -66,6 +66,9 @@ pub struct OutcomeRecord {
     /// Never ran: an earlier statement of the same query or pipeline failed.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub skipped: bool,
+    /// Refused by the token's seatbelt policy; it never reached the backend.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub denied: bool,
 }
 
 /// A statement with its outcome (None if it never completed, e.g. the session died).
