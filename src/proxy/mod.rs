@@ -3,6 +3,7 @@
 pub mod auth_flow;
 pub mod backend;
 pub mod cancel;
+pub mod options;
 pub mod relay;
 pub mod session;
 pub mod stream;
@@ -25,15 +26,22 @@ pub struct Proxy {
     pub cancel: CancelMap,
     /// TLS acceptor when TLS is on.
     pub tls: Option<TlsAcceptor>,
+    /// The TLS certificate's tls-server-end-point data, when SCRAM-SHA-256-PLUS is offered.
+    pub tls_binding: Option<Vec<u8>>,
 }
 
 impl Proxy {
     /// Build the listener state.
-    pub fn new(gw: Arc<Gateway>, tls: Option<TlsAcceptor>) -> Arc<Proxy> {
+    pub fn new(gw: Arc<Gateway>, tls: Option<tls::ServerTls>) -> Arc<Proxy> {
+        let (tls, tls_binding) = match tls {
+            Some(t) => (Some(t.acceptor), t.binding),
+            None => (None, None),
+        };
         Arc::new(Proxy {
             gw,
             cancel: CancelMap::default(),
             tls,
+            tls_binding,
         })
     }
 
