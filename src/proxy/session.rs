@@ -272,6 +272,9 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
                     Ok(StartupPacket::Startup(m)) => Ok(Some((tls, m))),
                     Ok(StartupPacket::CancelRequest { pid, secret }) => {
                         proxy.cancel.cancel(pid, secret).await;
+                        // End with close_notify, as PostgreSQL does: libpq 17+'s cancel API
+                        // waits for the close and calls a bare EOF over TLS an error.
+                        let _ = tls.shutdown().await;
                         Ok(None)
                     }
                     Ok(_) => Err((
