@@ -93,7 +93,15 @@ fn clients_dir() -> PathBuf {
 
 /// Every scenario step must pass, except `allowed_skips` (said plainly in the matrix) and the
 /// capped SELECT unless `caps`.
-fn check(client: &str, report: &Report, exit_ok: bool, extras: &[&str], allowed_skips: &[&str], caps: bool, log: &str) {
+fn check(
+    client: &str,
+    report: &Report,
+    exit_ok: bool,
+    extras: &[&str],
+    allowed_skips: &[&str],
+    caps: bool,
+    log: &str,
+) {
     matrix::record(client, report, exit_ok);
     let mut problems = report.failures();
     for (step, _) in matrix::SCENARIO {
@@ -126,7 +134,12 @@ fn check(client: &str, report: &Report, exit_ok: bool, extras: &[&str], allowed_
 }
 
 /// Run an external client program with the target in its environment; kill it after `limit`.
-fn run_program(mut cmd: Command, t: &Target, caps: bool, limit: Duration) -> (Report, bool, String) {
+fn run_program(
+    mut cmd: Command,
+    t: &Target,
+    caps: bool,
+    limit: Duration,
+) -> (Report, bool, String) {
     cmd.env("SANDPIT_DSN", &t.dsn)
         .env("SANDPIT_DSN_CLEARTEXT", &t.dsn_cleartext)
         .env("SANDPIT_CAPS", if caps { "1" } else { "0" })
@@ -135,7 +148,9 @@ fn run_program(mut cmd: Command, t: &Target, caps: bool, limit: Duration) -> (Re
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let child = cmd.spawn().unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
     let pid = child.id() as i32;
     let start = Instant::now();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -150,7 +165,11 @@ fn run_program(mut cmd: Command, t: &Target, caps: bool, limit: Duration) -> (Re
                 let o = rx.recv().expect("client output").expect("client output");
                 let mut stderr = String::from_utf8_lossy(&o.stderr).into_owned();
                 stderr.push_str("\n(killed: time limit)");
-                return (Report::parse(&String::from_utf8_lossy(&o.stdout)), false, stderr);
+                return (
+                    Report::parse(&String::from_utf8_lossy(&o.stdout)),
+                    false,
+                    stderr,
+                );
             }
             Err(_) => {}
         }
@@ -167,7 +186,15 @@ fn psql_client(caps: bool) {
     let mut cmd = Command::new("bash");
     cmd.arg(clients_dir().join("psql.sh"));
     let (r, ok, log) = run_program(cmd, &t, caps, Duration::from_secs(300));
-    check("psql", &r, ok, &["describe", "meta_copy", "large_object"], &[], caps, &log);
+    check(
+        "psql",
+        &r,
+        ok,
+        &["describe", "meta_copy", "large_object"],
+        &[],
+        caps,
+        &log,
+    );
 }
 
 fn psycopg_client(caps: bool) {
@@ -228,12 +255,21 @@ fn pgbench_runs_through_the_gateway() {
     let (r, ok, log) = run_program(cmd, &t, false, Duration::from_secs(400));
     matrix::record("pgbench", &r, ok);
     let mut problems = r.failures();
-    for step in ["pgbench_init", "pgbench_simple", "pgbench_extended", "pgbench_prepared"] {
+    for step in [
+        "pgbench_init",
+        "pgbench_simple",
+        "pgbench_extended",
+        "pgbench_prepared",
+    ] {
         if !matches!(r.steps.get(step), Some((Outcome::Ok, _))) {
             problems.push(format!("{step}: {:?}", r.steps.get(step)));
         }
     }
-    assert!(ok && problems.is_empty(), "pgbench: {problems:?}\n{}\n{log}", r.other.join("\n"));
+    assert!(
+        ok && problems.is_empty(),
+        "pgbench: {problems:?}\n{}\n{log}",
+        r.other.join("\n")
+    );
 }
 
 #[test]
@@ -248,16 +284,24 @@ fn node_postgres_runs_the_scenario() {
 
 #[test]
 fn tokio_postgres_runs_the_scenario() {
-    rust_client("tokio-postgres", "client-tokio-postgres", false, &[], |t, caps| {
-        Box::pin(tokio_pg::scenario(t, caps))
-    });
+    rust_client(
+        "tokio-postgres",
+        "client-tokio-postgres",
+        false,
+        &[],
+        |t, caps| Box::pin(tokio_pg::scenario(t, caps)),
+    );
 }
 
 #[test]
 fn sqlx_runs_the_scenario() {
-    rust_client("sqlx", "client-sqlx", false, sqlx_client::SKIPS, |t, caps| {
-        Box::pin(sqlx_client::scenario(t, caps))
-    });
+    rust_client(
+        "sqlx",
+        "client-sqlx",
+        false,
+        sqlx_client::SKIPS,
+        |t, caps| Box::pin(sqlx_client::scenario(t, caps)),
+    );
 }
 
 /// The capped SELECT in every client: 200 rows of 100k, plus a NOTICE.
@@ -267,10 +311,18 @@ fn capped_select_in_every_client() {
     psql_client(true);
     psycopg_client(true);
     node_client(true);
-    rust_client("tokio-postgres", "client-tokio-postgres-caps", true, &[], |t, caps| {
-        Box::pin(tokio_pg::scenario(t, caps))
-    });
-    rust_client("sqlx", "client-sqlx-caps", true, sqlx_client::SKIPS, |t, caps| {
-        Box::pin(sqlx_client::scenario(t, caps))
-    });
+    rust_client(
+        "tokio-postgres",
+        "client-tokio-postgres-caps",
+        true,
+        &[],
+        |t, caps| Box::pin(tokio_pg::scenario(t, caps)),
+    );
+    rust_client(
+        "sqlx",
+        "client-sqlx-caps",
+        true,
+        sqlx_client::SKIPS,
+        |t, caps| Box::pin(sqlx_client::scenario(t, caps)),
+    );
 }

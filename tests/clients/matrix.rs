@@ -23,8 +23,14 @@ pub const SCENARIO: &[(&str, &str)] = &[
     ("copy_in", "COPY FROM STDIN"),
     ("copy_out", "COPY TO STDOUT"),
     ("listen_notify", "LISTEN/NOTIFY across two connections"),
-    ("cancel", "cancel `pg_sleep(30)` with the client's cancel API"),
-    ("unique_violation", "unique violation arrives as SQLSTATE 23505"),
+    (
+        "cancel",
+        "cancel `pg_sleep(30)` with the client's cancel API",
+    ),
+    (
+        "unique_violation",
+        "unique violation arrives as SQLSTATE 23505",
+    ),
     (
         "types_roundtrip",
         "NUMERIC, JSONB, timestamptz, bytea, array round trip",
@@ -47,8 +53,14 @@ pub const EXTRAS: &[(&str, &str)] = &[
     ("pipeline", "psycopg pipeline mode"),
     ("pgbench_init", "`pgbench -i -s 5`"),
     ("pgbench_simple", "`pgbench -c 8 -M simple`, zero failures"),
-    ("pgbench_extended", "`pgbench -c 8 -M extended`, zero failures"),
-    ("pgbench_prepared", "`pgbench -c 8 -M prepared`, zero failures"),
+    (
+        "pgbench_extended",
+        "`pgbench -c 8 -M extended`, zero failures",
+    ),
+    (
+        "pgbench_prepared",
+        "`pgbench -c 8 -M prepared`, zero failures",
+    ),
 ];
 
 /// Outcome of one step.
@@ -126,7 +138,10 @@ pub fn record(client: &str, report: &Report, exit_ok: bool) {
     let when = time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default();
-    let mut text = format!("client\t{client}\nversion\t{}\nrun_at\t{when}\nexit_ok\t{exit_ok}\n", report.version);
+    let mut text = format!(
+        "client\t{client}\nversion\t{}\nrun_at\t{when}\nexit_ok\t{exit_ok}\n",
+        report.version
+    );
     for (name, (o, detail)) in &report.steps {
         let o = match o {
             Outcome::Ok => "ok",
@@ -141,12 +156,22 @@ pub fn record(client: &str, report: &Report, exit_ok: bool) {
 }
 
 /// Column order of the clients in the matrix.
-const CLIENTS: &[&str] = &["psql", "pgbench", "psycopg", "node-postgres", "tokio-postgres", "sqlx"];
+const CLIENTS: &[&str] = &[
+    "psql",
+    "pgbench",
+    "psycopg",
+    "node-postgres",
+    "tokio-postgres",
+    "sqlx",
+];
 
 fn render() {
     let d = dir();
-    let mut runs: Vec<(String, BTreeMap<String, String>, BTreeMap<String, (String, String)>)> =
-        Vec::new();
+    let mut runs: Vec<(
+        String,
+        BTreeMap<String, String>,
+        BTreeMap<String, (String, String)>,
+    )> = Vec::new();
     for c in CLIENTS {
         let Ok(text) = std::fs::read_to_string(d.join(format!("{c}.tsv"))) else {
             continue;
@@ -185,7 +210,9 @@ fn render() {
     md.push_str(&"---|".repeat(runs.len()));
     md.push('\n');
     for (name, what) in SCENARIO.iter().chain(EXTRAS.iter()) {
-        if !runs.iter().any(|(_, _, s)| s.contains_key(*name)) && EXTRAS.iter().any(|(n, _)| n == name) {
+        if !runs.iter().any(|(_, _, s)| s.contains_key(*name))
+            && EXTRAS.iter().any(|(n, _)| n == name)
+        {
             continue;
         }
         md.push_str(&format!("| {what} |"));
@@ -203,13 +230,17 @@ fn render() {
                         format!("{mark}: {detail}")
                     }
                 }
-                None => "not run".to_string(),
+                None => "—".to_string(),
             };
             md.push_str(&format!(" {cell} |"));
         }
         md.push('\n');
     }
-    md.push_str("\nRuns: ");
+    md.push_str(
+        "\npass: the step ran and checked its result; n/a: the client has no such API, or the \
+         step is gated (said in the cell); —: not part of this client's run (pgbench runs its \
+         own workload).\n\nRuns: ",
+    );
     md.push_str(
         &runs
             .iter()
@@ -227,4 +258,74 @@ fn render() {
     if let Some(parent) = d.parent() {
         let _ = std::fs::write(parent.join("client-matrix.md"), md);
     }
+}
+
+/// A step's result in the Rust clients: a detail for the matrix, or why it failed.
+pub type StepResult = Result<String, String>;
+
+/// `?` with a description, for any error that displays.
+pub trait Ctx<T> {
+    /// Turn the error into "what: error".
+    fn ctx(self, what: &str) -> Result<T, String>;
+}
+
+impl<T, E: std::fmt::Display> Ctx<T> for Result<T, E> {
+    fn ctx(self, what: &str) -> Result<T, String> {
+        self.map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+/// Fail the step unless `got == want`.
+pub fn want<T: PartialEq + std::fmt::Debug>(what: &str, got: T, want: T) -> Result<(), String> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("{what}: got {got:?}, want {want:?}"))
+    }
+}
+
+/// Collects STEP lines the way the external clients print them.
+#[derive(Default)]
+pub struct Steps {
+    out: String,
+}
+
+impl Steps {
+    /// Start with the client's version line.
+    pub fn new(version: &str) -> Steps {
+        Steps {
+            out: format!("VERSION {version}\n"),
+        }
+    }
+
+    /// Record one step's result.
+    pub fn record(&mut self, name: &str, r: StepResult) {
+        let line = match r {
+            Ok(d) => format!("STEP {name} ok {d}"),
+            Err(e) => format!("STEP {name} fail {}", e.replace('\n', " ")),
+        };
+        self.out.push_str(&line);
+        self.out.push('\n');
+    }
+
+    /// A step this client cannot do, and why.
+    pub fn skip(&mut self, name: &str, why: &str) {
+        self.out.push_str(&format!("STEP {name} skip {why}\n"));
+    }
+
+    /// The lines, for `Report::parse`.
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// The version of a crate as Cargo.lock pins it (the Rust clients report this).
+pub fn locked_version(name: &str) -> String {
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.lock"))
+        .unwrap_or_default();
+    let needle = format!("name = \"{name}\"\nversion = \"");
+    lock.split_once(&needle)
+        .and_then(|(_, rest)| rest.split('"').next())
+        .unwrap_or("?")
+        .to_string()
 }
