@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 SECS=${SECS:-30}
 CLIENTS=${CLIENTS:-8}
 cargo build --release -q
-BIN=target/release/sandpit
+BIN="${CARGO_TARGET_DIR:-target}/release/sandpit"
 DIR=$(mktemp -d /tmp/sandpit-pgbench-XXXXXX)
 chmod 755 "$DIR"
 BINDIR=$(pg_config --bindir 2>/dev/null || ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
