@@ -47,7 +47,7 @@ mkdir -p "$DIR/base" && chmod 700 "$DIR/base"
 [ "$(id -u)" = 0 ] && chown sandpit "$DIR/base"
 as_pg "$BINDIR/initdb" -D "$DIR/base" -U bench --auth=trust -E UTF8 >/dev/null
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-as_pg "$BINDIR/pg_ctl" -D "$DIR/base" -w -l "$DIR/base.log" -o \
+as_pg "$BINDIR/pg_ctl" -D "$DIR/base" -w -l "$DIR/base/server.log" -o \
   "-p $PORT -c listen_addresses=127.0.0.1 -c unix_socket_directories=$DIR/base -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c autovacuum=off -c max_connections=30" \
   start >/dev/null
 BASE_PID=started

@@ -219,12 +219,15 @@ fn node_client(caps: bool) {
     check("node-postgres", &r, ok, &[], &[], caps, &log);
 }
 
+/// A Rust client's scenario run: its STEP lines.
+type ScenarioFuture = std::pin::Pin<Box<dyn std::future::Future<Output = String>>>;
+
 fn rust_client(
     client: &str,
     task: &str,
     caps: bool,
     allowed_skips: &[&str],
-    run: fn(Target, bool) -> std::pin::Pin<Box<dyn std::future::Future<Output = String>>>,
+    run: fn(Target, bool) -> ScenarioFuture,
 ) {
     let t = target(task);
     let rt = tokio::runtime::Builder::new_multi_thread()

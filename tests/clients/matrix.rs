@@ -165,13 +165,16 @@ const CLIENTS: &[&str] = &[
     "sqlx",
 ];
 
+/// One client's recorded run: name, metadata, step → (outcome, detail).
+type Run = (
+    String,
+    BTreeMap<String, String>,
+    BTreeMap<String, (String, String)>,
+);
+
 fn render() {
     let d = dir();
-    let mut runs: Vec<(
-        String,
-        BTreeMap<String, String>,
-        BTreeMap<String, (String, String)>,
-    )> = Vec::new();
+    let mut runs: Vec<Run> = Vec::new();
     for c in CLIENTS {
         let Ok(text) = std::fs::read_to_string(d.join(format!("{c}.tsv"))) else {
             continue;
