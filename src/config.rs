@@ -47,6 +47,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Defaults and ceilings for tokens.
     pub tokens: TokenDefaults,
+    /// Review diffs against the golden.
+    pub review: ReviewConfig,
 }
 
 impl Default for Config {
@@ -63,6 +65,7 @@ impl Default for Config {
             golden: GoldenConfig::default(),
             limits: LimitsConfig::default(),
             tokens: TokenDefaults::default(),
+            review: ReviewConfig::default(),
         }
     }
 }
@@ -175,6 +178,35 @@ impl Default for TokenDefaults {
             max_rows: 200,
             max_bytes: 1024 * 1024,
             max_connections: 10,
+        }
+    }
+}
+
+/// Review diffs (scratch database against the golden).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReviewConfig {
+    /// Write the review to `<data_dir>/reviews/<task>/<token>.{json,txt,sql,html}` before a
+    /// token's backend is destroyed at revoke or expiry.
+    pub on_end: bool,
+    /// statement_timeout of each review query.
+    #[serde(deserialize_with = "de_duration")]
+    pub statement_timeout: Duration,
+    /// How long to wait for the agent's sessions to publish their table counters before
+    /// scanning every table instead of only the touched ones.
+    #[serde(deserialize_with = "de_duration")]
+    pub settle_timeout: Duration,
+    /// Sample rows kept per table and change kind (counts are always exact).
+    pub samples: usize,
+}
+
+impl Default for ReviewConfig {
+    fn default() -> Self {
+        ReviewConfig {
+            on_end: true,
+            statement_timeout: Duration::from_secs(60),
+            settle_timeout: Duration::from_secs(3),
+            samples: 20,
         }
     }
 }

@@ -35,6 +35,17 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TokenCmd,
     },
+    /// What a token's agent changed: schema and data diff against the golden, or the SQL patch.
+    Review {
+        /// Token id.
+        id: String,
+        /// text, json, sql or html.
+        #[arg(long, default_value = "text")]
+        format: String,
+        /// Control API base URL.
+        #[arg(long, env = "SANDPIT_API")]
+        api: Option<String>,
+    },
 }
 
 #[derive(Args)]
@@ -141,6 +152,18 @@ fn main() -> Result<()> {
     let cfg = load_config(&cli)?;
     match &cli.cmd {
         Cmd::Serve(args) => serve(cfg, args),
+        Cmd::Review { id, format, api } => {
+            let api = ApiArgs {
+                api: api.clone(),
+                json: false,
+            };
+            let body = client(&cfg, &api)?.review(id, format)?;
+            print!("{body}");
+            if !body.ends_with('\n') {
+                println!();
+            }
+            Ok(())
+        }
         Cmd::Token { cmd } => match cmd {
             TokenCmd::Issue {
                 task,

@@ -384,6 +384,10 @@ impl Gateway {
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");
         self.runtime(id).ended.send_replace(Some(reason));
+        if self.config.review.on_end {
+            // Kept with the statement log; the backend is gone right after.
+            crate::review::store::on_end(self, id).await;
+        }
         self.destroy_backend(id).await?;
         Ok(true)
     }
@@ -421,6 +425,9 @@ impl Gateway {
                     tracing::warn!(token = %id, error = %e, "stopping backend failed");
                 }
             }
+        }
+        if let Err(e) = self.provider.release_reference().await {
+            tracing::warn!(error = %e, "removing the review reference backend failed");
         }
     }
 }
