@@ -105,12 +105,13 @@ impl ApiClient {
     }
 
     /// GET /v1/tokens/{id}/diff?format=…: the review as the server rendered it.
-    pub fn review(&self, id: &str, format: &str) -> Result<String, CliError> {
+    pub fn review(&self, id: &str, format: &str, full_scan: bool) -> Result<String, CliError> {
         let url = format!(
-            "{}/v1/tokens/{}/diff?format={}",
+            "{}/v1/tokens/{}/diff?format={}{}",
             self.base,
             encode(id),
-            encode(format)
+            encode(format),
+            if full_scan { "&scan=all" } else { "" }
         );
         let res = self
             .agent

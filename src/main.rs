@@ -42,6 +42,9 @@ enum Cmd {
         /// text, json, sql or html.
         #[arg(long, default_value = "text")]
         format: String,
+        /// Compare every table, not only those Postgres' counters show as touched.
+        #[arg(long)]
+        full_scan: bool,
         /// Control API base URL.
         #[arg(long, env = "SANDPIT_API")]
         api: Option<String>,
@@ -152,12 +155,17 @@ fn main() -> Result<()> {
     let cfg = load_config(&cli)?;
     match &cli.cmd {
         Cmd::Serve(args) => serve(cfg, args),
-        Cmd::Review { id, format, api } => {
+        Cmd::Review {
+            id,
+            format,
+            full_scan,
+            api,
+        } => {
             let api = ApiArgs {
                 api: api.clone(),
                 json: false,
             };
-            let body = client(&cfg, &api)?.review(id, format)?;
+            let body = client(&cfg, &api)?.review(id, format, *full_scan)?;
             print!("{body}");
             if !body.ends_with('\n') {
                 println!();

@@ -475,3 +475,83 @@ fn cli_review_prints_text_and_sql() {
     assert!(sql.contains("DELETE FROM public.audit WHERE id = '2'::bigint;"), "{sql}");
     g.revoke(&id);
 }
+
+#[test]
+fn open_session_with_unpublished_counters_falls_back_to_scanning_every_table() {
+    let g = gateway();
+    let t = g.issue("live", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    let dsn = t["dsn"].as_str().expect("dsn").to_string();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    // Two commits in quick succession: the second one's counters stay in the backend (Postgres
+    // publishes at most once a second, and an idle backend only after 10 s).
+    let client = rt.block_on(async {
+        let c = common::connect(&dsn).await.expect("connect");
+        c.simple_query("update items set price = 0 where id = 7").await.expect("update 1");
+        c.simple_query("delete from order_lines where order_id = 5 and line_no = 1")
+            .await
+            .expect("update 2");
+        c
+    });
+    let r = diff(g, &id);
+    assert_eq!(r["scan"]["mode"], "all", "{}", r["scan"]);
+    assert_eq!(
+        data_of(&r),
+        vec![d4("public.items", 0, 1, 0), d4("public.order_lines", 0, 0, 1)]
+    );
+    drop(client);
+    drop(rt);
+    // Session gone: its counters are published, only touched tables are read.
+    let r = diff(g, &id);
+    assert_eq!(r["scan"]["mode"], "touched", "{}", r["scan"]);
+    assert_eq!(r["scan"]["tables_scanned"], 2, "{}", r["scan"]);
+    let (s, body) = get_text(g, &format!("/v1/tokens/{id}/diff?scan=all"));
+    assert_eq!(s, 200);
+    let all: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(all["scan"]["tables_scanned"], 4, "{}", all["scan"]);
+    assert_eq!(normalize(&all), normalize(&r));
+    g.revoke(&id);
+}
+
+#[test]
+fn row_level_security_cannot_hide_rows_from_the_review() {
+    let g = gateway();
+    let t = g.issue("rls", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    run_sql(
+        t["dsn"].as_str().expect("dsn"),
+        "delete from audit where id = 2;\n\
+         alter table audit enable row level security;\n\
+         alter table audit force row level security;\n\
+         create policy hide on audit using (false);\n",
+    );
+    let r = diff(g, &id);
+    let audit = r["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .find(|t| t["table"] == "public.audit")
+        .unwrap_or_else(|| panic!("audit missing from {r:#}"));
+    let err = audit["error"].as_str().unwrap_or_default();
+    assert!(err.contains("row-level security"), "{audit:#}");
+    assert!(r["notes"].to_string().contains("could not be compared"), "{r:#}");
+    g.revoke(&id);
+}
+
+#[test]
+fn reference_backend_is_not_a_token_backend() {
+    let g = gateway();
+    let t = g.issue("ref", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    run_sql(t["dsn"].as_str().expect("dsn"), "select 1;\n");
+    diff(g, &id);
+    let names: Vec<String> = std::fs::read_dir(g.instances_dir())
+        .expect("instances")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().all(|n| n.starts_with("sp_")), "{names:?}");
+    let pid_file = g.data_dir.join("pg").join("reference").join("data").join("postmaster.pid");
+    assert!(pid_file.is_file(), "reference backend should be running");
+    g.revoke(&id);
+}

@@ -173,6 +173,8 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
 pub struct DiffQuery {
     /// json (default), text, sql or html.
     pub format: Option<String>,
+    /// "all" compares every table, not only those the counters show as touched.
+    pub scan: Option<String>,
 }
 
 /// The review of a token: taken now while its backend exists, else the one stored when it
@@ -194,7 +196,12 @@ async fn token_diff(
         return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
     };
     let body = if rec.state.is_usable() {
-        let review = match store::take(&s.gw, &rec).await {
+        let full = match q.scan.as_deref() {
+            None | Some("touched") => false,
+            Some("all") => true,
+            Some(_) => return error(StatusCode::BAD_REQUEST, "scan must be touched or all"),
+        };
+        let review = match store::take(&s.gw, &rec, full).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(token = %id, error = %e, "review failed");

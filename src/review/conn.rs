@@ -16,18 +16,27 @@ pub type TextRow = Vec<Option<String>>;
 /// Errors of review reads.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
-    #[error("connecting to {side} database: {source}")]
+    #[error("connecting to {side} database: {message}")]
     Connect {
         side: &'static str,
-        source: tokio_postgres::Error,
+        message: String,
     },
-    #[error("{side} database: {source}")]
+    #[error("{side} database: {message}")]
     Query {
         side: &'static str,
-        source: tokio_postgres::Error,
+        message: String,
     },
     #[error("{0}")]
     Other(String),
+}
+
+/// The server's message and SQLSTATE when there is one (tokio-postgres' Display says only
+/// "db error").
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
 }
 
 /// Session settings applied on both sides (and echoed in the patch), so that text output of
@@ -90,7 +99,10 @@ impl Side {
         let (client, conn) = cfg
             .connect(tokio_postgres::NoTls)
             .await
-            .map_err(|source| ConnError::Connect { side: name, source })?;
+            .map_err(|e| ConnError::Connect {
+                side: name,
+                message: describe(&e),
+            })?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "review connection ended");
@@ -132,9 +144,9 @@ impl Side {
             .simple_query(sql)
             .await
             .map(|_| ())
-            .map_err(|source| ConnError::Query {
+            .map_err(|e| ConnError::Query {
                 side: self.name,
-                source,
+                message: describe(&e),
             })
     }
 
@@ -144,9 +156,9 @@ impl Side {
             .client
             .simple_query(sql)
             .await
-            .map_err(|source| ConnError::Query {
+            .map_err(|e| ConnError::Query {
                 side: self.name,
-                source,
+                message: describe(&e),
             })?;
         Ok(msgs
             .into_iter()

@@ -24,6 +24,8 @@ pub struct DiffOptions {
     pub settle_timeout: Duration,
     /// Samples per table per change kind.
     pub samples: usize,
+    /// Compare every table, not only those the counters show as touched.
+    pub full_scan: bool,
 }
 
 impl Default for DiffOptions {
@@ -33,6 +35,7 @@ impl Default for DiffOptions {
             lock_timeout: Duration::from_secs(5),
             settle_timeout: Duration::from_secs(3),
             samples: 20,
+            full_scan: false,
         }
     }
 }
@@ -67,7 +70,10 @@ pub async fn diff(
         tables_total: new_cat.tables.len(),
         ..Default::default()
     };
-    if !settled {
+    if opts.full_scan {
+        scan.mode = "all".into();
+        scan.reason = Some("a full scan was asked for".into());
+    } else if !settled {
         scan.mode = "all".into();
         scan.reason = Some(format!(
             "a session of the token was active in the last {STATS_IDLE_FLUSH}, so table counters may lag"

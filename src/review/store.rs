@@ -140,9 +140,9 @@ pub fn statements(gw: &Gateway, rec: &TokenRecord) -> Result<Vec<LoggedStatement
     ))?)
 }
 
-/// Take a review now. A token that never connected has no scratch database and so no
-/// changes; nothing is forked for it.
-pub async fn take(gw: &Gateway, rec: &TokenRecord) -> Result<Review, ReviewError> {
+/// Take a review now (`full_scan`: compare every table, not only touched ones). A token that
+/// never connected has no scratch database and so no changes; nothing is forked for it.
+pub async fn take(gw: &Gateway, rec: &TokenRecord, full_scan: bool) -> Result<Review, ReviewError> {
     let stmts = statements(gw, rec)?;
     let mut review = match rec.backend.as_deref() {
         None => Review {
@@ -168,7 +168,11 @@ pub async fn take(gw: &Gateway, rec: &TokenRecord) -> Result<Review, ReviewError
                 .reference()
                 .await
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
-            diff::diff(&reference.target, &scratch.target, options(gw), &rec.id, &rec.task).await?
+            let opts = DiffOptions {
+                full_scan,
+                ..options(gw)
+            };
+            diff::diff(&reference.target, &scratch.target, opts, &rec.id, &rec.task).await?
         }
     };
     review.statements = summarize(&stmts);
@@ -227,7 +231,7 @@ pub fn load(data_dir: &Path, task: &str, token: &str, f: Format) -> Option<Strin
 pub async fn on_end(gw: &Gateway, id: &str) {
     let Some(rec) = gw.registry.get(id) else { return };
     let result = async {
-        let review = take(gw, &rec).await?;
+        let review = take(gw, &rec, false).await?;
         let stmts = statements(gw, &rec)?;
         write_all(&gw.config.data_dir, &review, &stmts)?;
         Ok::<_, ReviewError>(review)
