@@ -196,9 +196,17 @@ fn scenario(
     assert_eq!(s, 200);
     assert!(!g.instances_dir().join(&id1).exists());
     let stored = diff(g, &id1);
-    assert_eq!(normalize(&stored), normalize(&r1), "{task}: stored review differs");
+    assert_eq!(
+        normalize(&stored),
+        normalize(&r1),
+        "{task}: stored review differs"
+    );
     for ext in ["json", "txt", "sql", "html"] {
-        let p = g.data_dir.join("reviews").join(task).join(format!("{id1}.{ext}"));
+        let p = g
+            .data_dir
+            .join("reviews")
+            .join(task)
+            .join(format!("{id1}.{ext}"));
         assert!(p.is_file(), "{} missing", p.display());
     }
     g.revoke(&id2);
@@ -224,9 +232,16 @@ fn insert_update_delete_on_primary_key_tables_in_fk_order() {
     assert_eq!(upd["after"][1], "renamed");
     assert_eq!(items["samples"]["inserted"][0][1], "new thing");
     let patch = r["patch"].as_str().unwrap_or("");
-    let audit_del = patch.find("DELETE FROM public.audit").expect("audit delete");
-    let items_del = patch.find("DELETE FROM public.items").expect("items delete");
-    assert!(audit_del < items_del, "child rows must be deleted first:\n{patch}");
+    let audit_del = patch
+        .find("DELETE FROM public.audit")
+        .expect("audit delete");
+    let items_del = patch
+        .find("DELETE FROM public.items")
+        .expect("items delete");
+    assert!(
+        audit_del < items_del,
+        "child rows must be deleted first:\n{patch}"
+    );
 }
 
 #[test]
@@ -314,7 +329,10 @@ fn truncated_table() {
         vec![d4("public.events", 0, 0, 23)],
         vec![],
     );
-    assert!(r["patch"].as_str().unwrap_or("").contains("DELETE FROM public.events;"));
+    assert!(r["patch"]
+        .as_str()
+        .unwrap_or("")
+        .contains("DELETE FROM public.events;"));
 }
 
 #[test]
@@ -332,7 +350,11 @@ fn rolled_back_changes_do_not_appear() {
         vec![],
     );
     // The counters saw the rolled-back work, so the tables were scanned, and found equal.
-    assert!(r["scan"]["tables_scanned"].as_u64().unwrap_or(0) >= 3, "{}", r["scan"]);
+    assert!(
+        r["scan"]["tables_scanned"].as_u64().unwrap_or(0) >= 3,
+        "{}",
+        r["scan"]
+    );
 }
 
 #[test]
@@ -353,8 +375,14 @@ fn untouched_fork_has_empty_diff_and_never_connected_token_forks_nothing() {
     let id = t["id"].as_str().expect("id").to_string();
     let r = diff(g, &id);
     assert_eq!(r["scan"]["mode"], "none");
-    assert!(!g.instances_dir().join(&id).exists(), "a review must not fork");
-    let (ok, _, err) = psql(t["dsn"].as_str().expect("dsn"), &["-c", "select count(*) from items"]);
+    assert!(
+        !g.instances_dir().join(&id).exists(),
+        "a review must not fork"
+    );
+    let (ok, _, err) = psql(
+        t["dsn"].as_str().expect("dsn"),
+        &["-c", "select count(*) from items"],
+    );
     assert!(ok, "{err}");
     let r = diff(g, &id);
     assert_eq!(data_of(&r), vec![]);
@@ -399,19 +427,32 @@ fn statement_summary_and_html_page_render_in_chromium() {
     write_log(&g.data_dir, "html", &id);
     let r = diff(g, &id);
     assert_eq!(r["statements"]["total"], 4);
-    assert_eq!(r["statements"]["by_kind"], json!({"ddl": 1, "read": 1, "write": 2}));
+    assert_eq!(
+        r["statements"]["by_kind"],
+        json!({"ddl": 1, "read": 1, "write": 2})
+    );
     assert_eq!(r["statements"]["unfinished"], 1);
     assert_eq!(r["statements"]["failed"][0]["seq"], 3);
     assert_eq!(r["statements"]["failed"][0]["sqlstate"], "23505");
     g.revoke(&id);
-    let page = g.data_dir.join("reviews").join("html").join(format!("{id}.html"));
+    let page = g
+        .data_dir
+        .join("reviews")
+        .join("html")
+        .join(format!("{id}.html"));
     let html = std::fs::read_to_string(&page).expect("stored html");
-    assert!(html.contains("&lt;b&gt;x&lt;/b&gt;") && !html.contains("<b>x</b>"), "values must be escaped");
+    assert!(
+        html.contains("&lt;b&gt;x&lt;/b&gt;") && !html.contains("<b>x</b>"),
+        "values must be escaped"
+    );
 
-    let Some(chromium) = ["chromium", "chromium-browser"]
-        .iter()
-        .find(|b| std::process::Command::new("sh").args(["-c", &format!("command -v {b}")]).output().map(|o| o.status.success()).unwrap_or(false))
-    else {
+    let Some(chromium) = ["chromium", "chromium-browser"].iter().find(|b| {
+        std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {b}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }) else {
         eprintln!("SKIPPED chromium rendering: no chromium binary on this machine (install the Debian package `chromium`)");
         return;
     };
@@ -449,7 +490,10 @@ fn statement_summary_and_html_page_render_in_chromium() {
         "DROP TABLE public.events;",
         "1 schema change(s)",
     ] {
-        assert!(dom.contains(needle), "rendered page lacks {needle:?}:\n{dom}");
+        assert!(
+            dom.contains(needle),
+            "rendered page lacks {needle:?}:\n{dom}"
+        );
     }
 }
 
@@ -458,21 +502,31 @@ fn cli_review_prints_text_and_sql() {
     let g = gateway();
     let t = g.issue("cli", 600);
     let id = t["id"].as_str().expect("id").to_string();
-    run_sql(t["dsn"].as_str().expect("dsn"), "delete from audit where id = 2;\n");
+    run_sql(
+        t["dsn"].as_str().expect("dsn"),
+        "delete from audit where id = 2;\n",
+    );
     let run = |fmt: &str| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandpit"))
             .args(["review", &id, "--format", fmt, "--api", &g.api])
             .env("SANDPIT_ADMIN_KEY", &g.admin_key)
             .output()
             .expect("run sandpit review");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let text = run("text");
     assert!(text.contains("public.audit"), "{text}");
     assert!(text.contains("0 inserted, 0 updated, 1 deleted"), "{text}");
     let sql = run("sql");
-    assert!(sql.contains("DELETE FROM public.audit WHERE id = '2'::bigint;"), "{sql}");
+    assert!(
+        sql.contains("DELETE FROM public.audit WHERE id = '2'::bigint;"),
+        "{sql}"
+    );
     g.revoke(&id);
 }
 
@@ -487,7 +541,9 @@ fn open_session_with_unpublished_counters_falls_back_to_scanning_every_table() {
     // publishes at most once a second, and an idle backend only after 10 s).
     let client = rt.block_on(async {
         let c = common::connect(&dsn).await.expect("connect");
-        c.simple_query("update items set price = 0 where id = 7").await.expect("update 1");
+        c.simple_query("update items set price = 0 where id = 7")
+            .await
+            .expect("update 1");
         c.simple_query("delete from order_lines where order_id = 5 and line_no = 1")
             .await
             .expect("update 2");
@@ -497,7 +553,10 @@ fn open_session_with_unpublished_counters_falls_back_to_scanning_every_table() {
     assert_eq!(r["scan"]["mode"], "all", "{}", r["scan"]);
     assert_eq!(
         data_of(&r),
-        vec![d4("public.items", 0, 1, 0), d4("public.order_lines", 0, 0, 1)]
+        vec![
+            d4("public.items", 0, 1, 0),
+            d4("public.order_lines", 0, 0, 1)
+        ]
     );
     drop(client);
     drop(rt);
@@ -534,7 +593,10 @@ fn row_level_security_cannot_hide_rows_from_the_review() {
         .unwrap_or_else(|| panic!("audit missing from {r:#}"));
     let err = audit["error"].as_str().unwrap_or_default();
     assert!(err.contains("row-level security"), "{audit:#}");
-    assert!(r["notes"].to_string().contains("could not be compared"), "{r:#}");
+    assert!(
+        r["notes"].to_string().contains("could not be compared"),
+        "{r:#}"
+    );
     g.revoke(&id);
 }
 
@@ -551,7 +613,12 @@ fn reference_backend_is_not_a_token_backend() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert!(names.iter().all(|n| n.starts_with("sp_")), "{names:?}");
-    let pid_file = g.data_dir.join("pg").join("reference").join("data").join("postmaster.pid");
+    let pid_file = g
+        .data_dir
+        .join("pg")
+        .join("reference")
+        .join("data")
+        .join("postmaster.pid");
     assert!(pid_file.is_file(), "reference backend should be running");
     g.revoke(&id);
 }

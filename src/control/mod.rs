@@ -190,7 +190,10 @@ async fn token_diff(
         return r;
     }
     let Some(f) = Format::parse(q.format.as_deref().unwrap_or("json")) else {
-        return error(StatusCode::BAD_REQUEST, "format must be json, text, sql or html");
+        return error(
+            StatusCode::BAD_REQUEST,
+            "format must be json, text, sql or html",
+        );
     };
     let Some(rec) = s.gw.registry.get(&id) else {
         return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
@@ -205,7 +208,10 @@ async fn token_diff(
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(token = %id, error = %e, "review failed");
-                return error(StatusCode::INTERNAL_SERVER_ERROR, format!("review failed: {e}"));
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("review failed: {e}"),
+                );
             }
         };
         let stmts = store::statements(&s.gw, &rec).unwrap_or_default();

@@ -228,7 +228,11 @@ pub async fn snapshot(side: &Side) -> Result<Catalog, ConnError> {
         .iter()
         .map(|r| (oid(&r[0]), (text(&r[1]), text(&r[2]), text(&r[3]))))
         .collect();
-    let rel_filter = format!("{} AND {}", user_ns("n"), not_ext_member("pg_class", "c.oid"));
+    let rel_filter = format!(
+        "{} AND {}",
+        user_ns("n"),
+        not_ext_member("pg_class", "c.oid")
+    );
     let q = format!(
         "SELECT c.oid, pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(c.relname), \
          c.relkind, c.relfilenode, c.relpersistence, c.relispartition, \

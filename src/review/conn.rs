@@ -17,15 +17,9 @@ pub type TextRow = Vec<Option<String>>;
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
     #[error("connecting to {side} database: {message}")]
-    Connect {
-        side: &'static str,
-        message: String,
-    },
+    Connect { side: &'static str, message: String },
     #[error("{side} database: {message}")]
-    Query {
-        side: &'static str,
-        message: String,
-    },
+    Query { side: &'static str, message: String },
     #[error("{0}")]
     Other(String),
 }
@@ -96,13 +90,13 @@ impl Side {
         if let Some(p) = &target.password {
             cfg.password(p.as_bytes());
         }
-        let (client, conn) = cfg
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| ConnError::Connect {
-                side: name,
-                message: describe(&e),
-            })?;
+        let (client, conn) =
+            cfg.connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| ConnError::Connect {
+                    side: name,
+                    message: describe(&e),
+                })?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "review connection ended");

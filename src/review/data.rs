@@ -68,7 +68,8 @@ fn cmp_value(a: &Option<String>, b: &Option<String>, cmp: Cmp) -> Ordering {
             }
         }
         Cmp::Text => {
-            let k = |v: &Option<String>| (v.is_none(), v.as_deref().unwrap_or("").as_bytes().to_vec());
+            let k =
+                |v: &Option<String>| (v.is_none(), v.as_deref().unwrap_or("").as_bytes().to_vec());
             k(a).cmp(&k(b))
         }
     }
@@ -82,10 +83,17 @@ fn keys(cat: &Catalog, table: u32) -> Vec<(String, Vec<i32>)> {
     };
     let mut out: Vec<(u8, usize, String, Vec<i32>)> = Vec::new();
     for i in cat.indexes.values().filter(|i| i.table == table) {
-        let Some((kind, cols)) = i.extra.split_once(':') else { continue };
-        let cols: Vec<i32> = cols.split_whitespace().filter_map(|c| c.parse().ok()).collect();
+        let Some((kind, cols)) = i.extra.split_once(':') else {
+            continue;
+        };
+        let cols: Vec<i32> = cols
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .collect();
         let usable = !cols.is_empty()
-            && cols.iter().all(|&n| n > 0 && t.column(n).map(|c| c.not_null).unwrap_or(false));
+            && cols
+                .iter()
+                .all(|&n| n > 0 && t.column(n).map(|c| c.not_null).unwrap_or(false));
         match kind {
             "p" if usable => out.push((0, cols.len(), "primary key".into(), cols)),
             "u" if usable => out.push((1, cols.len(), format!("unique index {}", i.name), cols)),
@@ -150,7 +158,10 @@ pub async fn new_table(
     }
     let mut ins = Inserts::new(t, &t.columns.iter().map(|c| c.attnum).collect::<Vec<_>>());
     let mut cur = scratch
-        .cursor(&format!("SELECT {} FROM ONLY {}", cols.join(", "), t.qname()), BATCH)
+        .cursor(
+            &format!("SELECT {} FROM ONLY {}", cols.join(", "), t.qname()),
+            BATCH,
+        )
         .await?;
     let mut read = 0;
     while let Some(row) = cur.next().await? {
@@ -177,7 +188,11 @@ pub async fn compare(
 ) -> Result<(TableDiff, TablePatch, u64), ConnError> {
     let (old, new) = match (ref_cat.tables.get(&oid), new_cat.tables.get(&oid)) {
         (Some(o), Some(n)) => (o, n),
-        _ => return Err(ConnError::Other(format!("table {oid} is not on both sides"))),
+        _ => {
+            return Err(ConnError::Other(format!(
+                "table {oid} is not on both sides"
+            )))
+        }
     };
     let common: Vec<i32> = new
         .columns
@@ -197,7 +212,11 @@ pub async fn compare(
         .find(|(_, cols)| ref_keys.iter().any(|(_, c)| c == cols));
     let (matched_by, key_cols, keyed) = match key {
         Some((name, cols)) => (name, cols, true),
-        None => ("none (compared as multisets)".to_string(), common.clone(), false),
+        None => (
+            "none (compared as multisets)".to_string(),
+            common.clone(),
+            false,
+        ),
     };
     let mut plan = Plan {
         old,
@@ -209,7 +228,9 @@ pub async fn compare(
         keyed,
     };
     for n in &key_cols {
-        let Some(pos) = common.iter().position(|c| c == n) else { continue };
+        let Some(pos) = common.iter().position(|c| c == n) else {
+            continue;
+        };
         let cmp = if is_int(plan.col_old(*n).type_oid) && is_int(plan.col_new(*n).type_oid) {
             Cmp::Int
         } else {
@@ -221,7 +242,10 @@ pub async fn compare(
         table: new.qname(),
         matched_by: plan.matched_by.clone(),
         key: if keyed {
-            key_cols.iter().map(|n| plan.col_new(*n).name.clone()).collect()
+            key_cols
+                .iter()
+                .map(|n| plan.col_new(*n).name.clone())
+                .collect()
         } else {
             Vec::new()
         },
@@ -233,7 +257,10 @@ pub async fn compare(
         ..Default::default()
     };
     if !plan.added.is_empty() {
-        diff.note = Some("columns added by the agent are not compared; the patch adds them with their default".into());
+        diff.note = Some(
+            "columns added by the agent are not compared; the patch adds them with their default"
+                .into(),
+        );
     }
     let mut patch = TablePatch::default();
     if common.is_empty() {
@@ -243,9 +270,15 @@ pub async fn compare(
     // Emptied (TRUNCATE, DELETE without WHERE): count instead of reading every row.
     let probe = format!("SELECT 1 FROM ONLY {} LIMIT 1", new.qname());
     if scratch.rows(&probe).await?.is_empty() {
-        let ref_cols: Vec<&str> = common.iter().map(|n| plan.col_old(*n).name.as_str()).collect();
+        let ref_cols: Vec<&str> = common
+            .iter()
+            .map(|n| plan.col_old(*n).name.as_str())
+            .collect();
         let count = reference
-            .rows(&format!("SELECT pg_catalog.count(*) FROM ONLY {}", old.qname()))
+            .rows(&format!(
+                "SELECT pg_catalog.count(*) FROM ONLY {}",
+                old.qname()
+            ))
             .await?;
         diff.deleted = count
             .first()
@@ -296,7 +329,13 @@ async fn merge(
         .chain(plan.added.iter())
         .map(|n| new_name(*n))
         .collect();
-    let ob = |s: String| if s.is_empty() { String::new() } else { format!(" ORDER BY {s}") };
+    let ob = |s: String| {
+        if s.is_empty() {
+            String::new()
+        } else {
+            format!(" ORDER BY {s}")
+        }
+    };
     let ref_sql = format!(
         "SELECT {} FROM ONLY {}{}",
         ref_cols.join(", "),
@@ -309,7 +348,12 @@ async fn merge(
         plan.new.qname(),
         ob(order_by(&new_name))
     );
-    let all_new: Vec<i32> = plan.common.iter().chain(plan.added.iter()).copied().collect();
+    let all_new: Vec<i32> = plan
+        .common
+        .iter()
+        .chain(plan.added.iter())
+        .copied()
+        .collect();
     let mut ins = Inserts::new(plan.new, &all_new);
     let width = new_cols.len();
     let mut read = 0u64;
@@ -349,11 +393,14 @@ async fn merge(
                     s = sc.next().await?;
                 }
                 Ordering::Equal => {
-                    let (Some(mut a), Some(b)) = (r.take(), s.take()) else { break };
+                    let (Some(mut a), Some(b)) = (r.take(), s.take()) else {
+                        break;
+                    };
                     read += 2;
                     matched += 1;
                     if plan.keyed {
-                        let changed: Vec<usize> = (0..plan.common.len()).filter(|&i| a[i] != b[i]).collect();
+                        let changed: Vec<usize> =
+                            (0..plan.common.len()).filter(|&i| a[i] != b[i]).collect();
                         if !changed.is_empty() {
                             diff.updated += 1;
                             if let Some(u) = update_sql(plan, &a, &b, &changed) {
@@ -433,12 +480,18 @@ fn delete_sql(plan: &Plan<'_>, row: &TextRow) -> String {
     )
 }
 
-fn update_sql(plan: &Plan<'_>, before: &TextRow, after: &TextRow, changed: &[usize]) -> Option<String> {
+fn update_sql(
+    plan: &Plan<'_>,
+    before: &TextRow,
+    after: &TextRow,
+    changed: &[usize],
+) -> Option<String> {
     let sets: Vec<String> = changed
         .iter()
         .filter_map(|&i| {
             let c = plan.col_new(plan.common[i]);
-            (c.generated != "s" && c.identity != "a").then(|| format!("{} = {}", c.name, typed(&after[i], c)))
+            (c.generated != "s" && c.identity != "a")
+                .then(|| format!("{} = {}", c.name, typed(&after[i], c)))
         })
         .collect();
     if sets.is_empty() {
@@ -474,7 +527,11 @@ impl Inserts {
             ""
         };
         Inserts {
-            head: format!("INSERT INTO {} ({}){overriding} VALUES\n", t.qname(), names.join(", ")),
+            head: format!(
+                "INSERT INTO {} ({}){overriding} VALUES\n",
+                t.qname(),
+                names.join(", ")
+            ),
             cols,
             rows: Vec::new(),
         }
@@ -503,10 +560,25 @@ mod tests {
     #[test]
     fn text_order_matches_c_collation_with_nulls_first() {
         let v = |s: Option<&str>| s.map(str::to_string);
-        assert_eq!(cmp_value(&v(None), &v(Some("")), Cmp::Text), Ordering::Greater);
-        assert_eq!(cmp_value(&v(Some("B")), &v(Some("a")), Cmp::Text), Ordering::Less);
-        assert_eq!(cmp_value(&v(Some("ab")), &v(Some("a")), Cmp::Text), Ordering::Greater);
-        assert_eq!(cmp_value(&v(Some("10")), &v(Some("9")), Cmp::Int), Ordering::Greater);
-        assert_eq!(cmp_value(&v(None), &v(Some("9")), Cmp::Int), Ordering::Greater);
+        assert_eq!(
+            cmp_value(&v(None), &v(Some("")), Cmp::Text),
+            Ordering::Greater
+        );
+        assert_eq!(
+            cmp_value(&v(Some("B")), &v(Some("a")), Cmp::Text),
+            Ordering::Less
+        );
+        assert_eq!(
+            cmp_value(&v(Some("ab")), &v(Some("a")), Cmp::Text),
+            Ordering::Greater
+        );
+        assert_eq!(
+            cmp_value(&v(Some("10")), &v(Some("9")), Cmp::Int),
+            Ordering::Greater
+        );
+        assert_eq!(
+            cmp_value(&v(None), &v(Some("9")), Cmp::Int),
+            Ordering::Greater
+        );
     }
 }

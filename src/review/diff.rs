@@ -93,7 +93,9 @@ pub async fn diff(
         }
         let scan_it = match old_cat.tables.get(oid) {
             None => true,
-            Some(o) => scan.mode == "all" || o.counters != t.counters || o.relfilenode != t.relfilenode,
+            Some(o) => {
+                scan.mode == "all" || o.counters != t.counters || o.relfilenode != t.relfilenode
+            }
         };
         if !scan_it {
             continue;
@@ -214,7 +216,12 @@ fn fk_order(cat: &Catalog, tables: &BTreeSet<u32>) -> Vec<u32> {
             }
         }
     }
-    fn visit(t: u32, parents: &BTreeMap<u32, Vec<u32>>, seen: &mut BTreeSet<u32>, out: &mut Vec<u32>) {
+    fn visit(
+        t: u32,
+        parents: &BTreeMap<u32, Vec<u32>>,
+        seen: &mut BTreeSet<u32>,
+        out: &mut Vec<u32>,
+    ) {
         if !seen.insert(t) {
             return;
         }
@@ -252,8 +259,16 @@ fn render_patch(
         out.push_str(&format!("SET LOCAL {k} = {v};\n"));
     }
     out.push_str("SET LOCAL check_function_bodies = off;\nSET CONSTRAINTS ALL DEFERRED;\n");
-    let before: Vec<&String> = stmts.iter().filter(|(o, _)| *o < order::DATA).map(|(_, s)| s).collect();
-    let after: Vec<&String> = stmts.iter().filter(|(o, _)| *o > order::DATA).map(|(_, s)| s).collect();
+    let before: Vec<&String> = stmts
+        .iter()
+        .filter(|(o, _)| *o < order::DATA)
+        .map(|(_, s)| s)
+        .collect();
+    let after: Vec<&String> = stmts
+        .iter()
+        .filter(|(o, _)| *o > order::DATA)
+        .map(|(_, s)| s)
+        .collect();
     if !before.is_empty() {
         out.push_str("\n-- schema changes\n");
         for s in before {
@@ -263,7 +278,10 @@ fn render_patch(
     }
     let set: BTreeSet<u32> = tables.keys().copied().collect();
     let ordered = fk_order(cat, &set);
-    let section = |out: &mut String, title: &str, pick: &dyn Fn(&TablePatch) -> &Vec<String>, oids: &mut dyn Iterator<Item = &u32>| {
+    let section = |out: &mut String,
+                   title: &str,
+                   pick: &dyn Fn(&TablePatch) -> &Vec<String>,
+                   oids: &mut dyn Iterator<Item = &u32>| {
         let mut first = true;
         for oid in oids {
             let Some(p) = tables.get(oid) else { continue };
@@ -277,9 +295,24 @@ fn render_patch(
             }
         }
     };
-    section(&mut out, "deleted rows (children first)", &|p| &p.deletes, &mut ordered.iter().rev());
-    section(&mut out, "updated rows", &|p| &p.updates, &mut ordered.iter());
-    section(&mut out, "inserted rows (parents first)", &|p| &p.inserts, &mut ordered.iter());
+    section(
+        &mut out,
+        "deleted rows (children first)",
+        &|p| &p.deletes,
+        &mut ordered.iter().rev(),
+    );
+    section(
+        &mut out,
+        "updated rows",
+        &|p| &p.updates,
+        &mut ordered.iter(),
+    );
+    section(
+        &mut out,
+        "inserted rows (parents first)",
+        &|p| &p.inserts,
+        &mut ordered.iter(),
+    );
     if !after.is_empty() {
         out.push_str("\n-- constraints, indexes, views, triggers, sequence positions\n");
         for s in after {

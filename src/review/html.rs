@@ -39,7 +39,11 @@ pre,code{font:12px ui-monospace,monospace;white-space:pre-wrap;word-break:break-
 
 fn statements(out: &mut String, r: &Review, stmts: &[LoggedStatement]) {
     let s = &r.statements;
-    let kinds: Vec<String> = s.by_kind.iter().map(|(k, n)| format!("{} {n}", esc(k))).collect();
+    let kinds: Vec<String> = s
+        .by_kind
+        .iter()
+        .map(|(k, n)| format!("{} {n}", esc(k)))
+        .collect();
     let _ = write!(
         out,
         "<section id=\"statements\"><h2>Statements</h2><p>{} total ({}); {} failed; {} unfinished</p>",
@@ -75,7 +79,11 @@ fn statements(out: &mut String, r: &Review, stmts: &[LoggedStatement]) {
     }
     out.push_str("</table>");
     if stmts.len() > STATEMENTS_MAX {
-        let _ = write!(out, "<p class=\"muted\">first {STATEMENTS_MAX} of {} shown</p>", stmts.len());
+        let _ = write!(
+            out,
+            "<p class=\"muted\">first {STATEMENTS_MAX} of {} shown</p>",
+            stmts.len()
+        );
     }
     out.push_str("</section>");
 }
@@ -111,7 +119,11 @@ fn schema(out: &mut String, r: &Review) {
                 out,
                 "<tr class=\"upd\"><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
                 esc(&q.sequence),
-                esc(&q.before.as_ref().map(|b| b.last_value.clone()).unwrap_or_else(|| "new".into())),
+                esc(&q
+                    .before
+                    .as_ref()
+                    .map(|b| b.last_value.clone())
+                    .unwrap_or_else(|| "new".into())),
                 esc(&q.after.last_value)
             );
         }
@@ -138,12 +150,17 @@ fn table(out: &mut String, t: &TableDiff) {
         esc(&t.matched_by)
     );
     if let Some(e) = &t.error {
-        let _ = write!(out, "<p class=\"failed\">could not be compared: {}</p>", esc(e));
+        let _ = write!(
+            out,
+            "<p class=\"failed\">could not be compared: {}</p>",
+            esc(e)
+        );
     }
     if let Some(n) = &t.note {
         let _ = write!(out, "<p class=\"muted\">{}</p>", esc(n));
     }
-    if t.samples.inserted.is_empty() && t.samples.deleted.is_empty() && t.samples.updated.is_empty() {
+    if t.samples.inserted.is_empty() && t.samples.deleted.is_empty() && t.samples.updated.is_empty()
+    {
         return;
     }
     out.push_str("<table><tr><th></th>");
@@ -162,7 +179,12 @@ fn table(out: &mut String, t: &TableDiff) {
         out.push_str("</tr>");
     }
     for u in &t.samples.updated {
-        let changed = |i: usize| t.columns.get(i).map(|c| u.changed.contains(c)).unwrap_or(false);
+        let changed = |i: usize| {
+            t.columns
+                .get(i)
+                .map(|c| u.changed.contains(c))
+                .unwrap_or(false)
+        };
         out.push_str("<tr class=\"upd\"><td>before</td>");
         cells(out, &u.before, &changed);
         out.push_str("</tr><tr class=\"upd\"><td>after</td>");

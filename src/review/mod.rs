@@ -8,6 +8,8 @@ pub mod diff;
 pub mod html;
 pub mod log;
 pub mod model;
+pub mod objects;
+pub mod relations;
 pub mod render;
 pub mod schema;
 pub mod store;

@@ -88,7 +88,8 @@ fn table(out: &mut String, t: &TableDiff) {
             .collect();
         let _ = writeln!(out, "    ~ {}: {}", key.join(", "), changes.join("; "));
     }
-    let shown = (t.samples.inserted.len() + t.samples.deleted.len() + t.samples.updated.len()) as u64;
+    let shown =
+        (t.samples.inserted.len() + t.samples.deleted.len() + t.samples.updated.len()) as u64;
     if shown < t.inserted + t.updated + t.deleted {
         let _ = writeln!(out, "    (samples only; counts are exact)");
     }
@@ -97,7 +98,11 @@ fn table(out: &mut String, t: &TableDiff) {
 /// The whole review as text.
 pub fn text(r: &Review) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Review of token {} (task {}) at {}", r.token, r.task, r.generated_at);
+    let _ = writeln!(
+        out,
+        "Review of token {} (task {}) at {}",
+        r.token, r.task, r.generated_at
+    );
     let _ = writeln!(out, "{}", headline(r));
     let _ = writeln!(
         out,
@@ -105,7 +110,11 @@ pub fn text(r: &Review) -> String {
         r.scan.tables_scanned,
         r.scan.tables_total,
         r.scan.mode,
-        r.scan.reason.as_ref().map(|x| format!(": {x}")).unwrap_or_default(),
+        r.scan
+            .reason
+            .as_ref()
+            .map(|x| format!(": {x}"))
+            .unwrap_or_default(),
         r.scan.rows_read,
         r.duration_ms
     );
@@ -115,17 +124,32 @@ pub fn text(r: &Review) -> String {
         out,
         "\nStatements: {} ({}), {} failed, {} unfinished",
         s.total,
-        if kinds.is_empty() { "none".into() } else { kinds.join(", ") },
+        if kinds.is_empty() {
+            "none".into()
+        } else {
+            kinds.join(", ")
+        },
         s.failed.len(),
         s.unfinished
     );
     for f in &s.failed {
-        let _ = writeln!(out, "  #{} [{}] {} {}", f.seq, f.kind, f.sqlstate, f.text.replace('\n', " "));
+        let _ = writeln!(
+            out,
+            "  #{} [{}] {} {}",
+            f.seq,
+            f.kind,
+            f.sqlstate,
+            f.text.replace('\n', " ")
+        );
     }
     if !r.schema.is_empty() {
         let _ = writeln!(out, "\nSchema changes:");
         for c in &r.schema {
-            let detail = if c.detail.is_empty() { String::new() } else { format!(" — {}", c.detail.replace('\n', " ")) };
+            let detail = if c.detail.is_empty() {
+                String::new()
+            } else {
+                format!(" — {}", c.detail.replace('\n', " "))
+            };
             let _ = writeln!(out, "  {} {} {}{detail}", c.action.word(), c.kind, c.object);
         }
     }
@@ -135,7 +159,13 @@ pub fn text(r: &Review) -> String {
             let before = q
                 .before
                 .as_ref()
-                .map(|b| format!("{}{}", b.last_value, if b.is_called { "" } else { " (not called)" }))
+                .map(|b| {
+                    format!(
+                        "{}{}",
+                        b.last_value,
+                        if b.is_called { "" } else { " (not called)" }
+                    )
+                })
                 .unwrap_or_else(|| "new".into());
             let _ = writeln!(out, "  {}: {before} -> {}", q.sequence, q.after.last_value);
         }

@@ -229,7 +229,9 @@ pub fn load(data_dir: &Path, task: &str, token: &str, f: Format) -> Option<Strin
 /// Called by the lifecycle right before a token's backend is destroyed: take the review and
 /// store it. Failures are logged, never block the destroy.
 pub async fn on_end(gw: &Gateway, id: &str) {
-    let Some(rec) = gw.registry.get(id) else { return };
+    let Some(rec) = gw.registry.get(id) else {
+        return;
+    };
     let result = async {
         let review = take(gw, &rec, false).await?;
         let stmts = statements(gw, &rec)?;
