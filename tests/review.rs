@@ -622,3 +622,52 @@ fn reference_backend_is_not_a_token_backend() {
     assert!(pid_file.is_file(), "reference backend should be running");
     g.revoke(&id);
 }
+
+#[test]
+fn new_types_tables_views_triggers_and_column_changes_round_trip() {
+    let r = scenario(
+        "objects",
+        "create type mood as enum ('sad', 'ok', 'it''s fine');\n\
+         create domain posint as int check (value > 0);\n\
+         create table feelings(id serial primary key, item_id int not null references items(id),\n\
+           m mood not null default 'ok', p posint, at timestamptz default now());\n\
+         insert into feelings(item_id, m, p, at) values (2, 'sad', 3, '2024-02-03 04:05:06+00'),\n\
+           (3, 'it''s fine', null, '2024-02-03 04:05:06+00');\n\
+         create view feeling_items as select f.id, i.name from feelings f join items i on i.id = f.item_id;\n\
+         create function touch() returns trigger language plpgsql as\n\
+           $$ begin new.at := '2000-01-01 00:00:00+00'; return new; end $$;\n\
+         create trigger feelings_touch before update on feelings for each row execute function touch();\n\
+         alter table order_lines alter column qty type bigint;\n\
+         alter table order_lines alter column note set default 'n/a';\n\
+         alter table items alter column price set not null;\n\
+         alter table items rename column name to title;\n\
+         drop view cheap_items;\n\
+         create view cheap_items as select id, title from items where price < 5;\n",
+        vec![
+            s3("type", "added", "public.mood"),
+            s3("type", "added", "public.posint"),
+            s3("function", "added", "public.touch()"),
+            s3("sequence", "added", "public.feelings_id_seq"),
+            s3("column", "renamed", "public.items.title"),
+            s3("column", "altered", "public.items.price"),
+            s3("column", "altered", "public.order_lines.qty"),
+            s3("column", "altered", "public.order_lines.note"),
+            s3("table", "added", "public.feelings"),
+            s3("constraint", "added", "public.feelings.feelings_pkey"),
+            s3("constraint", "added", "public.feelings.feelings_item_id_fkey"),
+            s3("view", "added", "public.feeling_items"),
+            s3("view", "added", "public.cheap_items"),
+            s3("view", "dropped", "public.cheap_items"),
+            s3("trigger", "added", "public.feelings.feelings_touch"),
+        ],
+        vec![d4("public.feelings", 2, 0, 0)],
+        vec![sq("public.feelings_id_seq", "2", true)],
+    );
+    let patch = r["patch"].as_str().unwrap_or("");
+    let create = patch.find("CREATE TABLE public.feelings").expect("create");
+    let insert = patch.find("INSERT INTO public.feelings").expect("insert");
+    let trigger = patch
+        .find("CREATE TRIGGER feelings_touch")
+        .expect("trigger");
+    assert!(create < insert && insert < trigger, "{patch}");
+}

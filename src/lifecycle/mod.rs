@@ -345,6 +345,7 @@ impl Gateway {
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
         let took = started.elapsed();
+        crate::review::store::prepare(self);
         metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
             .record(took.as_secs_f64());

@@ -152,6 +152,9 @@ pub struct Catalog {
     pub functions: BTreeMap<u32, Object>,
     /// Triggers by OID.
     pub triggers: BTreeMap<u32, Object>,
+    /// Enum, domain and composite types by OID (`flag` is `typtype`, `def` the part after
+    /// `AS`).
+    pub types: BTreeMap<u32, Object>,
     /// Sequences by OID.
     pub sequences: BTreeMap<u32, Sequence>,
     /// Why sequence positions could not be read, if they could not.
@@ -337,6 +340,29 @@ pub async fn snapshot(side: &Side) -> Result<Catalog, ConnError> {
          WHERE NOT t.tgisinternal AND {rel_filter}"
     );
     cat.triggers = objects(side.rows(&q).await?);
+    let q = format!(
+        "SELECT t.oid, 0, pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(t.typname), \
+         CASE t.typtype \
+         WHEN 'e' THEN 'ENUM (' || (SELECT pg_catalog.string_agg(pg_catalog.quote_literal(e.enumlabel), ', ' \
+           ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid) || ')' \
+         WHEN 'c' THEN '(' || (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname) || ' ' || \
+           pg_catalog.format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum) \
+           FROM pg_catalog.pg_attribute a WHERE a.attrelid = t.typrelid AND a.attnum > 0 \
+           AND NOT a.attisdropped) || ')' \
+         ELSE pg_catalog.format_type(t.typbasetype, t.typtypmod) \
+           || CASE WHEN t.typdefault IS NOT NULL THEN ' DEFAULT ' || t.typdefault ELSE '' END \
+           || CASE WHEN t.typnotnull THEN ' NOT NULL' ELSE '' END \
+           || COALESCE((SELECT pg_catalog.string_agg(' CONSTRAINT ' || pg_catalog.quote_ident(k.conname) || ' ' \
+             || pg_catalog.pg_get_constraintdef(k.oid), '' ORDER BY k.conname) \
+             FROM pg_catalog.pg_constraint k WHERE k.contypid = t.oid), '') END, \
+         t.typtype, '' \
+         FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace \
+         WHERE (t.typtype IN ('e', 'd') OR (t.typtype = 'c' AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
+           WHERE c.oid = t.typrelid AND c.relkind = 'c'))) AND {} AND {}",
+        user_ns("n"),
+        not_ext_member("pg_type", "t.oid")
+    );
+    cat.types = objects(side.rows(&q).await?);
     read_sequences(side, &mut cat, &rel_filter).await?;
     Ok(cat)
 }

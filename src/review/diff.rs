@@ -26,6 +26,9 @@ pub struct DiffOptions {
     pub samples: usize,
     /// Compare every table, not only those the counters show as touched.
     pub full_scan: bool,
+    /// End the agent's sessions in the scratch database first (the token has ended): a
+    /// query still running there would otherwise hold back its counters.
+    pub end_sessions: bool,
 }
 
 impl Default for DiffOptions {
@@ -36,6 +39,7 @@ impl Default for DiffOptions {
             settle_timeout: Duration::from_secs(3),
             samples: 20,
             full_scan: false,
+            end_sessions: false,
         }
     }
 }
@@ -59,6 +63,15 @@ pub async fn diff(
     };
     let mut new = Side::connect("scratch", scratch, t).await?;
     let mut old = Side::connect("reference", reference, t).await?;
+    if opts.end_sessions {
+        // Only the agent role's own sessions: the one thing a non-superuser may signal.
+        new.exec(
+            "SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a \
+             WHERE a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid() \
+             AND a.usename = CURRENT_USER",
+        )
+        .await?;
+    }
     let settled = settle(&new, opts.settle_timeout).await?;
     old.begin().await?;
     let new_cat = catalog::snapshot(&new).await?;

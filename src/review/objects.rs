@@ -1,4 +1,4 @@
-//! Schema diff of schemas, extensions, functions and sequences (matched by OID).
+//! Schema diff of schemas, extensions, types, functions and sequences (matched by OID).
 
 use super::catalog::{Catalog, Object};
 use super::conn::literal;
@@ -318,5 +318,87 @@ pub(super) fn sequences(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
     if let Some(e) = a.sequence_error.as_ref().or(b.sequence_error.as_ref()) {
         d.notes
             .push(format!("sequence positions could not be read: {e}"));
+    }
+}
+
+fn type_word(t: &Object) -> &'static str {
+    if t.flag == "d" {
+        "DOMAIN"
+    } else {
+        "TYPE"
+    }
+}
+
+pub(super) fn types(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
+    for (oid, t) in &a.types {
+        let name = q(&t.schema, &t.name);
+        let w = type_word(t);
+        match b.types.get(oid) {
+            None => {
+                d.change(
+                    "type",
+                    Action::Added,
+                    name.clone(),
+                    t.def.clone(),
+                    None,
+                    Some(t.def.clone()),
+                );
+                d.stmt(order::TYPE, format!("CREATE {w} {name} AS {};", t.def));
+            }
+            Some(old) => {
+                if old.name != t.name || old.schema != t.schema {
+                    let was = q(&old.schema, &old.name);
+                    d.change(
+                        "type",
+                        Action::Renamed,
+                        name.clone(),
+                        format!("was {was}"),
+                        None,
+                        None,
+                    );
+                    let mut cur = was;
+                    if old.name != t.name {
+                        d.stmt(
+                            order::TYPE,
+                            format!("ALTER {w} {cur} RENAME TO {};", t.name),
+                        );
+                        cur = q(&old.schema, &t.name);
+                    }
+                    if old.schema != t.schema {
+                        d.stmt(
+                            order::TYPE,
+                            format!("ALTER {w} {cur} SET SCHEMA {};", t.schema),
+                        );
+                    }
+                }
+                if old.def != t.def {
+                    d.change(
+                        "type",
+                        Action::Altered,
+                        name.clone(),
+                        format!("{} -> {}", old.def, t.def),
+                        Some(old.def.clone()),
+                        Some(t.def.clone()),
+                    );
+                    d.notes.push(format!(
+                        "the change to type {name} is not reproduced by the patch"
+                    ));
+                }
+            }
+        }
+    }
+    for (oid, t) in &b.types {
+        if !a.types.contains_key(oid) {
+            let name = q(&t.schema, &t.name);
+            d.change(
+                "type",
+                Action::Dropped,
+                name.clone(),
+                t.def.clone(),
+                Some(t.def.clone()),
+                None,
+            );
+            d.stmt(order::DROP_TYPE, format!("DROP {} {name};", type_word(t)));
+        }
     }
 }

@@ -17,12 +17,14 @@ pub mod order {
     pub const RENAME_SCHEMA: u32 = 2;
     /// CREATE / ALTER EXTENSION.
     pub const EXTENSION: u32 = 3;
+    /// CREATE TYPE / DOMAIN, ALTER TYPE … RENAME.
+    pub const TYPE: u32 = 4;
     /// ALTER FUNCTION … RENAME.
-    pub const RENAME_FUNCTION: u32 = 4;
+    pub const RENAME_FUNCTION: u32 = 5;
     /// CREATE OR REPLACE FUNCTION.
-    pub const FUNCTION: u32 = 5;
+    pub const FUNCTION: u32 = 6;
     /// CREATE SEQUENCE.
-    pub const CREATE_SEQUENCE: u32 = 6;
+    pub const CREATE_SEQUENCE: u32 = 7;
     /// DROP VIEW.
     pub const DROP_VIEW: u32 = 10;
     /// DROP TRIGGER.
@@ -55,10 +57,12 @@ pub mod order {
     pub const DROP_SEQUENCE: u32 = 87;
     /// DROP FUNCTION.
     pub const DROP_FUNCTION: u32 = 88;
+    /// DROP TYPE / DOMAIN.
+    pub const DROP_TYPE: u32 = 89;
     /// DROP EXTENSION.
-    pub const DROP_EXTENSION: u32 = 89;
+    pub const DROP_EXTENSION: u32 = 90;
     /// DROP SCHEMA.
-    pub const DROP_SCHEMA: u32 = 90;
+    pub const DROP_SCHEMA: u32 = 91;
     /// Row changes go here.
     pub const DATA: u32 = 99;
     /// SET NOT NULL.
@@ -127,6 +131,7 @@ pub fn diff(before: &Catalog, after: &Catalog) -> SchemaDiff {
     let mut d = SchemaDiff::default();
     objects::schemas(before, after, &mut d);
     objects::extensions(before, after, &mut d);
+    objects::types(before, after, &mut d);
     objects::functions(before, after, &mut d);
     objects::sequences(before, after, &mut d);
     tables(before, after, &mut d);

@@ -143,6 +143,15 @@ pub fn statements(gw: &Gateway, rec: &TokenRecord) -> Result<Vec<LoggedStatement
 /// Take a review now (`full_scan`: compare every table, not only touched ones). A token that
 /// never connected has no scratch database and so no changes; nothing is forked for it.
 pub async fn take(gw: &Gateway, rec: &TokenRecord, full_scan: bool) -> Result<Review, ReviewError> {
+    take_with(gw, rec, full_scan, false).await
+}
+
+async fn take_with(
+    gw: &Gateway,
+    rec: &TokenRecord,
+    full_scan: bool,
+    end_sessions: bool,
+) -> Result<Review, ReviewError> {
     let stmts = statements(gw, rec)?;
     let mut review = match rec.backend.as_deref() {
         None => Review {
@@ -170,6 +179,7 @@ pub async fn take(gw: &Gateway, rec: &TokenRecord, full_scan: bool) -> Result<Re
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
             let opts = DiffOptions {
                 full_scan,
+                end_sessions,
                 ..options(gw)
             };
             diff::diff(&reference.target, &scratch.target, opts, &rec.id, &rec.task).await?
@@ -226,6 +236,19 @@ pub fn load(data_dir: &Path, task: &str, token: &str, f: Format) -> Option<Strin
     std::fs::read_to_string(review_path(data_dir, task, token, f)).ok()
 }
 
+/// Called by the lifecycle after a fork: start the reference in the background, so the
+/// review at the end of the token does not wait for it (it is started once and kept).
+pub fn prepare(gw: &Gateway) {
+    if gw.config.review.on_end {
+        let provider = gw.provider.clone();
+        tokio::spawn(async move {
+            if let Err(e) = provider.reference().await {
+                tracing::warn!(error = %e, "starting the review reference failed");
+            }
+        });
+    }
+}
+
 /// Called by the lifecycle right before a token's backend is destroyed: take the review and
 /// store it. Failures are logged, never block the destroy.
 pub async fn on_end(gw: &Gateway, id: &str) {
@@ -233,7 +256,7 @@ pub async fn on_end(gw: &Gateway, id: &str) {
         return;
     };
     let result = async {
-        let review = take(gw, &rec, false).await?;
+        let review = take_with(gw, &rec, false, true).await?;
         let stmts = statements(gw, &rec)?;
         write_all(&gw.config.data_dir, &review, &stmts)?;
         Ok::<_, ReviewError>(review)
