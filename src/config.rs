@@ -186,9 +186,11 @@ impl Default for TokenDefaults {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReviewConfig {
-    /// Write the review to `<data_dir>/reviews/<task>/<token>.{json,txt,sql,html}` before a
-    /// token's backend is destroyed at revoke or expiry.
+    /// Write the review to `<dir>/<task>/<token>.{json,txt,sql,html}` before a token's
+    /// backend is destroyed at revoke or expiry.
     pub on_end: bool,
+    /// Where stored reviews go; default `<data_dir>/reviews`.
+    pub dir: Option<PathBuf>,
     /// statement_timeout of each review query.
     #[serde(deserialize_with = "de_duration")]
     pub statement_timeout: Duration,
@@ -204,6 +206,7 @@ impl Default for ReviewConfig {
     fn default() -> Self {
         ReviewConfig {
             on_end: true,
+            dir: None,
             statement_timeout: Duration::from_secs(60),
             settle_timeout: Duration::from_secs(3),
             samples: 20,

@@ -8,6 +8,8 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use common::{psql, Gateway};
+use sandpit::provider::BackendTarget;
+use sandpit::review::model::Action;
 use serde_json::{json, Value};
 
 /// Small golden: a primary key with a serial, a composite key, a table without any key, an
@@ -150,6 +152,20 @@ fn s3(a: &str, b: &str, c: &str) -> (String, String, String) {
     (a.into(), b.into(), c.into())
 }
 
+/// How the test process reaches a token's scratch database: the same unix socket the
+/// gateway uses, as the agent role (peer auth maps this OS user, as it does the gateway's).
+fn target(g: &Gateway, id: &str) -> BackendTarget {
+    let inst = std::fs::canonicalize(g.instances_dir().join(id)).expect("instance dir");
+    BackendTarget {
+        socket_path: sandpit::pg::process::socket_path(&sandpit::provider::golden::socket_dir_for(
+            &inst,
+        )),
+        user: "agent".into(),
+        database: "sandpit".into(),
+        password: None,
+    }
+}
+
 fn sq(a: &str, b: &str, called: bool) -> (String, String, bool) {
     (a.into(), b.into(), called)
 }
@@ -190,6 +206,52 @@ fn scenario(
         normalize(&r1),
         "{task}: the patched fork differs from the scratch database\npatch:\n{patch}"
     );
+
+    // Diffing the scratch database against the patched fork directly (every table read, as
+    // their counters may well be equal) must find nothing. Objects the patch created have
+    // OIDs of their own there, so an added/dropped pair with the same name and definition is
+    // the same object; new tables would add their rows too, so those scenarios skip this.
+    if !schema.iter().any(|(k, a, _)| k == "table" && a == "added") {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let opts = sandpit::review::diff::DiffOptions {
+            full_scan: true,
+            ..Default::default()
+        };
+        let direct = rt
+            .block_on(sandpit::review::diff::diff(
+                &target(g, &id2),
+                &target(g, &id1),
+                opts,
+                &id1,
+                task,
+            ))
+            .expect("direct diff");
+        let mut left = direct.schema.clone();
+        while let Some(i) = left.iter().position(|a| {
+            a.action == Action::Added
+                && left.iter().any(|d| {
+                    d.action == Action::Dropped
+                        && d.kind == a.kind
+                        && d.object == a.object
+                        && d.before == a.after
+                })
+        }) {
+            let a = left.remove(i);
+            let j = left
+                .iter()
+                .position(|d| {
+                    d.action == Action::Dropped && d.object == a.object && d.kind == a.kind
+                })
+                .expect("pair");
+            left.remove(j);
+        }
+        assert!(
+            left.is_empty() && direct.data.is_empty() && direct.sequences.is_empty(),
+            "{task}: scratch vs patched fork is not empty: {left:#?} {:#?} {:#?}",
+            direct.data,
+            direct.sequences
+        );
+    }
 
     // After revoke the backend is gone and the stored review is served.
     let (s, _) = g.revoke(&id1);
@@ -670,4 +732,33 @@ fn new_types_tables_views_triggers_and_column_changes_round_trip() {
         .find("CREATE TRIGGER feelings_touch")
         .expect("trigger");
     assert!(create < insert && insert < trigger, "{patch}");
+}
+
+#[test]
+fn review_dir_and_on_end_are_configurable() {
+    let small = "create table t(id int primary key, v text);\ninsert into t values (1, 'a');\n";
+    let out = common::tempdir();
+    let cfg = format!("[review]\ndir = \"{}\"\n", out.path().display());
+    let g = Gateway::start(Some(small), Some(&cfg));
+    let t = g.issue("custom-dir", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    run_sql(t["dsn"].as_str().expect("dsn"), "update t set v = 'b';\n");
+    g.revoke(&id);
+    let stored = out.path().join("custom-dir").join(format!("{id}.json"));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&stored).expect("stored review"))
+        .expect("json");
+    assert_eq!(data_of(&r), vec![d4("public.t", 0, 1, 0)]);
+    assert!(!g.data_dir.join("reviews").exists());
+    assert_eq!(diff(&g, &id)["data"], r["data"]);
+    drop(g);
+
+    let g = Gateway::start(Some(small), Some("[review]\non_end = false\n"));
+    let t = g.issue("off", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    run_sql(t["dsn"].as_str().expect("dsn"), "delete from t;\n");
+    assert_eq!(data_of(&diff(&g, &id)), vec![d4("public.t", 0, 0, 1)]);
+    g.revoke(&id);
+    let (s, body) = get_text(&g, &format!("/v1/tokens/{id}/diff"));
+    assert_eq!(s, 404, "{body}");
+    assert!(body.contains("no review was stored"), "{body}");
 }

@@ -217,7 +217,7 @@ async fn token_diff(
         let stmts = store::statements(&s.gw, &rec).unwrap_or_default();
         store::render(&review, &stmts, f)
     } else {
-        match store::load(&s.gw.config.data_dir, &rec.task, &rec.id, f) {
+        match store::load(&store::reviews_dir(&s.gw.config), &rec.task, &rec.id, f) {
             Some(b) => b,
             None => {
                 return error(

@@ -78,12 +78,17 @@ pub enum ReviewError {
     },
 }
 
-/// Path of a stored review file.
-pub fn review_path(data_dir: &Path, task: &str, token: &str, f: Format) -> PathBuf {
-    data_dir
-        .join("reviews")
-        .join(task)
-        .join(format!("{token}.{}", f.ext()))
+/// Directory of stored reviews: `review.dir`, else `<data dir>/reviews`.
+pub fn reviews_dir(cfg: &crate::config::Config) -> PathBuf {
+    cfg.review
+        .dir
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("reviews"))
+}
+
+/// Path of a stored review file under `dir` (see [`reviews_dir`]).
+pub fn review_path(dir: &Path, task: &str, token: &str, f: Format) -> PathBuf {
+    dir.join(task).join(format!("{token}.{}", f.ext()))
 }
 
 /// Counts by kind and the failures of a statement log.
@@ -200,14 +205,14 @@ pub fn render(review: &Review, stmts: &[LoggedStatement], f: Format) -> String {
     }
 }
 
-/// Write all four files of a review (mode 0600: they quote data).
+/// Write all four files of a review under `dir` (mode 0600: they quote data).
 pub fn write_all(
-    data_dir: &Path,
+    dir: &Path,
     review: &Review,
     stmts: &[LoggedStatement],
 ) -> Result<(), ReviewError> {
     for f in [Format::Json, Format::Text, Format::Sql, Format::Html] {
-        let path = review_path(data_dir, &review.task, &review.token, f);
+        let path = review_path(dir, &review.task, &review.token, f);
         let write = || -> std::io::Result<()> {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
@@ -231,9 +236,9 @@ pub fn write_all(
     Ok(())
 }
 
-/// A stored review file, if one was written.
-pub fn load(data_dir: &Path, task: &str, token: &str, f: Format) -> Option<String> {
-    std::fs::read_to_string(review_path(data_dir, task, token, f)).ok()
+/// A stored review file under `dir`, if one was written.
+pub fn load(dir: &Path, task: &str, token: &str, f: Format) -> Option<String> {
+    std::fs::read_to_string(review_path(dir, task, token, f)).ok()
 }
 
 /// Called by the lifecycle after a fork: start the reference in the background, so the
@@ -258,7 +263,7 @@ pub async fn on_end(gw: &Gateway, id: &str) {
     let result = async {
         let review = take_with(gw, &rec, false, true).await?;
         let stmts = statements(gw, &rec)?;
-        write_all(&gw.config.data_dir, &review, &stmts)?;
+        write_all(&reviews_dir(&gw.config), &review, &stmts)?;
         Ok::<_, ReviewError>(review)
     }
     .await;
