@@ -13,7 +13,8 @@ use sandpit::review::model::Action;
 use serde_json::{json, Value};
 
 /// Small golden: a primary key with a serial, a composite key, a table without any key, an
-/// identity column with a foreign key, a plain sequence, a view.
+/// identity column with a foreign key, a plain sequence, a view, and a trigger whose function
+/// calls another by its unqualified name (so a patch must not narrow the search path).
 const GOLDEN: &str = r#"
 create table items(id serial primary key, name text not null, price numeric(10,2), tags text[]);
 insert into items(name, price, tags)
@@ -29,6 +30,11 @@ create table audit(id bigint generated always as identity primary key,
   item_id int references items(id), msg text);
 insert into audit(item_id, msg) values (1, 'created'), (2, 'it''s "quoted"');
 create sequence ticket_seq;
+create function default_note() returns text language sql as 'select ''touched''::text';
+create function order_lines_touch() returns trigger language plpgsql as
+  $$ begin new.note := coalesce(new.note, default_note()); return new; end $$;
+create trigger order_lines_touch before update on order_lines
+  for each row execute function order_lines_touch();
 create view cheap_items as select id, name from items where price < 10;
 "#;
 

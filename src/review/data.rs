@@ -558,7 +558,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn text_order_matches_c_collation_with_nulls_first() {
+    fn text_order_matches_c_collation_with_nulls_last() {
         let v = |s: Option<&str>| s.map(str::to_string);
         assert_eq!(
             cmp_value(&v(None), &v(Some("")), Cmp::Text),

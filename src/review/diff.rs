@@ -268,7 +268,9 @@ fn render_patch(
          BEGIN;\n",
         now_rfc3339()
     );
-    for (k, v) in SESSION_SETTINGS {
+    // Not search_path: every name in the patch is qualified, and the golden's own functions
+    // and triggers, which may run while it applies, expect the database's usual path.
+    for (k, v) in SESSION_SETTINGS.iter().filter(|(k, _)| *k != "search_path") {
         out.push_str(&format!("SET LOCAL {k} = {v};\n"));
     }
     out.push_str("SET LOCAL check_function_bodies = off;\nSET CONSTRAINTS ALL DEFERRED;\n");

@@ -6,6 +6,26 @@ use super::catalog::Object;
 use super::model::Action;
 use super::schema::{order, q, table_name, SchemaDiff};
 
+/// A constraint's definition with the table it references (FK) written as `_`, so that
+/// renaming that table is not a change of the constraint.
+fn constraint_shape(k: &Object, cat: &Catalog) -> String {
+    match k.extra.parse::<u32>() {
+        Ok(target) if k.flag == "f" && target != 0 => k.def.replacen(
+            &format!("REFERENCES {}(", table_name(cat, target)),
+            "REFERENCES _(",
+            1,
+        ),
+        _ => k.def.clone(),
+    }
+}
+
+/// A trigger's definition with its own name and table written as `_`.
+fn trigger_shape(t: &Object, cat: &Catalog) -> String {
+    t.def
+        .replacen(&format!("TRIGGER {} ", t.name), "TRIGGER _ ", 1)
+        .replacen(&format!(" ON {} ", table_name(cat, t.table)), " ON _ ", 1)
+}
+
 pub(super) fn constraints(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
     let add_order = |k: &Object| {
         if k.flag == "f" {
@@ -37,7 +57,7 @@ pub(super) fn constraints(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 );
                 d.stmt(add_order(k), add);
             }
-            Some(old) if old.def != k.def => {
+            Some(old) if constraint_shape(old, b) != constraint_shape(k, a) => {
                 d.change(
                     "constraint",
                     Action::Altered,
@@ -262,7 +282,7 @@ pub(super) fn triggers(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 );
                 d.stmt(order::CREATE_TRIGGER, format!("{};", t.def));
             }
-            Some(old) if old.def != t.def => {
+            Some(old) if trigger_shape(old, b) != trigger_shape(t, a) => {
                 d.change(
                     "trigger",
                     Action::Altered,
@@ -276,6 +296,25 @@ pub(super) fn triggers(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     format!("DROP TRIGGER {} ON {};", old.name, table_name(b, old.table)),
                 );
                 d.stmt(order::CREATE_TRIGGER, format!("{};", t.def));
+            }
+            Some(old) if old.name != t.name => {
+                d.change(
+                    "trigger",
+                    Action::Renamed,
+                    obj,
+                    format!("was {}", old.name),
+                    None,
+                    None,
+                );
+                d.stmt(
+                    order::RENAME_OTHER,
+                    format!(
+                        "ALTER TRIGGER {} ON {} RENAME TO {};",
+                        old.name,
+                        table_name(a, t.table),
+                        t.name
+                    ),
+                );
             }
             _ => {}
         }

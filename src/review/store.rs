@@ -276,3 +276,58 @@ pub async fn on_end(gw: &Gateway, id: &str) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::log::{OutcomeRecord, StatementRecord};
+
+    fn stmt(seq: u64, kind: &str, sqlstate: Option<&str>, done: bool) -> LoggedStatement {
+        LoggedStatement {
+            statement: StatementRecord {
+                seq,
+                ts: String::new(),
+                token: "t".into(),
+                task: "k".into(),
+                session: 1,
+                protocol: "simple".into(),
+                text: "x".repeat(600),
+                params: Vec::new(),
+                kind: kind.into(),
+            },
+            outcome: done.then(|| OutcomeRecord {
+                seq,
+                ts: String::new(),
+                rows: None,
+                capped: false,
+                duration_ms: 1.0,
+                sqlstate: sqlstate.map(str::to_string),
+                tag: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn summary_counts_kinds_failures_and_unfinished() {
+        let s = summarize(&[
+            stmt(1, "read", None, true),
+            stmt(2, "write", Some("23505"), true),
+            stmt(3, "write", None, false),
+        ]);
+        assert_eq!(s.total, 3);
+        assert_eq!(s.by_kind.get("write"), Some(&2));
+        assert_eq!(s.unfinished, 1);
+        assert_eq!(s.failed.len(), 1);
+        assert_eq!(s.failed[0].sqlstate, "23505");
+        assert!(s.failed[0].text.chars().count() <= FAILED_TEXT_MAX + 1);
+    }
+
+    #[test]
+    fn cap_respects_char_boundaries_and_formats_parse() {
+        assert_eq!(cap("héllo", 2), "h…");
+        assert_eq!(cap("abc", 5), "abc");
+        assert_eq!(Format::parse("html"), Some(Format::Html));
+        assert_eq!(Format::parse("yaml"), None);
+        assert_eq!(crate::review::html::esc("<a href='x'>&"), "&lt;a href=&#39;x&#39;&gt;&amp;");
+    }
+}
