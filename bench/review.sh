@@ -76,7 +76,7 @@ bench() {
   kill "$GW"; wait "$GW" 2>/dev/null || true; GW=
 }
 
-echo "| golden | data dir | rows | first review, wall ms (CLI + API + starting the reference fork) | review ms, touched tables only (server, median of $RUNS) | full scan ms (server, median of $RUNS) | full scan / touched |"
+echo "| golden | data dir | rows | first review, wall ms (CLI + API; reference started in the background at the first fork) | review ms, touched tables only (server, median of $RUNS) | full scan ms (server, median of $RUNS) | full scan / touched |"
 echo "| --- | --- | --- | --- | --- | --- | --- |"
 [ -n "${SKIP_DEMO:-}" ] || bench demo "" customers name
 for n in $SIZES; do

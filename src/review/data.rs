@@ -416,8 +416,8 @@ async fn merge(
                             }
                         }
                     }
-                    r = rc.next().await?;
-                    s = sc.next().await?;
+                    // Both sides advance: fetch their next batches concurrently.
+                    (r, s) = tokio::try_join!(rc.next(), sc.next())?;
                 }
             }
         }

@@ -233,8 +233,9 @@ pub fn page(r: &Review, stmts: &[LoggedStatement]) -> String {
     }
     let _ = write!(
         out,
-        "<h2>SQL patch</h2><p class=\"muted\">Never applied by sandpit.</p><pre id=\"patch\">{}</pre></body></html>\n",
+        "<h2>SQL patch</h2><p class=\"muted\">Never applied by sandpit.</p><pre id=\"patch\">{}</pre></body></html>",
         esc(&r.patch)
     );
+    out.push('\n');
     out
 }
