@@ -42,6 +42,20 @@ enum Cmd {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// What a token's agent changed: schema and data diff against the golden, or the SQL patch.
+    Review {
+        /// Token id.
+        id: String,
+        /// text, json, sql or html.
+        #[arg(long, default_value = "text")]
+        format: String,
+        /// Compare every table, not only those Postgres' counters show as touched.
+        #[arg(long)]
+        full_scan: bool,
+        /// Control API base URL.
+        #[arg(long, env = "SANDPIT_API")]
+        api: Option<String>,
+    },
 }
 
 #[derive(Args)]
@@ -193,6 +207,23 @@ fn main() -> Result<()> {
                 for v in &all {
                     println!("{}", cli::statement_line(v));
                 }
+            }
+            Ok(())
+        }
+        Cmd::Review {
+            id,
+            format,
+            full_scan,
+            api,
+        } => {
+            let api = ApiArgs {
+                api: api.clone(),
+                json: false,
+            };
+            let body = client(&cfg, &api)?.review(id, format, *full_scan)?;
+            print!("{body}");
+            if !body.ends_with('\n') {
+                println!();
             }
             Ok(())
         }
