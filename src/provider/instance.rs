@@ -14,7 +14,7 @@ use tokio::process::Child;
 
 use super::copy::{self, CopyMethod};
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
-use super::{Backend, BackendTag, BackendTarget, BoxFuture, Provider, ProviderError};
+use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
 use crate::pg::process::{self, ServerSpec};
 use crate::pg::user::{self, RunAs};
 use crate::pg::{self as pgbin, PgBinaries};
@@ -150,7 +150,7 @@ impl InstanceProvider {
         Backend {
             handle: handle.to_string(),
             target: BackendTarget {
-                socket_path: process::socket_path(&golden::socket_dir_for(&inst)),
+                endpoint: Endpoint::unix(process::socket_path(&golden::socket_dir_for(&inst))),
                 user: AGENT.to_string(),
                 database: DATABASE.to_string(),
                 password: None,
