@@ -12,6 +12,10 @@ mod shared_pg;
 use std::time::{Duration, Instant};
 
 use common::{connect, psql, sqlstate, Gateway, SMALL_GOLDEN};
+use sandpit::provider::remote::{RemoteConfig, RemoteProvider};
+use sandpit::provider::template::{TemplateConfig, TemplateProvider, DEFAULT_GOLDEN_OWNER};
+use sandpit::provider::tls::SslMode;
+use sandpit::provider::Provider;
 use serde_json::Value;
 
 fn dsn(v: &Value) -> String {
@@ -262,6 +266,44 @@ async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
     let tag: Value = serde_json::from_str(&comment).expect("tag json");
     assert_eq!(tag["token_id"], id(&t).as_str());
     assert_eq!(tag["task"], "tpl-roles");
+    // The janitor's view: list() reads the tags back from the database comments. Built here
+    // on the existing golden, whose objects belong to a role that is not the database owner.
+    let key = common::tempdir();
+    let p = TemplateProvider::new(TemplateConfig {
+        admin_dsn: pg.admin_dsn(),
+        golden: "sandpit_golden".into(),
+        golden_sql: None,
+        golden_owner: Some(DEFAULT_GOLDEN_OWNER.into()),
+        sslmode: Some(SslMode::Require),
+        ca_file: None,
+        key_file: key.path().join("k"),
+    })
+    .await
+    .expect("template provider on the existing golden");
+    let listed = p.list().await.expect("list");
+    let mine = listed
+        .iter()
+        .find(|(h, _)| h == &id(&t))
+        .and_then(|(_, tag)| tag.clone())
+        .expect("listed with its tag");
+    assert_eq!(mine.task, "tpl-roles");
+    assert!(listed.iter().any(|(h, _)| h == &id(&other)));
+    // Without the owner named, the golden database's owner (the superuser admin) is refused.
+    let e = TemplateProvider::new(TemplateConfig {
+        admin_dsn: pg.admin_dsn(),
+        golden: "sandpit_golden".into(),
+        golden_sql: None,
+        golden_owner: None,
+        sslmode: Some(SslMode::Require),
+        ca_file: None,
+        key_file: key.path().join("k"),
+    })
+    .await
+    .err()
+    .expect("superuser owner refused")
+    .to_string();
+    assert!(e.contains("superuser"), "{e}");
+
     // Identity stays fixed: SET ROLE to another task's role is refused by the server.
     let e = c
         .batch_execute(&format!("set role {}", id(&other)))
@@ -326,7 +368,7 @@ fn spine_on_remote() {
     let srv = rt.block_on(remote_server::RemoteServer::start(SMALL_GOLDEN));
     let cfg = format!(
         "provider = \"remote\"\n[remote]\nurl = \"{}\"\napi_key = \"{}\"\ngolden = \"small\"\n\
-         sslmode = \"require\"\nfork_timeout = \"20s\"\nrequest_timeout = \"5s\"\nretries = 2\n",
+         sslmode = \"require\"\nfork_timeout = \"12s\"\nrequest_timeout = \"5s\"\nretries = 2\n",
         srv.url, srv.api_key
     );
     let g = Gateway::start(None, Some(&cfg));
@@ -350,6 +392,18 @@ async fn remote_specifics(g: &Gateway, srv: &remote_server::RemoteServer) {
         assert!(sb.metadata.contains_key("sandpit.token"), "{sb:?}");
         assert!(sb.expires_at.is_some(), "TTL set: {sb:?}");
     }
+    // The janitor's view: list() by the owner label, tags from the metadata.
+    let p = RemoteProvider::new(p_config(srv)).expect("remote provider");
+    let listed = p.list().await.expect("list");
+    assert_eq!(listed.len(), srv.sandboxes().len());
+    assert!(listed.iter().all(|(_, tag)| tag.is_some()), "{listed:?}");
+    let p_other = RemoteProvider::new(RemoteConfig {
+        owner: "someone-else".into(),
+        ..p_config(srv)
+    })
+    .expect("remote provider");
+    assert!(p_other.list().await.expect("list").is_empty());
+
     // One 503 is retried and the fork succeeds; both attempts carried the same idempotency key.
     srv.fail_next_creates(1);
     let t = g.issue("remote-retry", 600);
@@ -373,4 +427,20 @@ async fn remote_specifics(g: &Gateway, srv: &remote_server::RemoteServer) {
     assert_eq!(sqlstate(&e), "08006", "{e:?}");
     assert!(srv.deleted_for_token(&id(&t)), "stuck sandbox deleted");
     assert!(g.log().contains("not ready within"), "{}", g.log());
+}
+
+fn p_config(srv: &remote_server::RemoteServer) -> RemoteConfig {
+    RemoteConfig {
+        url: srv.url.clone(),
+        api_key: Some(srv.api_key.clone()),
+        golden: "small".into(),
+        owner: "sandpit".into(),
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(5),
+        fork_timeout: Duration::from_secs(10),
+        retries: 0,
+        ttl_grace: Duration::from_secs(60),
+        sslmode: SslMode::Require,
+        ca_file: None,
+    }
 }
