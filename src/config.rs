@@ -498,5 +498,10 @@ mod tests {
         assert_eq!(c.tokens.max_rows, d.tokens.max_rows);
         assert_eq!(c.limits.max_message, d.limits.max_message);
         assert_eq!(c.tls.mode, d.tls.mode);
+        assert_eq!(c.template.golden, d.template.golden);
+        assert_eq!(c.remote.fork_timeout, d.remote.fork_timeout);
+        assert_eq!(c.remote.request_timeout, d.remote.request_timeout);
+        assert_eq!(c.remote.ttl_grace, d.remote.ttl_grace);
+        assert_eq!(c.remote.sslmode, d.remote.sslmode);
     }
 }

@@ -305,7 +305,7 @@ async fn instance_provider_end_to_end() {
         "postmaster {pid_a} still there"
     );
     assert!(!p.real_root().join("instances/tok-a").exists());
-    assert!(!a.target.socket_path().map_or(false, |p| p.exists()));
+    assert!(!a.target.socket_path().is_some_and(|p| p.exists()));
     p.destroy("tok-a").await.expect("destroy is idempotent");
     assert!(matches!(
         p.ensure_running("tok-a").await,

@@ -321,7 +321,7 @@ async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
     let squatter = pg.admin("sandpit_golden").await;
     squatter.simple_query("select 1").await.expect("squat");
     let busy = g.issue("tpl-busy", 600);
-    let e = connect(&dsn(&busy)).await.err().expect("fork fails");
+    let e = connect(&dsn(&busy)).await.expect_err("fork fails");
     assert_eq!(sqlstate(&e), "08006", "{e:?}");
     // The failed fork left no role or database behind.
     let left: i64 = admin
@@ -414,7 +414,7 @@ async fn remote_specifics(g: &Gateway, srv: &remote_server::RemoteServer) {
     srv.fail_next_creates(100);
     let t = g.issue("remote-down", 600);
     let started = Instant::now();
-    let e = connect(&dsn(&t)).await.err().expect("fork fails");
+    let e = connect(&dsn(&t)).await.expect_err("fork fails");
     assert_eq!(sqlstate(&e), "08006", "{e:?}");
     assert_eq!(srv.create_attempts_for(&id(&t)), 3);
     assert!(started.elapsed() < Duration::from_secs(20));
@@ -423,7 +423,7 @@ async fn remote_specifics(g: &Gateway, srv: &remote_server::RemoteServer) {
     // sandbox is deleted.
     srv.hang_next_create();
     let t = g.issue("remote-stuck", 600);
-    let e = connect(&dsn(&t)).await.err().expect("fork times out");
+    let e = connect(&dsn(&t)).await.expect_err("fork times out");
     assert_eq!(sqlstate(&e), "08006", "{e:?}");
     assert!(srv.deleted_for_token(&id(&t)), "stuck sandbox deleted");
     assert!(g.log().contains("not ready within"), "{}", g.log());
