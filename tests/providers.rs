@@ -269,17 +269,23 @@ async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
     // The janitor's view: list() reads the tags back from the database comments. Built here
     // on the existing golden, whose objects belong to a role that is not the database owner.
     let key = common::tempdir();
-    let p = TemplateProvider::new(TemplateConfig {
+    // Verified TLS this time: the server's certificate as the CA, host name 127.0.0.1.
+    let cfg = |mode, ca: Option<std::path::PathBuf>, owner: Option<&str>| TemplateConfig {
         admin_dsn: pg.admin_dsn(),
         golden: "sandpit_golden".into(),
         golden_sql: None,
-        golden_owner: Some(DEFAULT_GOLDEN_OWNER.into()),
-        sslmode: Some(SslMode::Require),
-        ca_file: None,
+        golden_owner: owner.map(str::to_string),
+        sslmode: Some(mode),
+        ca_file: ca,
         key_file: key.path().join("k"),
-    })
+    };
+    let p = TemplateProvider::new(cfg(
+        SslMode::VerifyFull,
+        Some(pg.ca_file.clone()),
+        Some(DEFAULT_GOLDEN_OWNER),
+    ))
     .await
-    .expect("template provider on the existing golden");
+    .expect("template provider on the existing golden, verify-full");
     let listed = p.list().await.expect("list");
     let mine = listed
         .iter()
@@ -289,20 +295,19 @@ async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
     assert_eq!(mine.task, "tpl-roles");
     assert!(listed.iter().any(|(h, _)| h == &id(&other)));
     // Without the owner named, the golden database's owner (the superuser admin) is refused.
-    let e = TemplateProvider::new(TemplateConfig {
-        admin_dsn: pg.admin_dsn(),
-        golden: "sandpit_golden".into(),
-        golden_sql: None,
-        golden_owner: None,
-        sslmode: Some(SslMode::Require),
-        ca_file: None,
-        key_file: key.path().join("k"),
-    })
-    .await
-    .err()
-    .expect("superuser owner refused")
-    .to_string();
+    let e = TemplateProvider::new(cfg(SslMode::Require, None, None))
+        .await
+        .err()
+        .expect("superuser owner refused")
+        .to_string();
     assert!(e.contains("superuser"), "{e}");
+    // verify-full against the public roots rejects the self-signed certificate.
+    let e = TemplateProvider::new(cfg(SslMode::VerifyFull, None, Some(DEFAULT_GOLDEN_OWNER)))
+        .await
+        .err()
+        .expect("unverifiable certificate refused")
+        .to_string();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
 
     // Identity stays fixed: SET ROLE to another task's role is refused by the server.
     let e = c

@@ -24,6 +24,8 @@ pub struct SharedPg {
     pub socket_dir: PathBuf,
     /// Password of `ADMIN`.
     pub admin_password: String,
+    /// The server's self-signed certificate (PEM), to verify it with.
+    pub ca_file: PathBuf,
     pid: i32,
     _child: tokio::process::Child,
     _tmp: tempfile::TempDir,
@@ -83,6 +85,8 @@ impl SharedPg {
             cert.cert.pem().as_bytes(),
             &run_as,
         );
+        let ca_file = tmp.path().join("ca.pem");
+        std::fs::write(&ca_file, cert.cert.pem()).expect("ca copy");
         write_owned(
             &data.join("server.key"),
             cert.key_pair.serialize_pem().as_bytes(),
@@ -123,6 +127,7 @@ impl SharedPg {
             port,
             socket_dir,
             admin_password,
+            ca_file,
             pid,
             _child: child,
             _tmp: tmp,
