@@ -310,6 +310,7 @@ impl RemoteProvider {
         &self,
         tag: &BackendTag,
         deadline: Instant,
+        made: &std::sync::Mutex<Option<String>>,
     ) -> Result<Backend, ProviderError> {
         let metadata = [
             (api::META_OWNER, self.cfg.owner.as_str()),
@@ -338,6 +339,7 @@ impl RemoteProvider {
             return Err(remote("create answered with a malformed sandbox id"));
         }
         let id = sb.id.clone();
+        *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
         let result = async {
             let left = OffsetDateTime::parse(
                 &tag.expires_at,
@@ -401,16 +403,23 @@ impl Provider for RemoteProvider {
         Box::pin(async move {
             let t0 = Instant::now();
             let deadline = self.deadline();
-            // The outer bound covers what the inner checks cannot (a slow body, a stuck poll).
-            let b = match tokio::time::timeout_at(deadline.into(), self.fork_inner(tag, deadline))
-                .await
-            {
+            // The outer bound covers what the inner checks cannot (a slow body, a stuck poll);
+            // a sandbox made before it fired is deleted here, since the inner cleanup was cut.
+            let made = std::sync::Mutex::new(None);
+            let inner = self.fork_inner(tag, deadline, &made);
+            let b = match tokio::time::timeout_at(deadline.into(), inner).await {
                 Ok(r) => r?,
                 Err(_) => {
+                    let id = made.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(id) = id {
+                        if let Err(e) = self.delete(&id).await {
+                            tracing::warn!(sandbox = %id, error = %e, "deleting a timed-out sandbox failed (its TTL will reap it)");
+                        }
+                    }
                     return Err(remote(format!(
                         "fork did not complete within {}s",
                         self.cfg.fork_timeout.as_secs()
-                    )))
+                    )));
                 }
             };
             tracing::info!(handle = %b.handle, token = %tag.token_id,

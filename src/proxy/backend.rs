@@ -43,6 +43,21 @@ pub async fn connect(
     params: &[(&str, &[u8])],
     max_message: usize,
 ) -> Result<BackendConn, BackendError> {
+    // A backend that accepts the connection but never finishes startup must not hold the
+    // client forever (remote backends can be anything).
+    tokio::time::timeout(STARTUP_TIMEOUT, startup(target, params, max_message))
+        .await
+        .map_err(|_| BackendError::Protocol("backend startup timed out".into()))?
+}
+
+/// Bound on connect + auth + reaching ReadyForQuery.
+const STARTUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn startup(
+    target: &BackendTarget,
+    params: &[(&str, &[u8])],
+    max_message: usize,
+) -> Result<BackendConn, BackendError> {
     let sock = backend_stream::open(&target.endpoint)
         .await
         .map_err(BackendError::Connect)?;
