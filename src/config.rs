@@ -35,8 +35,12 @@ pub struct Config {
     pub public_host: Option<String>,
     /// Admin bearer key for the control API; else `SANDPIT_ADMIN_KEY`, else `<data_dir>/admin.key`.
     pub admin_key: Option<String>,
-    /// Which provider makes scratch databases. Only "instance" so far.
+    /// Which provider makes scratch databases: "instance", "template" or "remote".
     pub provider: String,
+    /// The `template` provider (a Postgres server of yours).
+    pub template: TemplateSection,
+    /// The `remote` provider (a sandbox service over HTTP).
+    pub remote: RemoteSection,
     /// TLS on the Postgres listener.
     pub tls: TlsConfig,
     /// Local PostgreSQL server settings (instance provider).
@@ -86,6 +90,8 @@ impl Default for Config {
             public_host: None,
             admin_key: None,
             provider: "instance".into(),
+            template: TemplateSection::default(),
+            remote: RemoteSection::default(),
             tls: TlsConfig::default(),
             postgres: PostgresConfig::default(),
             golden: GoldenConfig::default(),
@@ -94,6 +100,90 @@ impl Default for Config {
             log: LogConfig::default(),
             pool: PoolConfig::default(),
             review: ReviewConfig::default(),
+        }
+    }
+}
+
+/// `[template]`: scratch databases on an existing Postgres server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TemplateSection {
+    /// DSN of an admin role that may create databases and roles.
+    pub admin_dsn: Option<String>,
+    /// Name of the golden database.
+    pub golden: String,
+    /// SQL file the golden is built from; default: `[golden] sql` when set, else the golden
+    /// database must exist.
+    pub golden_sql: Option<PathBuf>,
+    /// Role owning the golden's objects (default: `sandpit_golden_owner` when built from SQL,
+    /// else the golden database's owner).
+    pub golden_owner: Option<String>,
+    /// TLS to the server: "disable", "require", "verify-full"; default: the DSN's sslmode.
+    pub sslmode: Option<String>,
+    /// CA certificate file to verify the server with.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for TemplateSection {
+    fn default() -> Self {
+        TemplateSection {
+            admin_dsn: None,
+            golden: "sandpit_golden".into(),
+            golden_sql: None,
+            golden_owner: None,
+            sslmode: None,
+            ca_file: None,
+        }
+    }
+}
+
+/// `[remote]`: scratch databases from a sandbox service over HTTP (docs/remote-provider.yaml).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RemoteSection {
+    /// Base URL of the service API, e.g. `https://sandboxes.internal/`.
+    pub url: Option<String>,
+    /// Bearer key for the service; else `SANDPIT_REMOTE_API_KEY`.
+    pub api_key: Option<String>,
+    /// The golden sandbox forks are made from.
+    pub golden: String,
+    /// Value of the `sandpit.owner` metadata on every sandbox this gateway makes.
+    pub owner: String,
+    /// Time to establish a connection to the service.
+    #[serde(deserialize_with = "de_duration")]
+    pub connect_timeout: Duration,
+    /// Time for one HTTP request.
+    #[serde(deserialize_with = "de_duration")]
+    pub request_timeout: Duration,
+    /// Longest wait for a fork to become ready, retries and polling included.
+    #[serde(deserialize_with = "de_duration")]
+    pub fork_timeout: Duration,
+    /// Retries after a connect error or a 5xx/429 answer (with backoff).
+    pub retries: u32,
+    /// Added to the token's expiry for the TTL set on the sandbox (the service's backstop).
+    #[serde(deserialize_with = "de_duration")]
+    pub ttl_grace: Duration,
+    /// TLS to the sandboxes: "disable", "require", "verify-full" (the stricter of this and
+    /// the service's answer is used).
+    pub sslmode: String,
+    /// CA certificate file to verify sandboxes with.
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for RemoteSection {
+    fn default() -> Self {
+        RemoteSection {
+            url: None,
+            api_key: None,
+            golden: "sandpit-golden".into(),
+            owner: "sandpit".into(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+            fork_timeout: Duration::from_secs(120),
+            retries: 2,
+            ttl_grace: Duration::from_secs(600),
+            sslmode: "require".into(),
+            ca_file: None,
         }
     }
 }
@@ -252,6 +342,16 @@ impl Default for ReviewConfig {
     }
 }
 
+fn check_sslmode(key: &'static str, v: &str) -> Result<(), ConfigError> {
+    if crate::provider::tls::SslMode::parse(v).is_none() {
+        return Err(ConfigError::Invalid {
+            key,
+            message: format!("{v:?} is not one of disable, require, verify-full"),
+        });
+    }
+    Ok(())
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
@@ -279,14 +379,49 @@ impl Config {
 
     /// Check values that types alone do not rule out.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.provider != "instance" {
-            return Err(ConfigError::Invalid {
-                key: "provider",
-                message: format!(
-                    "unknown provider {:?} (available: \"instance\")",
-                    self.provider
-                ),
-            });
+        match self.provider.as_str() {
+            "instance" => {}
+            "template" => {
+                if self.template.admin_dsn.as_deref().unwrap_or("").is_empty() {
+                    return Err(ConfigError::Invalid {
+                        key: "template.admin_dsn",
+                        message: "provider \"template\" needs the DSN of an admin role".into(),
+                    });
+                }
+                if let Some(m) = &self.template.sslmode {
+                    check_sslmode("template.sslmode", m)?;
+                }
+            }
+            "remote" => {
+                let url = self.remote.url.as_deref().unwrap_or("");
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(ConfigError::Invalid {
+                        key: "remote.url",
+                        message: "provider \"remote\" needs the service's http(s):// URL".into(),
+                    });
+                }
+                check_sslmode("remote.sslmode", &self.remote.sslmode)?;
+                if self.remote.request_timeout.is_zero() || self.remote.fork_timeout.is_zero() {
+                    return Err(ConfigError::Invalid {
+                        key: "remote.request_timeout",
+                        message: "timeouts must be longer than zero".into(),
+                    });
+                }
+                if self.remote.retries > 10 {
+                    return Err(ConfigError::Invalid {
+                        key: "remote.retries",
+                        message: "at most 10".into(),
+                    });
+                }
+            }
+            other => {
+                return Err(ConfigError::Invalid {
+                    key: "provider",
+                    message: format!(
+                        "unknown provider {other:?} (available: \"instance\", \"template\", \"remote\")"
+                    ),
+                })
+            }
         }
         match self.tls.mode.as_str() {
             "off" | "auto" => {}
@@ -370,6 +505,41 @@ mod tests {
     }
 
     #[test]
+    fn provider_sections_are_checked() {
+        let c: Config = toml::from_str("provider = \"template\"").unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("template.admin_dsn"));
+        let c: Config = toml::from_str(
+            "provider = \"template\"\n[template]\nadmin_dsn = \"postgresql://a@h/db\"\nsslmode = \"prefer\"",
+        )
+        .unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("template.sslmode"));
+        let e = toml::from_str::<Config>("[template]\nadmin = \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("admin"), "{e}");
+        let e = toml::from_str::<Config>("[remote]\nurls = \"x\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("urls"), "{e}");
+        let c: Config = toml::from_str(
+            "provider = \"remote\"\n[remote]\nurl = \"http://127.0.0.1:1/\"\nfork_timeout = \"5s\"",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.remote.fork_timeout, Duration::from_secs(5));
+        let c: Config = toml::from_str("provider = \"remote\"").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("remote.url"));
+    }
+
+    #[test]
     fn shipped_example_config_parses_and_matches_defaults() {
         let c: Config = toml::from_str(include_str!("../config/sandpit.toml")).unwrap();
         c.validate().unwrap();
@@ -378,5 +548,10 @@ mod tests {
         assert_eq!(c.tokens.max_rows, d.tokens.max_rows);
         assert_eq!(c.limits.max_message, d.limits.max_message);
         assert_eq!(c.tls.mode, d.tls.mode);
+        assert_eq!(c.template.golden, d.template.golden);
+        assert_eq!(c.remote.fork_timeout, d.remote.fork_timeout);
+        assert_eq!(c.remote.request_timeout, d.remote.request_timeout);
+        assert_eq!(c.remote.ttl_grace, d.remote.ttl_grace);
+        assert_eq!(c.remote.sslmode, d.remote.sslmode);
     }
 }

@@ -13,6 +13,10 @@ use crate::control::{self, ApiState};
 use crate::lifecycle::Gateway;
 use crate::provider::instance::{InstanceConfig, InstanceProvider};
 use crate::provider::pool::WarmPool;
+use crate::provider::remote::{RemoteConfig, RemoteProvider};
+use crate::provider::template::{TemplateConfig, TemplateProvider};
+use crate::provider::tls::SslMode;
+use crate::provider::Provider;
 use crate::proxy::{tls, Proxy};
 use crate::registry::Registry;
 
@@ -82,6 +86,79 @@ fn prepare_data_dir(dir: &Path) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// The provider the config names, ready to fork.
+async fn build_provider(cfg: &Config, data_dir: &Path) -> Result<Arc<dyn Provider>, ServeError> {
+    let mode = |m: &str| SslMode::parse(m).unwrap_or(SslMode::Require);
+    match cfg.provider.as_str() {
+        "template" => {
+            let t = &cfg.template;
+            let p = TemplateProvider::new(TemplateConfig {
+                admin_dsn: t.admin_dsn.clone().unwrap_or_default(),
+                golden: t.golden.clone(),
+                golden_sql: t.golden_sql.clone().or_else(|| cfg.golden.sql.clone()),
+                golden_owner: t.golden_owner.clone(),
+                sslmode: t.sslmode.as_deref().map(mode),
+                ca_file: t.ca_file.clone(),
+                key_file: data_dir.join("template.key"),
+            })
+            .await?;
+            Ok(Arc::new(p))
+        }
+        "remote" => {
+            let r = &cfg.remote;
+            let p = RemoteProvider::new(RemoteConfig {
+                url: r.url.clone().unwrap_or_default(),
+                api_key: r
+                    .api_key
+                    .clone()
+                    .or_else(|| std::env::var("SANDPIT_REMOTE_API_KEY").ok())
+                    .filter(|k| !k.is_empty()),
+                golden: r.golden.clone(),
+                owner: r.owner.clone(),
+                connect_timeout: r.connect_timeout,
+                request_timeout: r.request_timeout,
+                fork_timeout: r.fork_timeout,
+                retries: r.retries,
+                ttl_grace: r.ttl_grace,
+                sslmode: mode(&r.sslmode),
+                ca_file: r.ca_file.clone(),
+            })?;
+            Ok(Arc::new(p))
+        }
+        _ => {
+            let golden_sql = match &cfg.golden.sql {
+                Some(p) => p.clone(),
+                None => {
+                    let p = data_dir.join("demo_golden.sql");
+                    if std::fs::read_to_string(&p).ok().as_deref() != Some(DEMO_GOLDEN_SQL) {
+                        std::fs::write(&p, DEMO_GOLDEN_SQL).map_err(|source| {
+                            ServeError::DataDir {
+                                path: p.clone(),
+                                source,
+                            }
+                        })?;
+                    }
+                    p
+                }
+            };
+            let provider = InstanceProvider::new(InstanceConfig {
+                bin_dir: cfg.postgres.bin_dir.clone(),
+                root: data_dir.join("pg"),
+                golden_sql,
+                max_connections: cfg.postgres.max_connections,
+                run_as: cfg.postgres.run_as.clone(),
+                netns: cfg.postgres.netns,
+            })
+            .await?;
+            tracing::info!(
+                copy_method = provider.copy_method(),
+                "instance provider ready"
+            );
+            Ok(Arc::new(provider))
+        }
+    }
+}
+
 /// Run the gateway until `stop` turns true; then end sessions and stop backends.
 /// `ready` is called once both listeners are bound, with their addresses.
 pub async fn run(
@@ -106,32 +183,7 @@ pub async fn run(
         })?
         .unwrap_or_default();
 
-    let golden_sql = match &cfg.golden.sql {
-        Some(p) => p.clone(),
-        None => {
-            let p = data_dir.join("demo_golden.sql");
-            if std::fs::read_to_string(&p).ok().as_deref() != Some(DEMO_GOLDEN_SQL) {
-                std::fs::write(&p, DEMO_GOLDEN_SQL).map_err(|source| ServeError::DataDir {
-                    path: p.clone(),
-                    source,
-                })?;
-            }
-            p
-        }
-    };
-    let provider = InstanceProvider::new(InstanceConfig {
-        bin_dir: cfg.postgres.bin_dir.clone(),
-        root: data_dir.join("pg"),
-        golden_sql,
-        max_connections: cfg.postgres.max_connections,
-        run_as: cfg.postgres.run_as.clone(),
-        netns: cfg.postgres.netns,
-    })
-    .await?;
-    tracing::info!(
-        copy_method = provider.copy_method(),
-        "instance provider ready"
-    );
+    let provider = build_provider(&cfg, &data_dir).await?;
     let registry = Registry::open(&data_dir.join("tokens"))?;
     let tls = tls::acceptor(
         &cfg.tls,
@@ -167,7 +219,7 @@ pub async fn run(
     let mut cfg = cfg;
     cfg.data_dir = data_dir;
     cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
-    let provider: Arc<dyn crate::provider::Provider> = Arc::new(provider);
+    let provider: Arc<dyn crate::provider::Provider> = provider;
     let pool = (cfg.pool.size > 0).then(|| WarmPool::new(provider.clone(), cfg.pool.size));
     let provider = match &pool {
         Some(p) => {

@@ -19,7 +19,11 @@ fn tag(id: &str) -> BackendTag {
 }
 
 async fn connect(b: &Backend, user: &str, db: &str) -> Result<Client, tokio_postgres::Error> {
-    let dir = b.target.socket_path.parent().expect("socket dir");
+    let dir = b
+        .target
+        .socket_path()
+        .and_then(|p| p.parent())
+        .expect("socket dir");
     let (client, conn) = tokio_postgres::Config::new()
         .host_path(dir)
         .port(5432)
@@ -119,8 +123,9 @@ async fn instance_provider_end_to_end() {
     assert_eq!(a.target.user, "agent");
     assert_eq!(a.target.database, "sandpit");
     assert!(a.target.password.is_none());
-    assert_ne!(a.target.socket_path, b.target.socket_path);
-    let sock_meta = std::fs::metadata(a.target.socket_path.parent().unwrap()).unwrap();
+    assert_ne!(a.target.socket_path(), b.target.socket_path());
+    let sock_meta =
+        std::fs::metadata(a.target.socket_path().and_then(|p| p.parent()).unwrap()).unwrap();
     assert_eq!(
         sock_meta.mode() & 0o777,
         0o700,
@@ -147,18 +152,23 @@ async fn instance_provider_end_to_end() {
     let l = p.fork(&tag(&long)).await.expect("fork long");
     assert!(
         l.target
-            .socket_path
-            .to_string_lossy()
+            .socket_path()
+            .map(|p| p.to_string_lossy().to_string())
+            .unwrap_or_default()
             .starts_with("/tmp/sandpit-s-"),
         "{:?}",
-        l.target.socket_path
+        l.target.socket_path()
     );
     let cl = connect(&l, "agent", "sandpit").await.expect("connect long");
     assert_eq!(count(&cl, "products").await, 1000);
     drop(cl);
     p.destroy(&long).await.expect("destroy long");
     assert!(
-        !l.target.socket_path.parent().unwrap().exists(),
+        !l.target
+            .socket_path()
+            .and_then(|p| p.parent())
+            .unwrap()
+            .exists(),
         "socket dir removed"
     );
 
@@ -295,7 +305,7 @@ async fn instance_provider_end_to_end() {
         "postmaster {pid_a} still there"
     );
     assert!(!p.real_root().join("instances/tok-a").exists());
-    assert!(!a.target.socket_path.exists());
+    assert!(!a.target.socket_path().is_some_and(|p| p.exists()));
     p.destroy("tok-a").await.expect("destroy is idempotent");
     assert!(matches!(
         p.ensure_running("tok-a").await,

@@ -163,8 +163,8 @@ fn s3(a: &str, b: &str, c: &str) -> (String, String, String) {
 fn target(g: &Gateway, id: &str) -> BackendTarget {
     let inst = std::fs::canonicalize(g.instances_dir().join(id)).expect("instance dir");
     BackendTarget {
-        socket_path: sandpit::pg::process::socket_path(&sandpit::provider::golden::socket_dir_for(
-            &inst,
+        endpoint: sandpit::provider::Endpoint::unix(sandpit::pg::process::socket_path(
+            &sandpit::provider::golden::socket_dir_for(&inst),
         )),
         user: "agent".into(),
         database: "sandpit".into(),

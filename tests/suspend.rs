@@ -41,7 +41,10 @@ fn an_idle_backend_is_suspended_and_resumes_with_its_data() {
         g.log()
     );
     assert!(g.instances_dir().join(&id).join("data").is_dir());
-    assert!(g.log().contains("backend suspended while idle"));
+    // The log line follows the stop; give it a moment.
+    assert!(wait_until(Duration::from_secs(5), || g
+        .log()
+        .contains("backend suspended while idle")));
     // The next connection resumes it before its first query.
     let (ok, out, err) = psql(&dsn, &["-c", "select x from kept"]);
     assert!(ok, "{err}");

@@ -14,7 +14,7 @@ use tokio::process::Child;
 
 use super::copy::{self, CopyMethod};
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
-use super::{Backend, BackendTag, BackendTarget, BoxFuture, Provider, ProviderError};
+use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
 use crate::pg::process::{self, ServerSpec};
 use crate::pg::user::{self, RunAs};
 use crate::pg::{self as pgbin, PgBinaries};
@@ -154,7 +154,7 @@ impl InstanceProvider {
         let backend = Backend {
             handle: REFERENCE_KEY.to_string(),
             target: BackendTarget {
-                socket_path: process::socket_path(&sock),
+                endpoint: Endpoint::unix(process::socket_path(&sock)),
                 user: AGENT.to_string(),
                 database: DATABASE.to_string(),
                 password: None,
@@ -165,7 +165,7 @@ impl InstanceProvider {
         if let Some(pf) = process::read_pid_file(&data) {
             if process::is_postmaster_of(pf.pid, &data)
                 && pf.status == "ready"
-                && backend.target.socket_path.exists()
+                && backend.target.socket_path().is_some_and(|p| p.exists())
             {
                 return Ok(backend);
             }
@@ -226,7 +226,7 @@ impl InstanceProvider {
         Backend {
             handle: handle.to_string(),
             target: BackendTarget {
-                socket_path: process::socket_path(&golden::socket_dir_for(&inst)),
+                endpoint: Endpoint::unix(process::socket_path(&golden::socket_dir_for(&inst))),
                 user: AGENT.to_string(),
                 database: DATABASE.to_string(),
                 password: None,

@@ -5,10 +5,15 @@ pub mod copy;
 pub mod golden;
 pub mod instance;
 pub mod pool;
+pub mod remote;
+pub mod remote_api;
+pub mod template;
+pub mod tls;
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -26,17 +31,70 @@ pub struct BackendTag {
     pub expires_at: String,
 }
 
+/// Where a backend listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendAddr {
+    /// Full path of a unix socket file (`…/.s.PGSQL.5432`).
+    Unix(PathBuf),
+    /// A TCP host name or address, and port.
+    Tcp {
+        /// Host name or IP address.
+        host: String,
+        /// Port.
+        port: u16,
+    },
+}
+
+/// TLS towards a backend (`sslmode=require` and stricter): the client configuration (which
+/// decides whether the certificate is verified) and the name to send and check.
+#[derive(Debug, Clone)]
+pub struct BackendTls {
+    /// rustls client configuration, built once per provider.
+    pub config: Arc<rustls::ClientConfig>,
+    /// Server name for SNI and, when verifying, the certificate check.
+    pub server_name: String,
+}
+
+/// The network side of a backend: its address and, for TCP, optional TLS.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// Socket or host/port.
+    pub addr: BackendAddr,
+    /// TLS after an SSLRequest; None = plain (always None for unix sockets).
+    pub tls: Option<BackendTls>,
+}
+
+impl Endpoint {
+    /// A unix socket endpoint (no TLS).
+    pub fn unix(path: impl Into<PathBuf>) -> Self {
+        Endpoint {
+            addr: BackendAddr::Unix(path.into()),
+            tls: None,
+        }
+    }
+}
+
 /// How the gateway reaches a running backend.
 #[derive(Debug, Clone)]
 pub struct BackendTarget {
-    /// Full path of the unix socket file (`…/.s.PGSQL.5432`).
-    pub socket_path: PathBuf,
+    /// Where it listens.
+    pub endpoint: Endpoint,
     /// Role the gateway logs in as: the agent role, never a superuser.
     pub user: String,
     /// Database to connect to.
     pub database: String,
     /// Password for `user`, when the backend asks for one (peer auth needs none).
     pub password: Option<String>,
+}
+
+impl BackendTarget {
+    /// The unix socket path, when the backend is reached over one.
+    pub fn socket_path(&self) -> Option<&Path> {
+        match &self.endpoint.addr {
+            BackendAddr::Unix(p) => Some(p),
+            BackendAddr::Tcp { .. } => None,
+        }
+    }
 }
 
 /// A running backend.
@@ -69,6 +127,12 @@ pub enum ProviderError {
     Io(#[from] std::io::Error),
     #[error("{0}")]
     Other(String),
+    /// A remote provider's service failed or refused.
+    #[error("remote service: {0}")]
+    Remote(String),
+    /// The admin connection of the template provider failed.
+    #[error("template server: {0}")]
+    Template(String),
 }
 
 /// A source of scratch databases.

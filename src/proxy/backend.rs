@@ -3,8 +3,8 @@
 use bytes::Bytes;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use tokio::io::AsyncWriteExt;
-use tokio::net::UnixStream;
 
+use super::backend_stream::{self, BackendStream};
 use crate::provider::BackendTarget;
 use crate::wire::frame::{build, FrameReader};
 use crate::wire::messages;
@@ -13,7 +13,7 @@ use crate::wire::startup::encode_startup;
 /// A backend connection that finished startup.
 pub struct BackendConn {
     /// Frames from the backend (and the socket to write to).
-    pub reader: FrameReader<UnixStream>,
+    pub reader: FrameReader<BackendStream>,
     /// ParameterStatus and NoticeResponse frames to pass on, in order.
     pub greeting: Vec<Bytes>,
     /// The real key (pid, secret).
@@ -25,7 +25,7 @@ pub struct BackendConn {
 /// Why a backend connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    /// Could not reach the socket.
+    /// Could not reach the socket (or finish TLS with it).
     #[error("cannot connect to backend: {0}")]
     Connect(std::io::Error),
     /// The backend refused the session; the (raw) ErrorResponse to pass on, scrubbed by the caller.
@@ -43,7 +43,22 @@ pub async fn connect(
     params: &[(&str, &[u8])],
     max_message: usize,
 ) -> Result<BackendConn, BackendError> {
-    let sock = UnixStream::connect(&target.socket_path)
+    // A backend that accepts the connection but never finishes startup must not hold the
+    // client forever (remote backends can be anything).
+    tokio::time::timeout(STARTUP_TIMEOUT, startup(target, params, max_message))
+        .await
+        .map_err(|_| BackendError::Protocol("backend startup timed out".into()))?
+}
+
+/// Bound on connect + auth + reaching ReadyForQuery.
+const STARTUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn startup(
+    target: &BackendTarget,
+    params: &[(&str, &[u8])],
+    max_message: usize,
+) -> Result<BackendConn, BackendError> {
+    let sock = backend_stream::open(&target.endpoint)
         .await
         .map_err(BackendError::Connect)?;
     let mut all: Vec<(&str, &[u8])> = vec![
@@ -80,6 +95,21 @@ pub async fn connect(
                     (0, _) => None,
                     (3, Some(pw)) => {
                         let mut b = pw.as_bytes().to_vec();
+                        b.push(0);
+                        Some(build(b'p', &b))
+                    }
+                    (5, Some(pw)) => {
+                        let salt: [u8; 4] = f
+                            .body()
+                            .get(4..8)
+                            .and_then(|s| s.try_into().ok())
+                            .ok_or_else(|| BackendError::Protocol("bad MD5 salt".into()))?;
+                        let hash = postgres_protocol::authentication::md5_hash(
+                            target.user.as_bytes(),
+                            pw.as_bytes(),
+                            salt,
+                        );
+                        let mut b = hash.into_bytes();
                         b.push(0);
                         Some(build(b'p', &b))
                     }

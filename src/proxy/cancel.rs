@@ -1,22 +1,26 @@
 //! Cancel keys: the gateway mints its own BackendKeyData per session and routes a
 //! CancelRequest carrying it to the real backend process.
 
-use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 use rand::Rng;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
-use tokio::net::UnixStream;
 
+use super::backend_stream::{self, BackendStream};
+use crate::provider::Endpoint;
 use crate::wire::startup::encode_cancel;
+
+/// How long a forwarded cancel may take end to end (connect, TLS, write, wait for the close).
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a cancel for one session goes.
 #[derive(Debug, Clone)]
 pub struct CancelTarget {
-    /// Backend socket.
-    pub socket_path: PathBuf,
+    /// The backend's socket or host/port, with TLS when its sessions use TLS.
+    pub endpoint: Endpoint,
     /// Real backend pid.
     pub pid: i32,
     /// Real backend secret.
@@ -68,16 +72,25 @@ impl CancelMap {
             metrics::counter!("sandpit_cancel_requests_total", "result" => "unknown").increment(1);
             return false;
         };
-        let result = async {
-            let mut s = UnixStream::connect(&t.socket_path).await?;
+        // Over TLS as well when the backend's sessions use it (an SSLRequest first, as libpq
+        // does), so a cancel never crosses the network in the clear where sessions do not.
+        let result = tokio::time::timeout(CANCEL_TIMEOUT, async {
+            let mut s = backend_stream::open(&t.endpoint).await?;
             s.write_all(&encode_cancel(t.pid, t.secret)).await?;
+            s.flush().await?;
             // Postgres closes the connection once it has handled the request.
             let mut sink = [0u8; 64];
             let _ = s.read(&mut sink).await;
+            if let BackendStream::Tls(_) = s {
+                let _ = s.shutdown().await;
+            }
             Ok::<_, std::io::Error>(())
-        }
+        })
         .await;
-        let ok = result.is_ok();
+        if let Ok(Err(e)) = &result {
+            tracing::warn!(error = %e, "forwarding a cancel request failed");
+        }
+        let ok = matches!(result, Ok(Ok(())));
         metrics::counter!("sandpit_cancel_requests_total", "result" => if ok { "forwarded" } else { "failed" }).increment(1);
         ok
     }

@@ -2,6 +2,7 @@
 
 pub mod auth_flow;
 pub mod backend;
+pub mod backend_stream;
 pub mod cancel;
 pub mod caps;
 pub mod options;

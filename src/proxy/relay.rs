@@ -5,7 +5,6 @@
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 use super::pipeline::Pipeline;
@@ -32,7 +31,7 @@ enum Ending {
 /// Relay until either side leaves or the token ends.
 pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     client: FrameReader<C>,
-    backend: FrameReader<UnixStream>,
+    backend: FrameReader<super::backend_stream::BackendStream>,
     mut ended: watch::Receiver<Option<EndReason>>,
     secrets: &[String],
     mut pl: Pipeline,

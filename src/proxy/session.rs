@@ -208,7 +208,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         .await;
     };
     let key = proxy.cancel.mint(CancelTarget {
-        socket_path: backend.target.socket_path.clone(),
+        endpoint: backend.target.endpoint.clone(),
         pid: real_pid,
         secret: real_secret,
     });

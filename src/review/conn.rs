@@ -68,13 +68,16 @@ impl Side {
         target: &BackendTarget,
         t: Timeouts,
     ) -> Result<Side, ConnError> {
-        let dir = target
-            .socket_path
-            .parent()
-            .unwrap_or(Path::new("/"))
-            .to_path_buf();
-        let port = target
-            .socket_path
+        // Reviews read over the backend's unix socket (the instance provider); TCP backends
+        // (template, remote) are not reviewed yet.
+        let Some(socket_path) = target.socket_path() else {
+            return Err(ConnError::Connect {
+                side: name,
+                message: "review supports unix-socket backends (the instance provider) only".into(),
+            });
+        };
+        let dir = socket_path.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let port = socket_path
             .file_name()
             .and_then(|f| f.to_str())
             .and_then(|f| f.rsplit('.').next())

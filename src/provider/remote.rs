@@ -1,0 +1,560 @@
+//! The `remote` provider: scratch databases from a sandbox/branching service behind the HTTP
+//! API in `docs/remote-provider.yaml`. A fork is create (idempotent per token) → set TTL →
+//! poll until ready; its connection parameters are asked for again after a gateway restart,
+//! never stored. Every call is bounded: a connect timeout, a per-request timeout, a limited
+//! number of retries with backoff (connect errors, timeouts, 429 and 5xx only), and one
+//! deadline over the whole fork, after which the half-made sandbox is deleted.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use time::OffsetDateTime;
+
+use super::remote_api::{self as api, Sandbox, SandboxState};
+use super::tls::{self as btls, SslMode};
+use super::{
+    Backend, BackendAddr, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError,
+};
+
+/// Largest response body accepted from the service.
+const MAX_BODY: usize = 4 * 1024 * 1024;
+/// First retry delay; doubled per attempt.
+const BACKOFF: Duration = Duration::from_millis(200);
+
+/// Settings of the `remote` provider.
+#[derive(Debug, Clone)]
+pub struct RemoteConfig {
+    /// Base URL of the API.
+    pub url: String,
+    /// Bearer key, if the service wants one.
+    pub api_key: Option<String>,
+    /// Golden sandbox to fork.
+    pub golden: String,
+    /// `sandpit.owner` label of this gateway's sandboxes.
+    pub owner: String,
+    /// Connect timeout per request.
+    pub connect_timeout: Duration,
+    /// Timeout per request.
+    pub request_timeout: Duration,
+    /// Deadline for a whole fork.
+    pub fork_timeout: Duration,
+    /// Retries per request on connect errors, timeouts, 429 and 5xx.
+    pub retries: u32,
+    /// Added to the token's remaining life for the sandbox TTL.
+    pub ttl_grace: Duration,
+    /// Minimum TLS towards sandboxes.
+    pub sslmode: SslMode,
+    /// CA file to verify sandboxes with.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Forks are sandboxes of a remote service.
+pub struct RemoteProvider {
+    http: reqwest::Client,
+    base: String,
+    cfg: RemoteConfig,
+    require: Option<Arc<rustls::ClientConfig>>,
+    verify: Option<Arc<rustls::ClientConfig>>,
+}
+
+fn remote(e: impl std::fmt::Display) -> ProviderError {
+    ProviderError::Remote(e.to_string())
+}
+
+fn rank(m: SslMode) -> u8 {
+    match m {
+        SslMode::Disable => 0,
+        SslMode::Require => 1,
+        SslMode::VerifyFull => 2,
+    }
+}
+
+/// What one HTTP exchange ended with.
+enum Outcome {
+    /// A status and its (bounded) body.
+    Answer(StatusCode, Vec<u8>),
+    /// No answer: connect error, timeout, reset.
+    NoAnswer(reqwest::Error),
+}
+
+impl RemoteProvider {
+    /// Builds the HTTP client and the TLS settings; contacts nothing yet.
+    pub fn new(cfg: RemoteConfig) -> Result<Self, ProviderError> {
+        let http = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(cfg.connect_timeout)
+            .timeout(cfg.request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| remote(format!("HTTP client: {e}")))?;
+        let require = btls::client_config(SslMode::Require, cfg.ca_file.as_deref())?;
+        let verify = btls::client_config(SslMode::VerifyFull, cfg.ca_file.as_deref())?;
+        Ok(RemoteProvider {
+            http,
+            base: cfg.url.trim_end_matches('/').to_string(),
+            cfg,
+            require,
+            verify,
+        })
+    }
+
+    /// One exchange, no retries.
+    async fn once(
+        &self,
+        method: &Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        idem: Option<&str>,
+    ) -> Outcome {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base));
+        if let Some(k) = &self.cfg.api_key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(k) = idem {
+            req = req.header(api::IDEMPOTENCY_KEY, k);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let mut resp = match req.send().await {
+            Ok(r) => r,
+            Err(e) => return Outcome::NoAnswer(e),
+        };
+        let status = resp.status();
+        let mut buf = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => {
+                    if buf.len() + c.len() > MAX_BODY {
+                        // Treated as a broken answer, not retried.
+                        return Outcome::Answer(
+                            status,
+                            b"{\"error\":\"response too large\"}".to_vec(),
+                        );
+                    }
+                    buf.extend_from_slice(&c);
+                }
+                Ok(None) => break,
+                Err(e) => return Outcome::NoAnswer(e),
+            }
+        }
+        Outcome::Answer(status, buf)
+    }
+
+    /// An exchange with retries (connect errors, timeouts, 429, 5xx) and exponential backoff,
+    /// never past `deadline`. Returns the final status and body.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        idem: Option<&str>,
+        deadline: Instant,
+    ) -> Result<(StatusCode, Vec<u8>), ProviderError> {
+        let mut attempt = 0u32;
+        loop {
+            let out = self.once(&method, path, body, idem).await;
+            let retry_why = match &out {
+                Outcome::Answer(s, _)
+                    if s.is_server_error() || *s == StatusCode::TOO_MANY_REQUESTS =>
+                {
+                    format!("HTTP {s}")
+                }
+                Outcome::Answer(s, b) => return Ok((*s, b.clone())),
+                Outcome::NoAnswer(e) => format!("{e}"),
+            };
+            let delay = BACKOFF * 2u32.saturating_pow(attempt);
+            if attempt >= self.cfg.retries || Instant::now() + delay >= deadline {
+                metrics::counter!("sandpit_remote_failures_total").increment(1);
+                return Err(remote(format!(
+                    "{method} {path}: {retry_why} (after {} attempts)",
+                    attempt + 1
+                )));
+            }
+            tracing::warn!(%method, path, attempt, error = %retry_why, "remote service call failed; retrying");
+            metrics::counter!("sandpit_remote_retries_total").increment(1);
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+
+    /// `call` and decode a success body as `T`; an error status becomes an error with the
+    /// service's message.
+    async fn call_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+        idem: Option<&str>,
+        deadline: Instant,
+    ) -> Result<(StatusCode, Option<T>), ProviderError> {
+        let (status, bytes) = self
+            .call(method.clone(), path, body, idem, deadline)
+            .await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok((status, None));
+        }
+        if !status.is_success() {
+            let msg = serde_json::from_slice::<api::ApiError>(&bytes)
+                .map(|e| e.error)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into());
+            return Err(remote(format!("{method} {path}: HTTP {status}: {msg}")));
+        }
+        if bytes.is_empty() {
+            return Ok((status, None));
+        }
+        let v = serde_json::from_slice(&bytes)
+            .map_err(|e| remote(format!("{method} {path}: bad response: {e}")))?;
+        Ok((status, Some(v)))
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.cfg.fork_timeout
+    }
+
+    async fn get(&self, id: &str, deadline: Instant) -> Result<Option<Sandbox>, ProviderError> {
+        Ok(self
+            .call_json(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}"),
+                None,
+                None,
+                deadline,
+            )
+            .await?
+            .1)
+    }
+
+    /// Polls until the sandbox is ready (or failed, gone, or past the deadline).
+    async fn wait_ready(
+        &self,
+        mut sb: Sandbox,
+        deadline: Instant,
+    ) -> Result<Sandbox, ProviderError> {
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match sb.state {
+                SandboxState::Ready => return Ok(sb),
+                SandboxState::Failed => {
+                    return Err(remote(format!(
+                        "sandbox {} failed: {}",
+                        sb.id,
+                        sb.error.as_deref().unwrap_or("no reason given")
+                    )))
+                }
+                SandboxState::Creating => {}
+            }
+            if Instant::now() + pause >= deadline {
+                return Err(remote(format!(
+                    "sandbox {} not ready within {}s",
+                    sb.id,
+                    self.cfg.fork_timeout.as_secs()
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(2));
+            sb = self
+                .get(&sb.id, deadline)
+                .await?
+                .ok_or_else(|| ProviderError::NotFound(sb.id.clone()))?;
+        }
+    }
+
+    /// The backend of a ready sandbox.
+    fn backend(&self, sb: &Sandbox, method: &str) -> Result<Backend, ProviderError> {
+        let c = sb
+            .connection
+            .as_ref()
+            .ok_or_else(|| remote(format!("sandbox {} is ready but has no connection", sb.id)))?;
+        let offered = c
+            .sslmode
+            .as_deref()
+            .and_then(SslMode::parse)
+            .unwrap_or(SslMode::Disable);
+        let mode = if rank(offered) > rank(self.cfg.sslmode) {
+            offered
+        } else {
+            self.cfg.sslmode
+        };
+        let tls = match mode {
+            SslMode::Disable => None,
+            SslMode::Require => btls::for_host(&self.require, &c.host),
+            SslMode::VerifyFull => btls::for_host(&self.verify, &c.host),
+        };
+        Ok(Backend {
+            handle: sb.id.clone(),
+            target: BackendTarget {
+                endpoint: Endpoint {
+                    addr: BackendAddr::Tcp {
+                        host: c.host.clone(),
+                        port: c.port,
+                    },
+                    tls,
+                },
+                user: c.user.clone(),
+                database: c.database.clone(),
+                password: c.password.clone(),
+            },
+            method: method.to_string(),
+            netns: false,
+        })
+    }
+
+    async fn fork_inner(
+        &self,
+        tag: &BackendTag,
+        deadline: Instant,
+        made: &std::sync::Mutex<Option<String>>,
+    ) -> Result<Backend, ProviderError> {
+        let metadata = [
+            (api::META_OWNER, self.cfg.owner.as_str()),
+            (api::META_TOKEN, tag.token_id.as_str()),
+            (api::META_TASK, tag.task.as_str()),
+            (api::META_EXPIRES, tag.expires_at.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let body = json(&api::CreateSandbox {
+            golden: self.cfg.golden.clone(),
+            metadata,
+        })?;
+        let (_, sb) = self
+            .call_json::<Sandbox>(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(&body),
+                Some(&tag.token_id),
+                deadline,
+            )
+            .await?;
+        let sb = sb.ok_or_else(|| remote("create answered without a sandbox"))?;
+        if !api::valid_id(&sb.id) {
+            return Err(remote("create answered with a malformed sandbox id"));
+        }
+        let id = sb.id.clone();
+        *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
+        let result = async {
+            let left = OffsetDateTime::parse(
+                &tag.expires_at,
+                &time::format_description::well_known::Rfc3339,
+            )
+            .map(|t| (t - OffsetDateTime::now_utc()).whole_seconds().max(0) as u64)
+            .unwrap_or(0);
+            let ttl = json(&api::SetTtl {
+                ttl_seconds: left + self.cfg.ttl_grace.as_secs(),
+            })?;
+            self.call_json::<Sandbox>(
+                Method::PUT,
+                &format!("/v1/sandboxes/{id}/ttl"),
+                Some(&ttl),
+                None,
+                deadline,
+            )
+            .await?
+            .1
+            .ok_or_else(|| ProviderError::NotFound(id.clone()))?;
+            let sb = self.wait_ready(sb, deadline).await?;
+            self.backend(&sb, "remote")
+        }
+        .await;
+        if result.is_err() {
+            if let Err(e) = self.delete(&id).await {
+                tracing::warn!(sandbox = %id, error = %e, "deleting a half-made sandbox failed (its TTL will reap it)");
+            }
+        }
+        result
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), ProviderError> {
+        if !api::valid_id(id) {
+            return Err(ProviderError::NotFound(format!("invalid handle {id:?}")));
+        }
+        // Its own deadline: cleanup after a timed-out fork must still get its chance.
+        let deadline = Instant::now() + self.cfg.request_timeout * (self.cfg.retries + 1);
+        self.call_json::<serde_json::Value>(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            None,
+            None,
+            deadline,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+fn json<T: Serialize>(v: &T) -> Result<serde_json::Value, ProviderError> {
+    serde_json::to_value(v).map_err(|e| remote(format!("encoding request: {e}")))
+}
+
+impl Provider for RemoteProvider {
+    fn name(&self) -> &'static str {
+        "remote"
+    }
+
+    fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(async move {
+            let t0 = Instant::now();
+            let deadline = self.deadline();
+            // The outer bound covers what the inner checks cannot (a slow body, a stuck poll);
+            // a sandbox made before it fired is deleted here, since the inner cleanup was cut.
+            let made = std::sync::Mutex::new(None);
+            let inner = self.fork_inner(tag, deadline, &made);
+            let b = match tokio::time::timeout_at(deadline.into(), inner).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    let id = made.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    if let Some(id) = id {
+                        if let Err(e) = self.delete(&id).await {
+                            tracing::warn!(sandbox = %id, error = %e, "deleting a timed-out sandbox failed (its TTL will reap it)");
+                        }
+                    }
+                    return Err(remote(format!(
+                        "fork did not complete within {}s",
+                        self.cfg.fork_timeout.as_secs()
+                    )));
+                }
+            };
+            tracing::info!(handle = %b.handle, token = %tag.token_id,
+                elapsed_ms = t0.elapsed().as_millis() as u64, "sandbox forked");
+            Ok(b)
+        })
+    }
+
+    fn ensure_running<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(async move {
+            if !api::valid_id(handle) {
+                return Err(ProviderError::NotFound(format!(
+                    "invalid handle {handle:?}"
+                )));
+            }
+            let deadline = self.deadline();
+            let sb = self
+                .get(handle, deadline)
+                .await?
+                .ok_or_else(|| ProviderError::NotFound(handle.to_string()))?;
+            let sb = self.wait_ready(sb, deadline).await?;
+            self.backend(&sb, "adopted")
+        })
+    }
+
+    fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.delete(handle))
+    }
+
+    fn stop<'a>(&'a self, _handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        // The service owns the sandbox's life; its TTL is the backstop.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>> {
+        Box::pin(async move {
+            let label = format!("{}={}", api::META_OWNER, self.cfg.owner);
+            let path = format!("/v1/sandboxes?label={}", url_encode(&label));
+            let (_, list) = self
+                .call_json::<api::SandboxList>(Method::GET, &path, None, None, self.deadline())
+                .await?;
+            let mut out = Vec::new();
+            for sb in list.map(|l| l.sandboxes).unwrap_or_default() {
+                if !api::valid_id(&sb.id)
+                    || sb.metadata.get(api::META_OWNER) != Some(&self.cfg.owner)
+                {
+                    continue;
+                }
+                let m = &sb.metadata;
+                let tag = match (
+                    m.get(api::META_TOKEN),
+                    m.get(api::META_TASK),
+                    m.get(api::META_EXPIRES),
+                ) {
+                    (Some(t), Some(k), Some(e)) => Some(BackendTag {
+                        token_id: t.clone(),
+                        task: k.clone(),
+                        expires_at: e.clone(),
+                    }),
+                    _ => None,
+                };
+                out.push((sb.id, tag));
+            }
+            out.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok(out)
+        })
+    }
+
+    fn secrets(&self) -> Vec<String> {
+        vec![self.base.clone()]
+    }
+}
+
+/// Percent-encodes everything but unreserved characters (RFC 3986).
+fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_encoding_and_ids() {
+        assert_eq!(url_encode("sandpit.owner=a b"), "sandpit.owner%3Da%20b");
+        assert!(api::valid_id("sbx-1.a_b"));
+        assert!(!api::valid_id("../x"));
+        assert!(!api::valid_id(""));
+        assert!(!api::valid_id(".."));
+    }
+
+    #[tokio::test]
+    async fn unreachable_service_fails_fast_after_the_retries() {
+        // A port nothing listens on: connect errors, retried twice with backoff, then an error.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let p = RemoteProvider::new(RemoteConfig {
+            url: format!("http://127.0.0.1:{port}/"),
+            api_key: None,
+            golden: "g".into(),
+            owner: "o".into(),
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(2),
+            fork_timeout: Duration::from_secs(10),
+            retries: 2,
+            ttl_grace: Duration::from_secs(60),
+            sslmode: SslMode::Require,
+            ca_file: None,
+        })
+        .unwrap();
+        let tag = BackendTag {
+            token_id: "sp_x".into(),
+            task: "t".into(),
+            expires_at: "2030-01-01T00:00:00Z".into(),
+        };
+        let t0 = Instant::now();
+        let e = p.fork(&tag).await.unwrap_err().to_string();
+        assert!(e.contains("after 3 attempts"), "{e}");
+        // Backoff 200 ms + 400 ms between the three attempts.
+        assert!(
+            t0.elapsed() >= Duration::from_millis(600),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+}

@@ -1,0 +1,112 @@
+//! The sandbox service API the `remote` provider speaks (`docs/remote-provider.yaml`), as
+//! Rust types shared by the provider and the test server that implements it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Header that makes a retried create return the sandbox of the first attempt.
+pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+/// Metadata key: the gateway that made the sandbox (config `remote.owner`).
+pub const META_OWNER: &str = "sandpit.owner";
+/// Metadata key: token id.
+pub const META_TOKEN: &str = "sandpit.token";
+/// Metadata key: task name.
+pub const META_TASK: &str = "sandpit.task";
+/// Metadata key: token expiry, RFC 3339.
+pub const META_EXPIRES: &str = "sandpit.expires_at";
+
+/// `POST /v1/sandboxes`: fork the golden sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CreateSandbox {
+    /// Name of the golden sandbox to fork.
+    pub golden: String,
+    /// Free-form labels, returned as given and usable as a list filter.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// `PUT /v1/sandboxes/{id}/ttl`: the service deletes the sandbox this long from now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SetTtl {
+    /// Seconds from now.
+    pub ttl_seconds: u64,
+}
+
+/// Lifecycle state of a sandbox.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Being forked; poll until ready.
+    Creating,
+    /// Accepting connections.
+    Ready,
+    /// The fork failed; `error` says why. Delete it.
+    Failed,
+}
+
+/// How to reach a ready sandbox with the Postgres protocol.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Connection {
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Role to log in as (never a superuser).
+    pub user: String,
+    /// Its password; absent when the service authenticates otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Database name.
+    pub database: String,
+    /// What the sandbox offers: "disable", "require" or "verify-full".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sslmode: Option<String>,
+}
+
+/// A sandbox as the service reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sandbox {
+    /// Service-assigned id: `[A-Za-z0-9._-]{1,128}`.
+    pub id: String,
+    /// Golden it was forked from.
+    pub golden: String,
+    /// State.
+    pub state: SandboxState,
+    /// Labels given at creation.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// When the service will delete it (RFC 3339), once a TTL is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
+    /// Present when `state` is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection: Option<Connection>,
+    /// Present when `state` is failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /v1/sandboxes?label=key=value`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxList {
+    /// Matching sandboxes.
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// Body of every 4xx/5xx answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    /// What went wrong, for a person.
+    pub error: String,
+}
+
+/// Whether `id` is a well-formed sandbox id (safe in a URL path and a log line).
+pub fn valid_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && id != "."
+        && id != ".."
+}

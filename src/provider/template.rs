@@ -1,0 +1,618 @@
+//! The `template` provider: scratch databases on a Postgres server you already run. A fork is
+//! `CREATE DATABASE <token> TEMPLATE <golden> OWNER <token>` plus a login role of its own
+//! (named like the database), whose password the gateway derives from a key it keeps; the
+//! golden's objects are handed to that role with `REASSIGN OWNED` inside the new database.
+//! Each scratch database carries its tag as a database comment, so `list()` finds them.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio_postgres::config::Host;
+use tokio_postgres::{Client, NoTls};
+
+use super::tls::{self as btls, SslMode};
+use super::{
+    Backend, BackendAddr, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError,
+};
+use crate::proxy::backend_stream;
+
+/// Marker in the comment of a golden this provider built; bump to rebuild goldens.
+const GOLDEN_FORMAT: &str = "sandpit-template-golden-v1";
+/// Default owner role of the objects of a golden built from SQL.
+pub const DEFAULT_GOLDEN_OWNER: &str = "sandpit_golden_owner";
+
+/// Settings of the `template` provider.
+#[derive(Debug, Clone)]
+pub struct TemplateConfig {
+    /// libpq-style DSN of a role that may create databases and roles (tested: a superuser).
+    pub admin_dsn: String,
+    /// Name of the golden database.
+    pub golden: String,
+    /// SQL file to build the golden from; None = the golden database exists already.
+    pub golden_sql: Option<PathBuf>,
+    /// Role owning the golden's objects; default: `sandpit_golden_owner` for a built golden,
+    /// else the owner of the golden database.
+    pub golden_owner: Option<String>,
+    /// TLS towards the server (admin and task connections); None = the DSN's `sslmode`.
+    pub sslmode: Option<SslMode>,
+    /// CA file to verify the server with.
+    pub ca_file: Option<PathBuf>,
+    /// File holding the key task-role passwords are derived from (created, mode 0600).
+    pub key_file: PathBuf,
+}
+
+/// What a scratch database's comment holds.
+#[derive(Debug, Serialize, Deserialize)]
+struct Comment {
+    sandpit: String,
+    #[serde(flatten)]
+    tag: BackendTag,
+}
+
+/// Forks are databases cloned from a golden database on one shared server.
+pub struct TemplateProvider {
+    admin: tokio_postgres::Config,
+    admin_db: String,
+    endpoint: Endpoint,
+    golden: String,
+    owner: String,
+    key: Vec<u8>,
+    secrets: Vec<String>,
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+fn tpl(e: impl std::fmt::Display) -> ProviderError {
+    ProviderError::Template(e.to_string())
+}
+
+/// A database error with its SQLSTATE and message (tokio-postgres' Display says only "db error").
+fn pg_err(what: &str, e: tokio_postgres::Error) -> ProviderError {
+    match e.as_db_error() {
+        Some(db) => ProviderError::Template(format!(
+            "{what}: {} (SQLSTATE {})",
+            db.message(),
+            db.code().code()
+        )),
+        None => ProviderError::Template(format!("{what}: {e}")),
+    }
+}
+
+/// `"name"` with embedded quotes doubled.
+pub fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// An `E'…'` literal, correct whatever `standard_conforming_strings` is.
+fn quote_literal(s: &str) -> String {
+    format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// Handles are token ids: `sp_` + lowercase base32, safe as identifiers and file names.
+fn validate_handle(h: &str) -> Result<(), ProviderError> {
+    let ok = h.len() <= 63
+        && h.starts_with("sp_")
+        && h.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ProviderError::NotFound(format!("invalid handle {h:?}")))
+    }
+}
+
+fn load_key(path: &Path) -> Result<Vec<u8>, ProviderError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read_to_string(path) {
+        Ok(s) => return hex::decode(s.trim()).map_err(|e| tpl(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    let mut key = [0u8; 32];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut key);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(hex::encode(key).as_bytes())?;
+    f.sync_all()?;
+    Ok(key.to_vec())
+}
+
+impl TemplateProvider {
+    /// Connects as admin, checks (or builds) the golden and its owner role.
+    pub async fn new(cfg: TemplateConfig) -> Result<Self, ProviderError> {
+        let admin: tokio_postgres::Config = cfg
+            .admin_dsn
+            .parse()
+            .map_err(|e| tpl(format!("template.admin_dsn: {e}")))?;
+        let user = admin
+            .get_user()
+            .ok_or_else(|| tpl("template.admin_dsn names no user"))?
+            .to_string();
+        let port = admin.get_ports().first().copied().unwrap_or(5432);
+        let sslmode = cfg.sslmode.unwrap_or(match admin.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Require => SslMode::Require,
+            _ => SslMode::Disable,
+        });
+        let tls_cfg = btls::client_config(sslmode, cfg.ca_file.as_deref())?;
+        let mut secrets = vec![user.clone()];
+        let endpoint = match admin.get_hosts().first() {
+            Some(Host::Tcp(h)) => {
+                secrets.push(h.clone());
+                Endpoint {
+                    addr: BackendAddr::Tcp {
+                        host: h.clone(),
+                        port,
+                    },
+                    tls: btls::for_host(&tls_cfg, h),
+                }
+            }
+            Some(Host::Unix(dir)) => {
+                secrets.push(dir.display().to_string());
+                Endpoint::unix(dir.join(format!(".s.PGSQL.{port}")))
+            }
+            None => return Err(tpl("template.admin_dsn names no host")),
+        };
+        let admin_db = admin.get_dbname().unwrap_or(&user).to_string();
+        let key = load_key(&cfg.key_file)?;
+        let mut p = TemplateProvider {
+            admin,
+            admin_db,
+            endpoint,
+            golden: cfg.golden.clone(),
+            owner: String::new(),
+            key,
+            secrets,
+        };
+        let c = p.connect(None).await?;
+        p.owner = match &cfg.golden_sql {
+            Some(sql) => {
+                let owner = cfg
+                    .golden_owner
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_GOLDEN_OWNER.into());
+                p.ensure_golden(&c, sql, &owner).await?;
+                owner
+            }
+            None => {
+                p.check_existing_golden(&c, cfg.golden_owner.as_deref())
+                    .await?
+            }
+        };
+        p.check_owner_shared_objects(&c).await?;
+        let busy: i64 = c
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                &[&p.golden],
+            )
+            .await
+            .map_err(|e| pg_err("reading pg_stat_activity", e))?
+            .get(0);
+        if busy > 0 {
+            tracing::warn!(golden = %p.golden, connections = busy,
+                "the golden database has open connections; forks fail until they are closed");
+        }
+        tracing::info!(golden = %p.golden, owner = %p.owner, "template provider ready");
+        Ok(p)
+    }
+
+    /// An admin session on `db` (default: the DSN's database), over our own socket so that
+    /// TLS follows `sslmode` exactly as task connections do.
+    async fn connect(&self, db: Option<&str>) -> Result<Client, ProviderError> {
+        let stream = backend_stream::open(&self.endpoint)
+            .await
+            .map_err(|e| tpl(format!("connecting as admin: {e}")))?;
+        let mut cfg = self.admin.clone();
+        cfg.dbname(db.unwrap_or(&self.admin_db))
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
+        let (client, conn) = cfg
+            .connect_raw(stream, NoTls)
+            .await
+            .map_err(|e| pg_err("admin login", e))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "admin connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// The password of a task role: HMAC of its name under the provider key, so it is never
+    /// stored anywhere and survives gateway restarts.
+    fn password(&self, role: &str) -> String {
+        let mut m = <HmacSha256 as Mac>::new_from_slice(&self.key).expect("HMAC takes any key");
+        m.update(role.as_bytes());
+        URL_SAFE_NO_PAD.encode(m.finalize().into_bytes())
+    }
+
+    fn backend(&self, handle: &str, method: &str) -> Backend {
+        Backend {
+            handle: handle.to_string(),
+            target: BackendTarget {
+                endpoint: self.endpoint.clone(),
+                user: handle.to_string(),
+                database: handle.to_string(),
+                password: Some(self.password(handle)),
+            },
+            method: method.to_string(),
+            netns: false,
+        }
+    }
+
+    /// Builds the golden from SQL unless a golden built from the same SQL exists.
+    async fn ensure_golden(
+        &self,
+        c: &Client,
+        sql: &Path,
+        owner: &str,
+    ) -> Result<(), ProviderError> {
+        let text = std::fs::read_to_string(sql)
+            .map_err(|e| ProviderError::Golden(format!("reading {}: {e}", sql.display())))?;
+        let mut h = Sha256::new();
+        h.update(text.as_bytes());
+        h.update(GOLDEN_FORMAT.as_bytes());
+        let want = format!("{GOLDEN_FORMAT}:{}", &hex::encode(h.finalize())[..16]);
+        // One builder at a time, across gateway replicas sharing the server.
+        let lock_id = i64::from_be_bytes(
+            Sha256::digest(self.golden.as_bytes())[..8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        );
+        c.execute("SELECT pg_advisory_lock($1)", &[&lock_id])
+            .await
+            .map_err(|e| pg_err("locking the golden build", e))?;
+        let result = self.build_if_needed(c, &text, &want, owner).await;
+        let _ = c
+            .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
+            .await;
+        result
+    }
+
+    async fn build_if_needed(
+        &self,
+        c: &Client,
+        sql: &str,
+        want: &str,
+        owner: &str,
+    ) -> Result<(), ProviderError> {
+        let g = quote_ident(&self.golden);
+        let row = c
+            .query_opt(
+                "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
+                &[&self.golden],
+            )
+            .await
+            .map_err(|e| pg_err("looking up the golden", e))?;
+        if let Some(row) = row {
+            let comment: Option<String> = row.get(0);
+            match comment.as_deref() {
+                Some(have) if have == want => return Ok(()),
+                Some(have) if have.starts_with("sandpit-template-golden") => {
+                    tracing::info!(golden = %self.golden, "golden SQL changed; rebuilding the golden database");
+                    let sqls = [
+                        format!("ALTER DATABASE {g} IS_TEMPLATE false"),
+                        format!("DROP DATABASE {g} WITH (FORCE)"),
+                    ];
+                    for s in sqls {
+                        c.batch_execute(&s).await.map_err(|e| pg_err("dropping the old golden", e))?;
+                    }
+                }
+                _ => {
+                    return Err(ProviderError::Golden(format!(
+                        "database {:?} exists and was not built by sandpit; unset the golden SQL to use it as it is, or name another template.golden",
+                        self.golden
+                    )))
+                }
+            }
+        }
+        let t0 = Instant::now();
+        let o = quote_ident(owner);
+        let exists = c
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&owner])
+            .await
+            .map_err(|e| pg_err("looking up the golden owner", e))?
+            .is_some();
+        if !exists {
+            c.batch_execute(&format!(
+                "CREATE ROLE {o} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
+            ))
+            .await
+            .map_err(|e| pg_err("creating the golden owner role", e))?;
+        }
+        // Marked as ours before anything else, so a half-built golden is rebuilt, not refused.
+        for s in [
+            format!("CREATE DATABASE {g}"),
+            format!(
+                "COMMENT ON DATABASE {g} IS {}",
+                quote_literal(&format!("{GOLDEN_FORMAT}:building"))
+            ),
+            format!("REVOKE ALL ON DATABASE {g} FROM PUBLIC"),
+        ] {
+            c.batch_execute(&s)
+                .await
+                .map_err(|e| pg_err("creating the golden", e))?;
+        }
+        let gc = self.connect(Some(&self.golden)).await?;
+        gc.batch_execute(&format!("ALTER SCHEMA public OWNER TO {o}; SET ROLE {o}"))
+            .await
+            .map_err(|e| pg_err("preparing the golden", e))?;
+        gc.batch_execute(sql)
+            .await
+            .map_err(|e| pg_err("running the golden SQL", e))?;
+        gc.batch_execute("RESET ROLE")
+            .await
+            .map_err(|e| pg_err("golden", e))?;
+        gc.batch_execute("VACUUM ANALYZE")
+            .await
+            .map_err(|e| pg_err("vacuuming the golden", e))?;
+        drop(gc);
+        // No connections, ever: CREATE DATABASE … TEMPLATE refuses a golden in use.
+        for s in [
+            format!("COMMENT ON DATABASE {g} IS {}", quote_literal(want)),
+            format!("ALTER DATABASE {g} IS_TEMPLATE true ALLOW_CONNECTIONS false"),
+        ] {
+            c.batch_execute(&s)
+                .await
+                .map_err(|e| pg_err("sealing the golden", e))?;
+        }
+        tracing::info!(golden = %self.golden, elapsed_ms = t0.elapsed().as_millis() as u64, "golden database built");
+        Ok(())
+    }
+
+    /// An existing golden: it must exist; its objects' owner is configured or its owner.
+    async fn check_existing_golden(
+        &self,
+        c: &Client,
+        owner: Option<&str>,
+    ) -> Result<String, ProviderError> {
+        let row = c
+            .query_opt(
+                "SELECT pg_get_userbyid(datdba)::text, datallowconn FROM pg_database WHERE datname = $1",
+                &[&self.golden],
+            )
+            .await
+            .map_err(|e| pg_err("looking up the golden", e))?
+            .ok_or_else(|| {
+                ProviderError::Golden(format!(
+                    "golden database {:?} does not exist (set template.golden_sql to build it)",
+                    self.golden
+                ))
+            })?;
+        let dba: String = row.get(0);
+        let allow: bool = row.get(1);
+        if allow {
+            tracing::warn!(golden = %self.golden, "the golden accepts connections; any open one makes forks fail (ALTER DATABASE … ALLOW_CONNECTIONS false prevents that)");
+        }
+        Ok(owner.map(str::to_string).unwrap_or(dba))
+    }
+
+    /// `REASSIGN OWNED` also moves shared objects (databases, tablespaces): refuse an owner
+    /// that has any, or the first fork would take them.
+    async fn check_owner_shared_objects(&self, c: &Client) -> Result<(), ProviderError> {
+        let row = c
+            .query_one(
+                "SELECT r.rolsuper, \
+                   (SELECT string_agg(datname, ', ') FROM pg_database WHERE datdba = r.oid) \
+                   || coalesce(', ' || (SELECT string_agg(spcname, ', ') FROM pg_tablespace WHERE spcowner = r.oid), '') \
+                 FROM pg_roles r WHERE r.rolname = $1",
+                &[&self.owner],
+            )
+            .await
+            .map_err(|e| pg_err("checking the golden owner", e))?;
+        let superuser: bool = row.get(0);
+        let shared: Option<String> = row.get(1);
+        if superuser {
+            return Err(ProviderError::Golden(format!(
+                "the golden's objects are owned by superuser {:?}; give them to an ordinary role and set template.golden_owner",
+                self.owner
+            )));
+        }
+        if let Some(s) = shared.filter(|s| !s.is_empty()) {
+            return Err(ProviderError::Golden(format!(
+                "golden owner {:?} owns {s}; every fork reassigns what that role owns to the task role, so make another role own them (e.g. ALTER DATABASE … OWNER TO the admin role)",
+                self.owner
+            )));
+        }
+        Ok(())
+    }
+
+    async fn fork_inner(&self, tag: &BackendTag) -> Result<(), ProviderError> {
+        let h = tag.token_id.as_str();
+        let q = quote_ident(h);
+        let g = quote_ident(&self.golden);
+        let c = self.connect(None).await?;
+        // The verifier, not the password, goes over the wire and into any server log.
+        let verifier = postgres_protocol::password::scram_sha_256(self.password(h).as_bytes());
+        c.batch_execute(&format!(
+            "CREATE ROLE {q} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD {}",
+            quote_literal(&verifier)
+        ))
+        .await
+        .map_err(|e| pg_err("creating the task role", e))?;
+        if let Err(e) = c
+            .batch_execute(&format!("CREATE DATABASE {q} TEMPLATE {g} OWNER {q}"))
+            .await
+        {
+            if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE) {
+                return Err(ProviderError::Fork(format!(
+                    "the golden database {:?} is being accessed by other users; CREATE DATABASE … TEMPLATE needs it free of connections: close them (see pg_stat_activity) and keep them away with ALTER DATABASE … ALLOW_CONNECTIONS false",
+                    self.golden
+                )));
+            }
+            return Err(pg_err("CREATE DATABASE … TEMPLATE", e));
+        }
+        let comment = serde_json::to_string(&Comment {
+            sandpit: "template".into(),
+            tag: tag.clone(),
+        })
+        .map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
+        c.batch_execute(&format!(
+            "REVOKE ALL ON DATABASE {q} FROM PUBLIC; COMMENT ON DATABASE {q} IS {}",
+            quote_literal(&comment)
+        ))
+        .await
+        .map_err(|e| pg_err("tagging the scratch database", e))?;
+        let dc = self.connect(Some(h)).await?;
+        // Checked again right before: a shared object owned by the golden owner would move too.
+        let shared: i64 = dc
+            .query_one(
+                "SELECT (SELECT count(*) FROM pg_database d JOIN pg_roles r ON r.oid = d.datdba WHERE r.rolname = $1) \
+                      + (SELECT count(*) FROM pg_tablespace t JOIN pg_roles r ON r.oid = t.spcowner WHERE r.rolname = $1)",
+                &[&self.owner],
+            )
+            .await
+            .map_err(|e| pg_err("checking the golden owner", e))?
+            .get(0);
+        if shared > 0 {
+            return Err(ProviderError::Fork(format!(
+                "golden owner {:?} now owns a database or tablespace; refusing to REASSIGN OWNED",
+                self.owner
+            )));
+        }
+        dc.batch_execute(&format!(
+            "REASSIGN OWNED BY {} TO {q}",
+            quote_ident(&self.owner)
+        ))
+        .await
+        .map_err(|e| pg_err("REASSIGN OWNED", e))?;
+        Ok(())
+    }
+
+    async fn destroy_inner(&self, h: &str) -> Result<(), ProviderError> {
+        validate_handle(h)?;
+        let q = quote_ident(h);
+        let c = self.connect(None).await?;
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {q} WITH (FORCE)"))
+            .await
+            .map_err(|e| pg_err("dropping the scratch database", e))?;
+        c.batch_execute(&format!("DROP ROLE IF EXISTS {q}"))
+            .await
+            .map_err(|e| pg_err("dropping the task role", e))?;
+        tracing::debug!(handle = h, "scratch database destroyed");
+        Ok(())
+    }
+}
+
+impl Provider for TemplateProvider {
+    fn name(&self) -> &'static str {
+        "template"
+    }
+
+    fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(async move {
+            let t0 = Instant::now();
+            validate_handle(&tag.token_id)?;
+            if let Err(e) = self.fork_inner(tag).await {
+                if let Err(e2) = self.destroy_inner(&tag.token_id).await {
+                    tracing::warn!(handle = %tag.token_id, error = %e2, "cleanup after failed fork");
+                }
+                return Err(e);
+            }
+            tracing::info!(handle = %tag.token_id, elapsed_ms = t0.elapsed().as_millis() as u64, "database forked");
+            Ok(self.backend(&tag.token_id, "template"))
+        })
+    }
+
+    fn ensure_running<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(async move {
+            validate_handle(handle)?;
+            let c = self.connect(None).await?;
+            let found = c
+                .query_opt(
+                    "SELECT 1 FROM pg_database d JOIN pg_roles r ON r.rolname = d.datname WHERE d.datname = $1",
+                    &[&handle],
+                )
+                .await
+                .map_err(|e| pg_err("looking up the scratch database", e))?;
+            match found {
+                Some(_) => Ok(self.backend(handle, "adopted")),
+                None => Err(ProviderError::NotFound(handle.to_string())),
+            }
+        })
+    }
+
+    fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.destroy_inner(handle))
+    }
+
+    fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        // The server is shared and stays up; the gateway ends the sessions itself.
+        Box::pin(async move { validate_handle(handle) })
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>> {
+        Box::pin(async move {
+            let c = self.connect(None).await?;
+            let rows = c
+                .query(
+                    "SELECT datname::text, shobj_description(oid, 'pg_database') FROM pg_database \
+                     WHERE datname LIKE 'sp\\_%' ORDER BY 1",
+                    &[],
+                )
+                .await
+                .map_err(|e| pg_err("listing scratch databases", e))?;
+            let mut out = Vec::new();
+            for r in rows {
+                let name: String = r.get(0);
+                // Only names shaped like token ids: other `sp_` databases are not ours to reap.
+                if !crate::auth::is_token_id(&name) {
+                    continue;
+                }
+                let comment: Option<String> = r.get(1);
+                let tag = comment
+                    .and_then(|c| serde_json::from_str::<Comment>(&c).ok())
+                    .filter(|c| c.sandpit == "template")
+                    .map(|c| c.tag);
+                out.push((name, tag));
+            }
+            Ok(out)
+        })
+    }
+
+    fn secrets(&self) -> Vec<String> {
+        self.secrets.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_and_handles() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(quote_literal("it's \\x"), "E'it''s \\\\x'");
+        assert!(validate_handle("sp_abc234").is_ok());
+        assert!(validate_handle("postgres").is_err());
+        assert!(validate_handle("sp_A").is_err());
+        assert!(validate_handle("sp_a;drop").is_err());
+    }
+
+    #[test]
+    fn comment_round_trips_the_tag() {
+        let tag = BackendTag {
+            token_id: "sp_x".into(),
+            task: "t".into(),
+            expires_at: "2030-01-01T00:00:00Z".into(),
+        };
+        let s = serde_json::to_string(&Comment {
+            sandpit: "template".into(),
+            tag: tag.clone(),
+        })
+        .unwrap();
+        let back: Comment = serde_json::from_str(&s).unwrap();
+        assert_eq!(back.tag, tag);
+        assert!(s.contains("\"token_id\":\"sp_x\""), "{s}");
+    }
+}
