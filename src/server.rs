@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::control::{self, ApiState};
-use crate::lifecycle::Gateway;
+use crate::lifecycle::{janitor, Gateway};
 use crate::provider::instance::{InstanceConfig, InstanceProvider};
 use crate::proxy::{tls, Proxy};
 use crate::registry::Registry;
@@ -163,11 +163,27 @@ pub async fn run(
             source,
         })?;
 
+    let gateway_id = janitor::gateway_id(&data_dir).map_err(|source| ServeError::DataDir {
+        path: data_dir.join(janitor::GATEWAY_ID_FILE),
+        source,
+    })?;
     let mut cfg = cfg;
     cfg.data_dir = data_dir;
     cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
-    let gw = Gateway::new(cfg, registry, Arc::new(provider));
+    let gw = Gateway::with_id(cfg, registry, Arc::new(provider), gateway_id);
     gw.resume().await;
+    // Before `ready`: whatever an earlier (killed) run left behind is settled first.
+    match janitor::run_pass(&gw, false).await {
+        Ok(r) => tracing::info!(
+            backends = r.backends,
+            kept = r.kept,
+            reaped = r.reaped.len(),
+            vanished = r.vanished.len(),
+            "janitor pass at start"
+        ),
+        Err(e) => tracing::warn!(error = %e, "janitor pass at start failed"),
+    }
+    let janitor_task = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
 
     let proxy = Proxy::new(gw.clone(), tls);
     let pg_task = tokio::spawn(proxy.serve(pg_listener, stop.clone()));
@@ -200,7 +216,23 @@ pub async fn run(
         }
     }
     tracing::info!("shutting down");
+    // The listener is closed once this returns: new connections are refused from here on.
     let _ = pg_task.await;
+    // A pass in progress finishes (it may be destroying a backend); the loop then sees `stop`.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), janitor_task).await;
+    let grace = gw.config.shutdown_grace;
+    let open = gw.session_count();
+    if open > 0 && !grace.is_zero() {
+        tracing::info!(
+            sessions = open,
+            grace_ms = grace.as_millis() as u64,
+            "waiting for open sessions"
+        );
+        let deadline = tokio::time::Instant::now() + grace;
+        while gw.session_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
     gw.shutdown().await;
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

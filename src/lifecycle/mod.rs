@@ -1,6 +1,8 @@
 //! The life of a token: issue, lazy single-flight fork, TTL expiry, revoke. Ending a token
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
+pub mod janitor;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -146,6 +148,10 @@ pub struct Gateway {
     pub provider: Arc<dyn Provider>,
     runtimes: DashMap<String, Arc<TokenRuntime>>,
     secrets: Vec<String>,
+    /// Stable id of this gateway's data dir, written into every backend's tag.
+    gateway_id: String,
+    /// One janitor pass at a time (scheduled or asked for over the API).
+    janitor_lock: Mutex<()>,
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {
@@ -156,6 +162,16 @@ fn rfc3339(t: OffsetDateTime) -> String {
 impl Gateway {
     /// Assemble the gateway state.
     pub fn new(config: Config, registry: Registry, provider: Arc<dyn Provider>) -> Arc<Gateway> {
+        Self::with_id(config, registry, provider, String::new())
+    }
+
+    /// Assemble the gateway state with the id that tags its backends (see `janitor::gateway_id`).
+    pub fn with_id(
+        config: Config,
+        registry: Registry,
+        provider: Arc<dyn Provider>,
+        gateway_id: String,
+    ) -> Arc<Gateway> {
         let secrets = provider.secrets();
         Arc::new(Gateway {
             config,
@@ -163,7 +179,22 @@ impl Gateway {
             provider,
             runtimes: DashMap::new(),
             secrets,
+            gateway_id,
+            janitor_lock: Mutex::new(()),
         })
+    }
+
+    /// The id written into every backend's tag.
+    pub fn gateway_id(&self) -> &str {
+        &self.gateway_id
+    }
+
+    /// Sessions open now, over all tokens.
+    pub fn session_count(&self) -> u32 {
+        self.runtimes
+            .iter()
+            .map(|r| r.sessions.load(Ordering::Acquire))
+            .sum()
     }
 
     /// Strings that must never reach a client.
@@ -282,10 +313,15 @@ impl Gateway {
     }
 
     /// At start: schedule expiry for every usable token; end the ones whose TTL passed while
-    /// the gateway was down.
+    /// the gateway was down (right here, so their backends are gone before `serve` is ready).
     pub async fn resume(self: &Arc<Self>) {
+        let now = OffsetDateTime::now_utc();
         for rec in self.registry.list() {
-            if rec.state.is_usable() {
+            if rec.state.is_usable() && rec.expires_at <= now {
+                if let Err(e) = self.end(&rec.id, EndReason::Expired).await {
+                    tracing::warn!(token = %rec.id, error = %e, "expiring token at start failed");
+                }
+            } else if rec.state.is_usable() {
                 self.schedule_expiry(&rec);
             } else if rec.backend.is_some() {
                 // Ended earlier but its backend outlived a crash: finish the job.
@@ -305,6 +341,7 @@ impl Gateway {
             return Err(rec.caps.max_connections);
         }
         metrics::gauge!("sandpit_sessions").increment(1.0);
+        metrics::counter!("sandpit_sessions_total").increment(1);
         Ok(SessionSlot(rt))
     }
 
@@ -341,6 +378,7 @@ impl Gateway {
             token_id: rec.id.clone(),
             task: rec.task.clone(),
             expires_at: rfc3339(rec.expires_at),
+            gateway_id: self.gateway_id.clone(),
         };
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
@@ -383,6 +421,12 @@ impl Gateway {
             return Ok(false);
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");
+        let why = if reason == EndReason::Expired {
+            "expired"
+        } else {
+            "revoked"
+        };
+        metrics::counter!("sandpit_tokens_ended_total", "reason" => why).increment(1);
         self.runtime(id).ended.send_replace(Some(reason));
         self.destroy_backend(id).await?;
         Ok(true)
@@ -395,9 +439,10 @@ impl Gateway {
         if let Some(h) = handle {
             self.provider.destroy(&h).await?;
             metrics::counter!("sandpit_destroys_total").increment(1);
-            if slot.take().is_some() {
-                metrics::gauge!("sandpit_backends").decrement(1.0);
-            }
+            // The gauge counts backends that exist, running or stopped, so a backend known
+            // from before a restart counts too (the janitor sets it from the provider's list).
+            metrics::gauge!("sandpit_backends").decrement(1.0);
+            slot.take();
             self.registry.update(id, |r| r.backend = None)?;
         }
         Ok(())
@@ -414,14 +459,20 @@ impl Gateway {
         for (_, rt) in &rts {
             rt.ended.send_replace(Some(EndReason::Shutdown));
         }
+        // In parallel: each stop waits for its server's shutdown checkpoint.
+        let mut stops = tokio::task::JoinSet::new();
         for (id, rt) in rts {
-            let mut slot = rt.backend.lock().await;
-            if let Some(b) = slot.take() {
-                if let Err(e) = self.provider.stop(&b.handle).await {
-                    tracing::warn!(token = %id, error = %e, "stopping backend failed");
+            let provider = self.provider.clone();
+            stops.spawn(async move {
+                let mut slot = rt.backend.lock().await;
+                if let Some(b) = slot.take() {
+                    if let Err(e) = provider.stop(&b.handle).await {
+                        tracing::warn!(token = %id, error = %e, "stopping backend failed");
+                    }
                 }
-            }
+            });
         }
+        while stops.join_next().await.is_some() {}
     }
 }
 

@@ -23,6 +23,10 @@ pub struct BackendTag {
     pub task: String,
     /// Expiry of the token, RFC 3339.
     pub expires_at: String,
+    /// Id of the gateway (its data dir's `gateway.id`) that made the backend; empty in tags
+    /// written before it existed.
+    #[serde(default)]
+    pub gateway_id: String,
 }
 
 /// How the gateway reaches a running backend.
