@@ -190,7 +190,7 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
             )],
             {
                 // Counted at render time, so the gauge is never stale.
-                janitor::refresh_token_gauges(&s.gw);
+                janitor::refresh_gauges(&s.gw);
                 h.render()
             },
         )

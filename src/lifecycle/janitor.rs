@@ -131,10 +131,14 @@ fn verdict(rec: Option<&TokenRecord>, handle: &str, now: OffsetDateTime) -> Verd
     }
 }
 
-/// Sets `sandpit_tokens{state}` from the registry.
-pub fn refresh_token_gauges(gw: &Gateway) {
+/// Sets `sandpit_tokens{state}` and `sandpit_backends` from the registry, which survives
+/// restarts: backends are the ones recorded for a token (each janitor pass makes that what
+/// exists, so a count of leftovers is never hidden for longer than one interval).
+pub fn refresh_gauges(gw: &Gateway) {
     let mut counts = [0u64; 4];
+    let mut backends = 0u64;
     for r in gw.registry.list() {
+        backends += u64::from(r.backend.is_some());
         let i = match r.state {
             TokenState::Issued => 0,
             TokenState::Live => 1,
@@ -146,6 +150,7 @@ pub fn refresh_token_gauges(gw: &Gateway) {
     for (state, n) in ["issued", "live", "expired", "revoked"].iter().zip(counts) {
         metrics::gauge!("sandpit_tokens", "state" => *state).set(n as f64);
     }
+    metrics::gauge!("sandpit_backends").set(backends as f64);
 }
 
 /// Runs one pass. A dry run only reports. Errors listing backends end the pass; errors on
@@ -178,24 +183,19 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             });
             continue;
         }
-        let reason = match verdict(rec.as_ref(), handle, now) {
-            Verdict::Keep => {
-                report.kept += 1;
-                continue;
-            }
-            Verdict::Reap(r) => r,
-        };
+        // A first look without locks; `reap_one` decides again under the token's lock.
+        if let Verdict::Keep = verdict(rec.as_ref(), handle, now) {
+            report.kept += 1;
+            continue;
+        }
         let reaped = |reason| Reaped {
             handle: handle.clone(),
             token: tag.token_id.clone(),
             task: tag.task.clone(),
             reason,
         };
-        if dry_run {
-            report.reaped.push(reaped(reason));
-            continue;
-        }
-        match reap_one(gw, handle, &tag.token_id, rec.is_some()).await {
+        match reap_one(gw, handle, &tag.token_id, rec.is_some(), dry_run).await {
+            Ok(Some(reason)) if dry_run => report.reaped.push(reaped(reason)),
             Ok(Some(reason)) => {
                 tracing::info!(token = %tag.token_id, task = %tag.task, handle = %handle,
                     reason = reason.as_str(), "janitor destroyed backend");
@@ -236,12 +236,7 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         if !report.errors.is_empty() {
             metrics::counter!("sandpit_janitor_errors_total").increment(report.errors.len() as u64);
         }
-        // Absolute, so the gauge is right after a restart and whatever drifted before.
-        match gw.provider.list().await {
-            Ok(l) => metrics::gauge!("sandpit_backends").set(l.len() as f64),
-            Err(e) => report.errors.push(format!("listing backends: {e}")),
-        }
-        refresh_token_gauges(gw);
+        refresh_gauges(gw);
     }
     if report.reaped.is_empty() && report.vanished.is_empty() && report.errors.is_empty() {
         tracing::debug!(
@@ -268,16 +263,21 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
     Ok(report)
 }
 
-/// Destroys one backend if, checked again under the token's backend mutex, it still is not a
-/// valid token's recorded backend. Returns the reason, or None when it turned out to be kept.
+/// Destroys one backend if, checked again under the token's backend mutex (so after any fork
+/// in progress has recorded its handle), it still is not a valid token's recorded backend.
+/// Returns the reason, or None when it turned out to be kept. A dry run changes nothing.
 async fn reap_one(
     gw: &Arc<Gateway>,
     handle: &str,
     token: &str,
     known: bool,
+    dry_run: bool,
 ) -> Result<Option<ReapReason>, LifecycleError> {
     if !known {
         // No fork can run for a token the registry does not know.
+        if dry_run {
+            return Ok(Some(ReapReason::Unknown));
+        }
         gw.provider.destroy(handle).await?;
         count_destroy();
         return Ok(Some(ReapReason::Unknown));
@@ -286,7 +286,7 @@ async fn reap_one(
         .registry
         .get(token)
         .is_some_and(|r| r.state.is_usable() && r.expires_at <= OffsetDateTime::now_utc());
-    if expired_unmarked {
+    if expired_unmarked && !dry_run {
         // Ending it like its timer would also ends its sessions with the reason.
         gw.end(token, EndReason::Expired).await?;
     }
@@ -297,6 +297,9 @@ async fn reap_one(
         Verdict::Keep => return Ok(None),
         Verdict::Reap(r) => r,
     };
+    if dry_run {
+        return Ok(Some(reason));
+    }
     gw.provider.destroy(handle).await?;
     count_destroy();
     if rec.and_then(|r| r.backend).as_deref() == Some(handle) {
@@ -308,7 +311,6 @@ async fn reap_one(
 
 fn count_destroy() {
     metrics::counter!("sandpit_destroys_total").increment(1);
-    metrics::gauge!("sandpit_backends").decrement(1.0);
 }
 
 /// Forgets a token's recorded backend that no longer exists. Checked again under the token's

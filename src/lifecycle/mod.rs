@@ -386,7 +386,6 @@ impl Gateway {
         metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
             .record(took.as_secs_f64());
-        metrics::gauge!("sandpit_backends").increment(1.0);
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
         let handle = b.handle.clone();
         self.registry.update(id, |r| {
@@ -439,9 +438,6 @@ impl Gateway {
         if let Some(h) = handle {
             self.provider.destroy(&h).await?;
             metrics::counter!("sandpit_destroys_total").increment(1);
-            // The gauge counts backends that exist, running or stopped, so a backend known
-            // from before a restart counts too (the janitor sets it from the provider's list).
-            metrics::gauge!("sandpit_backends").decrement(1.0);
             slot.take();
             self.registry.update(id, |r| r.backend = None)?;
         }
