@@ -223,7 +223,10 @@ fn init_logging(format: &str) -> Result<()> {
         .with_writer(std::io::stderr);
     match format {
         "json" => builder.json().init(),
-        "text" => builder.init(),
+        // Colours only for a person at a terminal, not in files or journald.
+        "text" => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
         other => anyhow::bail!("--log-format must be text or json, not {other:?}"),
     }
     Ok(())
