@@ -365,3 +365,72 @@ pub fn spawn(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Verifier;
+    use crate::registry::Caps;
+
+    fn rec(state: TokenState, backend: Option<&str>, expires_in: i64) -> TokenRecord {
+        let now = OffsetDateTime::now_utc();
+        TokenRecord {
+            id: "t1".into(),
+            task: "task".into(),
+            metadata: Default::default(),
+            created_at: now,
+            expires_at: now + time::Duration::seconds(expires_in),
+            caps: Caps {
+                max_rows: 1,
+                max_bytes: 1,
+                max_connections: 1,
+            },
+            state,
+            verifier: Verifier::from_secret("s"),
+            backend: backend.map(str::to_string),
+            fork_count: 0,
+            ended_at: None,
+        }
+    }
+
+    fn reason(v: Verdict) -> Option<ReapReason> {
+        match v {
+            Verdict::Keep => None,
+            Verdict::Reap(r) => Some(r),
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let now = OffsetDateTime::now_utc();
+        let live = rec(TokenState::Live, Some("t1"), 60);
+        assert_eq!(reason(verdict(Some(&live), "t1", now)), None);
+        // Valid token, but this backend is not the recorded one: an interrupted fork.
+        let issued = rec(TokenState::Issued, None, 60);
+        assert_eq!(
+            reason(verdict(Some(&issued), "t1", now)),
+            Some(ReapReason::Orphan)
+        );
+        let past = rec(TokenState::Live, Some("t1"), -1);
+        assert_eq!(
+            reason(verdict(Some(&past), "t1", now)),
+            Some(ReapReason::Expired)
+        );
+        let revoked = rec(TokenState::Revoked, Some("t1"), 60);
+        assert_eq!(
+            reason(verdict(Some(&revoked), "t1", now)),
+            Some(ReapReason::Revoked)
+        );
+        assert_eq!(reason(verdict(None, "t1", now)), Some(ReapReason::Unknown));
+    }
+
+    #[test]
+    fn gateway_id_is_created_once_and_kept() {
+        let dir = std::env::temp_dir().join(format!("sandpit-gwid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = gateway_id(&dir).unwrap();
+        assert_eq!(a.len(), 16);
+        assert_eq!(gateway_id(&dir).unwrap(), a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
