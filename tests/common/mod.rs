@@ -368,3 +368,64 @@ pub fn processes_in(dir: &Path) -> Vec<i32> {
     }
     out
 }
+
+/// The DSN of a token pointed at a (restarted) gateway's port.
+pub fn redial(t: &Value, g: &Gateway) -> String {
+    let dsn = t["dsn"].as_str().expect("dsn").to_string();
+    let (head, tail) = dsn.rsplit_once('@').expect("dsn host");
+    let db = tail.split_once('/').map(|x| x.1).unwrap_or("sandpit");
+    format!("{head}@127.0.0.1:{}/{db}", g.pg_port)
+}
+
+/// Pid and socket dir from a token's instance `postmaster.pid`.
+pub fn postmaster(g: &Gateway, token: &str) -> Option<(i32, PathBuf)> {
+    let text = std::fs::read_to_string(
+        g.instances_dir()
+            .join(token)
+            .join("data")
+            .join("postmaster.pid"),
+    )
+    .ok()?;
+    let mut lines = text.lines();
+    let pid = lines.next()?.trim().parse().ok()?;
+    let sock = PathBuf::from(lines.nth(3)?.trim());
+    Some((pid, sock))
+}
+
+/// Connect, run `sql`, return the first column of the first row as text.
+pub async fn query_one(dsn: &str, sql: &str) -> Result<Option<String>, tokio_postgres::Error> {
+    let c = connect(dsn).await?;
+    let rows = c.simple_query(sql).await?;
+    Ok(rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    }))
+}
+
+/// Run the `sandpit` binary (without an inherited admin key); returns (code, stdout, stderr).
+pub fn run_sandpit(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sandpit"))
+        .args(args)
+        .env_remove("SANDPIT_ADMIN_KEY")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run sandpit");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Wait for a child to exit; kills it and returns None after `limit`.
+pub fn wait_exit(c: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(s)) = c.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    None
+}
