@@ -192,7 +192,9 @@ pub async fn run(
         admin_key: Arc::new(key),
         metrics,
     });
-    let mut api_stop = stop.clone();
+    // The API stays up through the grace period (a harness may revoke, /metrics is scraped)
+    // and stops once sessions are ended.
+    let (api_stop_tx, mut api_stop) = watch::channel(false);
     let api_task = tokio::spawn(async move {
         let shutdown = async move {
             while !*api_stop.borrow() {
@@ -236,6 +238,7 @@ pub async fn run(
     gw.shutdown().await;
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let _ = api_stop_tx.send(true);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), api_task).await;
     Ok(())
 }

@@ -387,6 +387,7 @@ fn sigterm_with_10_open_sessions_ends_them_with_57p01_after_the_grace_and_exits_
     let mut g = Gateway::start(Some(SMALL_GOLDEN), Some("shutdown_grace = \"3s\"\n"));
     let toks: Vec<Value> = (0..2).map(|i| g.issue(&format!("long-{i}"), 600)).collect();
     let pg_port = g.pg_port;
+    let api = g.api.clone();
     let mut child = g.child.take().expect("child");
     let (sleepers, quick, since_term) = rt.block_on(async {
         let mut clients = Vec::new();
@@ -422,6 +423,13 @@ fn sigterm_with_10_open_sessions_ends_them_with_57p01_after_the_grace_and_exits_
             refused,
             "a new connection was accepted during the grace period"
         );
+        // The control API still answers (a harness may revoke, /metrics is scraped).
+        let health = tokio::task::spawn_blocking(move || {
+            ureq::get(&format!("{api}/healthz"))
+                .call()
+                .map(|r| r.status())
+        });
+        assert_eq!(health.await.expect("join").expect("healthz"), 200);
         let mut out = Vec::new();
         for h in sleepers {
             out.push(h.await.expect("join"));
