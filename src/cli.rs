@@ -77,6 +77,9 @@ impl ApiClient {
         ttl: Option<Duration>,
         max_rows: Option<u64>,
         max_bytes: Option<u64>,
+        cap_mode: Option<&str>,
+        allow: Option<Vec<String>>,
+        max_connections: Option<u32>,
         metadata: BTreeMap<String, String>,
     ) -> Result<Value, CliError> {
         let body = serde_json::json!({
@@ -84,6 +87,9 @@ impl ApiClient {
             "ttl_seconds": ttl.map(|d| d.as_secs().max(1)),
             "max_rows": max_rows,
             "max_bytes": max_bytes,
+            "cap_mode": cap_mode,
+            "allow": allow,
+            "max_connections": max_connections,
             "metadata": metadata,
         });
         self.call("POST", "/v1/tokens", Some(body))
@@ -97,6 +103,15 @@ impl ApiClient {
     /// GET /v1/tokens/{id}.
     pub fn show(&self, id: &str) -> Result<Value, CliError> {
         self.call("GET", &format!("/v1/tokens/{}", encode(id)), None)
+    }
+
+    /// GET /v1/tokens/{id}/statements.
+    pub fn statements(&self, id: &str) -> Result<Value, CliError> {
+        self.call(
+            "GET",
+            &format!("/v1/tokens/{}/statements", encode(id)),
+            None,
+        )
     }
 
     /// DELETE /v1/tokens/{id}.
@@ -210,6 +225,44 @@ pub fn reap_text(v: &Value) -> String {
         out.push(format!("error  {}", e.as_str().unwrap_or("-")));
     }
     out.join("\n")
+}
+
+/// One line per logged statement for `sandpit log`.
+pub fn statement_line(v: &Value) -> String {
+    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    let o = v.get("outcome").filter(|o| !o.is_null());
+    let result = match o {
+        None => "(no outcome)".to_string(),
+        Some(o) if o.get("skipped").and_then(Value::as_bool) == Some(true) => "skipped".to_string(),
+        Some(o) => {
+            let rows = o
+                .get("rows")
+                .and_then(Value::as_u64)
+                .map(|r| format!("{r} rows"))
+                .unwrap_or_default();
+            let capped = if o.get("capped").and_then(Value::as_bool) == Some(true) {
+                " CAPPED"
+            } else {
+                ""
+            };
+            let err = o
+                .get("sqlstate")
+                .and_then(Value::as_str)
+                .map(|c| format!(" ERROR {c}"))
+                .unwrap_or_default();
+            let ms = o.get("duration_ms").and_then(Value::as_f64).unwrap_or(0.0);
+            format!("{rows}{capped}{err} {ms:.1}ms")
+        }
+    };
+    let text: String = s("text").split_whitespace().collect::<Vec<_>>().join(" ");
+    format!(
+        "{} {} {:<11} {:<24} {}",
+        s("ts"),
+        s("session").replace('-', ""),
+        s("kind"),
+        result,
+        text
+    )
 }
 
 #[cfg(test)]

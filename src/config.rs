@@ -53,6 +53,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The janitor that reaps backends without a valid token.
     pub janitor: JanitorConfig,
+    /// The statement log.
+    pub log: LogConfig,
 }
 
 /// Janitor settings.
@@ -72,6 +74,20 @@ impl Default for JanitorConfig {
     }
 }
 
+/// Statement log settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Write every statement to `<data_dir>/logs/<task>/<token>.jsonl` before it runs.
+    pub statements: bool,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { statements: true }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -88,6 +104,7 @@ impl Default for Config {
             tokens: TokenDefaults::default(),
             shutdown_grace: Duration::from_secs(10),
             janitor: JanitorConfig::default(),
+            log: LogConfig::default(),
         }
     }
 }
@@ -190,6 +207,10 @@ pub struct TokenDefaults {
     pub max_bytes: u64,
     /// Concurrent sessions per token.
     pub max_connections: u32,
+    /// Highest max_rows a token may be issued with.
+    pub max_rows_limit: u64,
+    /// Highest max_bytes a token may be issued with.
+    pub max_bytes_limit: u64,
 }
 
 impl Default for TokenDefaults {
@@ -200,6 +221,8 @@ impl Default for TokenDefaults {
             max_rows: 200,
             max_bytes: 1024 * 1024,
             max_connections: 10,
+            max_rows_limit: 100_000,
+            max_bytes_limit: 64 * 1024 * 1024,
         }
     }
 }

@@ -44,6 +44,13 @@ enum Cmd {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Print the statement log of a token (by id) or of every token of a task (by name).
+    Log {
+        /// Token id or task name.
+        target: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
 }
 
 #[derive(Args)]
@@ -92,6 +99,15 @@ enum TokenCmd {
         /// Bytes of row data per statement, e.g. 1MiB.
         #[arg(long)]
         max_bytes: Option<String>,
+        /// What a capped result does: truncate (default) or error.
+        #[arg(long)]
+        cap_mode: Option<String>,
+        /// Seatbelt: statement kinds allowed, comma-separated (read,write,ddl,transaction,privilege,utility or all).
+        #[arg(long, value_delimiter = ',')]
+        allow: Option<Vec<String>>,
+        /// Concurrent sessions for this token.
+        #[arg(long)]
+        max_connections: Option<u32>,
         /// Metadata key=value (repeatable).
         #[arg(long = "meta")]
         meta: Vec<String>,
@@ -160,12 +176,54 @@ fn main() -> Result<()> {
             let v = client(&cfg, api)?.reap(*dry_run)?;
             print(&v, api.json, cli::reap_text)
         }
+        Cmd::Log { target, api } => {
+            let c = client(&cfg, api)?;
+            let ids: Vec<String> = if sandpit::auth::is_token_id(target) {
+                vec![target.clone()]
+            } else {
+                let all = c.list()?;
+                all.as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter(|t| {
+                                t.get("task").and_then(|x| x.as_str()) == Some(target.as_str())
+                            })
+                            .filter_map(|t| {
+                                t.get("id").and_then(|x| x.as_str()).map(str::to_string)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            if ids.is_empty() {
+                anyhow::bail!("no token or task named {target:?}");
+            }
+            let mut all = Vec::new();
+            for id in ids {
+                if let Some(a) = c.statements(&id)?.as_array() {
+                    all.extend(a.iter().cloned());
+                }
+            }
+            if api.json {
+                for v in &all {
+                    println!("{}", serde_json::to_string(v)?);
+                }
+            } else {
+                for v in &all {
+                    println!("{}", cli::statement_line(v));
+                }
+            }
+            Ok(())
+        }
         Cmd::Token { cmd } => match cmd {
             TokenCmd::Issue {
                 task,
                 ttl,
                 max_rows,
                 max_bytes,
+                cap_mode,
+                allow,
+                max_connections,
                 meta,
                 api,
             } => {
@@ -179,6 +237,9 @@ fn main() -> Result<()> {
                     ttl.map(Into::into),
                     *max_rows,
                     max_bytes,
+                    cap_mode.as_deref(),
+                    allow.clone(),
+                    *max_connections,
                     metadata,
                 )?;
                 print(&v, api.json, |v| {

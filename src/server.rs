@@ -185,6 +185,20 @@ pub async fn run(
     }
     let janitor_task = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
 
+    // Log records are written before each statement runs (SIGKILL-safe); this makes them
+    // survive a machine crash too, at most a second late.
+    let syncer = {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let gw = gw.clone();
+                let _ = tokio::task::spawn_blocking(move || gw.logs.sync_all()).await;
+            }
+        })
+    };
+
     let proxy = Proxy::new(gw.clone(), tls);
     let pg_task = tokio::spawn(proxy.serve(pg_listener, stop.clone()));
     let api = control::router(ApiState {
@@ -236,6 +250,8 @@ pub async fn run(
         }
     }
     gw.shutdown().await;
+    syncer.abort();
+    gw.logs.sync_all();
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     let _ = api_stop_tx.send(true);

@@ -41,6 +41,10 @@ pub struct IssueBody {
     pub max_bytes: Option<u64>,
     /// Session cap.
     pub max_connections: Option<u32>,
+    /// "truncate" (default) or "error".
+    pub cap_mode: Option<crate::registry::CapMode>,
+    /// Seatbelt policy: allowed statement kinds.
+    pub allow: Option<Vec<String>>,
     /// Metadata.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -52,6 +56,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
         .route("/v1/reap", axum::routing::post(reap))
+        .route("/v1/tokens/{id}/statements", get(token_statements))
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(state)
@@ -107,6 +112,8 @@ async fn issue_token(
         max_rows: b.max_rows,
         max_bytes: b.max_bytes,
         max_connections: b.max_connections,
+        cap_mode: b.cap_mode,
+        allow: b.allow,
         metadata: b.metadata,
     };
     match s.gw.issue(req) {
@@ -196,5 +203,24 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
         )
             .into_response(),
         None => error(StatusCode::NOT_FOUND, "metrics recorder not installed"),
+    }
+}
+
+async fn token_statements(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = check_auth(&s, &headers) {
+        return r;
+    }
+    let Some(rec) = s.gw.registry.get(&id) else {
+        return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
+    };
+    let path = crate::review::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
+    match tokio::task::spawn_blocking(move || crate::review::log::read_statements(&path)).await {
+        Ok(Ok(v)) => Json(v).into_response(),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
 }

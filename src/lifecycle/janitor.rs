@@ -384,6 +384,8 @@ mod tests {
                 max_rows: 1,
                 max_bytes: 1,
                 max_connections: 1,
+                cap_mode: Default::default(),
+                allow: None,
             },
             state,
             verifier: Verifier::from_secret("s"),

@@ -16,7 +16,8 @@ use tokio::sync::{watch, Mutex};
 use crate::auth::{self, Verifier};
 use crate::config::Config;
 use crate::provider::{Backend, BackendTag, Provider, ProviderError};
-use crate::registry::{Caps, Registry, RegistryError, TokenRecord, TokenState};
+use crate::registry::{CapMode, Caps, Registry, RegistryError, TokenRecord, TokenState};
+use crate::review::log::LogBook;
 
 /// Why a token stopped being usable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +71,10 @@ pub struct IssueRequest {
     pub max_bytes: Option<u64>,
     /// Concurrent sessions; default from config.
     pub max_connections: Option<u32>,
+    /// Truncate (default) or error when a result exceeds a cap.
+    pub cap_mode: Option<CapMode>,
+    /// Seatbelt policy: allowed statement kinds (None = all).
+    pub allow: Option<Vec<String>>,
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
 }
@@ -98,6 +103,11 @@ pub struct TokenView {
     pub max_bytes: u64,
     /// Session cap.
     pub max_connections: u32,
+    /// truncate / error.
+    pub cap_mode: CapMode,
+    /// Allowed statement kinds, when a seatbelt policy is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
     /// Whether a backend exists now.
     pub backend: bool,
     /// Forks made for this token.
@@ -146,6 +156,8 @@ pub struct Gateway {
     pub registry: Registry,
     /// Scratch database source.
     pub provider: Arc<dyn Provider>,
+    /// Open statement logs.
+    pub logs: LogBook,
     runtimes: DashMap<String, Arc<TokenRuntime>>,
     secrets: Vec<String>,
     /// Stable id of this gateway's data dir, written into every backend's tag.
@@ -177,6 +189,7 @@ impl Gateway {
             config,
             registry,
             provider,
+            logs: LogBook::default(),
             runtimes: DashMap::new(),
             secrets,
             gateway_id,
@@ -238,6 +251,27 @@ impl Gateway {
                 "max_rows, max_bytes and max_connections must be at least 1".into(),
             ));
         }
+        let allow = match req.allow {
+            None => None,
+            Some(kinds) if kinds.iter().any(|k| k == "all") => None,
+            Some(kinds) => {
+                const KINDS: [&str; 6] = [
+                    "read",
+                    "write",
+                    "ddl",
+                    "transaction",
+                    "privilege",
+                    "utility",
+                ];
+                if let Some(bad) = kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+                    return Err(LifecycleError::Invalid(format!(
+                        "unknown statement kind {bad:?} in allow (use {} or all; unparsed statements are always denied under a policy)",
+                        KINDS.join(", ")
+                    )));
+                }
+                Some(kinds)
+            }
+        };
         let id = auth::new_token_id();
         let secret = auth::new_secret();
         let now = OffsetDateTime::now_utc();
@@ -251,6 +285,8 @@ impl Gateway {
                 max_rows,
                 max_bytes,
                 max_connections,
+                cap_mode: req.cap_mode.unwrap_or_default(),
+                allow,
             },
             state: TokenState::Issued,
             verifier: Verifier::from_secret(&secret),
@@ -291,6 +327,8 @@ impl Gateway {
             max_rows: rec.caps.max_rows,
             max_bytes: rec.caps.max_bytes,
             max_connections: rec.caps.max_connections,
+            cap_mode: rec.caps.cap_mode,
+            allow: rec.caps.allow.clone(),
             backend: rec.backend.is_some(),
             fork_count: rec.fork_count,
             sessions,
@@ -427,6 +465,7 @@ impl Gateway {
         };
         metrics::counter!("sandpit_tokens_ended_total", "reason" => why).increment(1);
         self.runtime(id).ended.send_replace(Some(reason));
+        self.logs.close(id);
         self.destroy_backend(id).await?;
         Ok(true)
     }

@@ -3,6 +3,8 @@
 pub mod auth_flow;
 pub mod backend;
 pub mod cancel;
+pub mod caps;
+pub mod pipeline;
 pub mod relay;
 pub mod session;
 pub mod stream;
@@ -25,6 +27,8 @@ pub struct Proxy {
     pub cancel: CancelMap,
     /// TLS acceptor when TLS is on.
     pub tls: Option<TlsAcceptor>,
+    /// Numbers sessions for the statement log.
+    pub sessions: std::sync::atomic::AtomicU64,
 }
 
 impl Proxy {
@@ -34,6 +38,7 @@ impl Proxy {
             gw,
             cancel: CancelMap::default(),
             tls,
+            sessions: Default::default(),
         })
     }
 

@@ -1,14 +1,22 @@
-//! The relay: client ⇄ backend, whole messages at a time, forwarded as the bytes that were
-//! read. Only errors and notices from the backend are looked into (and scrubbed).
+//! The relay loop: client ⇄ backend through the session's `Pipeline`. Reads and writes of
+//! both sides run concurrently (cancel-safe reads and writes in one `select!`), with
+//! bounded buffers in each direction, so a large pipeline can never deadlock the gateway
+//! against the backend and a slow client only slows its own session.
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
+use super::pipeline::Pipeline;
 use crate::lifecycle::EndReason;
-use crate::wire::frame::{Frame, FrameError, FrameReader};
+use crate::wire::frame::{FrameError, FrameReader};
 use crate::wire::messages::{self, Severity};
+
+/// Pause reading a side while this much is waiting to be written to the other.
+const HIGH_WATER: usize = 256 * 1024;
+/// Frames handled per wake-up before yielding to the other direction.
+const BATCH: usize = 128;
 
 /// Why a relay ended.
 #[derive(Debug)]
@@ -23,152 +31,120 @@ enum Ending {
 
 /// Relay until either side leaves or the token ends.
 pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
-    mut client: FrameReader<C>,
-    mut backend: FrameReader<UnixStream>,
+    client: FrameReader<C>,
+    backend: FrameReader<UnixStream>,
     mut ended: watch::Receiver<Option<EndReason>>,
     secrets: &[String],
+    mut pl: Pipeline,
 ) {
-    let mut out = BytesMut::with_capacity(16 * 1024);
-    let ending = loop {
+    let (c_stream, c_buf, c_max) = client.into_parts();
+    let (c_read, mut c_write) = tokio::io::split(c_stream);
+    let mut c_reader = FrameReader::with_buffer(c_read, c_buf, c_max);
+    let (b_stream, b_buf, b_max) = backend.into_parts();
+    let (b_read, mut b_write) = b_stream.into_split();
+    let mut b_reader = FrameReader::with_buffer(b_read, b_buf, b_max);
+
+    let mut to_backend = BytesMut::with_capacity(16 * 1024);
+    let mut to_client = BytesMut::with_capacity(16 * 1024);
+    let mut terminated = false;
+    let mut watching = true;
+
+    let ending = 'relay: loop {
+        pl.drain_outbox(&mut to_backend);
+        if terminated && to_backend.is_empty() && pl.outbox_empty() {
+            break Ending::ClientTerminated;
+        }
         if let Some(r) = *ended.borrow() {
             break Ending::Ended(r);
         }
+        let read_client = !terminated && pl.outbox_empty() && to_backend.len() < HIGH_WATER;
+        let read_backend = to_client.len() < HIGH_WATER;
         tokio::select! {
-            changed = ended.changed() => {
-                if changed.is_err() { continue; }
+            changed = ended.changed(), if watching => {
+                if changed.is_err() { watching = false; }
             }
-            f = client.read_frame() => {
-                match f {
-                    Ok(Some(f)) => {
-                        let terminate = f.tag == b'X';
-                        out.clear();
-                        out.extend_from_slice(&f.raw);
-                        // Pipelined messages already buffered go out in the same write.
-                        if !terminate {
-                            if let Err(e) = drain(&mut client, &mut out, |f| f.tag == b'X') { break Ending::ClientProtocol(e); }
+            f = c_reader.read_frame(), if read_client => match f {
+                Ok(Some(f)) => {
+                    terminated = f.tag == b'X';
+                    pl.on_client(f);
+                    let mut n = 1;
+                    while !terminated && n < BATCH {
+                        match c_reader.try_frame() {
+                            Ok(Some(f)) => { terminated = f.tag == b'X'; pl.on_client(f); n += 1; }
+                            Ok(None) => break,
+                            Err(e) => break 'relay Ending::ClientProtocol(e),
                         }
-                        metrics::counter!("sandpit_bytes_total", "direction" => "client_to_backend").increment(out.len() as u64);
-                        if backend.get_mut().write_all(&out).await.is_err() { break Ending::BackendGone; }
-                        if terminate || out.ends_with(&[b'X', 0, 0, 0, 4]) { break Ending::ClientTerminated; }
                     }
-                    Ok(None) => break Ending::ClientGone,
-                    Err(FrameError::Io(_)) | Err(FrameError::Truncated) => break Ending::ClientGone,
-                    Err(e) => break Ending::ClientProtocol(e),
                 }
-            }
-            f = backend.read_frame() => {
-                match f {
-                    Ok(Some(f)) => {
-                        out.clear();
-                        push_backend_frame(&mut out, f, secrets);
-                        loop {
-                            match backend.try_frame() {
-                                Ok(Some(f)) => push_backend_frame(&mut out, f, secrets),
-                                Ok(None) => break,
-                                Err(e) => { let _ = client.get_mut().write_all(&out).await; return finish(client, backend, Ending::BackendProtocol(e)).await; }
-                            }
-                            if out.len() >= 64 * 1024 { break; }
+                Ok(None) | Err(FrameError::Io(_)) | Err(FrameError::Truncated) => break Ending::ClientGone,
+                Err(e) => break Ending::ClientProtocol(e),
+            },
+            f = b_reader.read_frame(), if read_backend => match f {
+                Ok(Some(f)) => {
+                    pl.on_backend(f, &mut to_client, secrets);
+                    let mut n = 1;
+                    while n < BATCH && to_client.len() < HIGH_WATER {
+                        match b_reader.try_frame() {
+                            Ok(Some(f)) => { pl.on_backend(f, &mut to_client, secrets); n += 1; }
+                            Ok(None) => break,
+                            Err(e) => break 'relay Ending::BackendProtocol(e),
                         }
-                        metrics::counter!("sandpit_bytes_total", "direction" => "backend_to_client").increment(out.len() as u64);
-                        if client.get_mut().write_all(&out).await.is_err() { break Ending::ClientGone; }
                     }
-                    Ok(None) | Err(FrameError::Io(_)) | Err(FrameError::Truncated) => break Ending::BackendGone,
-                    Err(e) => break Ending::BackendProtocol(e),
                 }
-            }
+                Ok(None) | Err(FrameError::Io(_)) | Err(FrameError::Truncated) => break Ending::BackendGone,
+                Err(e) => break Ending::BackendProtocol(e),
+            },
+            w = b_write.write(&to_backend), if !to_backend.is_empty() => match w {
+                Ok(0) | Err(_) => break Ending::BackendGone,
+                Ok(n) => {
+                    metrics::counter!("sandpit_bytes_total", "direction" => "client_to_backend").increment(n as u64);
+                    to_backend.advance(n);
+                }
+            },
+            w = c_write.write(&to_client), if !to_client.is_empty() => match w {
+                Ok(0) | Err(_) => break Ending::ClientGone,
+                Ok(n) => {
+                    metrics::counter!("sandpit_bytes_total", "direction" => "backend_to_client").increment(n as u64);
+                    to_client.advance(n);
+                    if to_client.is_empty() && c_write.flush().await.is_err() {
+                        break Ending::ClientGone;
+                    }
+                }
+            },
         }
     };
-    finish(client, backend, ending).await
-}
 
-fn drain<C: AsyncRead + Unpin>(
-    r: &mut FrameReader<C>,
-    out: &mut BytesMut,
-    stop: impl Fn(&Frame) -> bool,
-) -> Result<(), FrameError> {
-    while out.len() < 64 * 1024 {
-        match r.try_frame()? {
-            Some(f) => {
-                let s = stop(&f);
-                out.extend_from_slice(&f.raw);
-                if s {
-                    break;
-                }
-            }
-            None => break,
-        }
-    }
-    Ok(())
-}
-
-fn push_backend_frame(out: &mut BytesMut, f: Frame, secrets: &[String]) {
-    if matches!(f.tag, b'E' | b'N') {
-        if let Some(scrubbed) = messages::scrub_error(f.tag, f.body(), secrets) {
-            out.extend_from_slice(&scrubbed);
-            return;
-        }
-    }
-    out.extend_from_slice(&f.raw);
-}
-
-async fn finish<C: AsyncRead + AsyncWrite + Unpin>(
-    mut client: FrameReader<C>,
-    mut backend: FrameReader<UnixStream>,
-    ending: Ending,
-) {
     tracing::debug!(?ending, "relay finished");
-    let terminated = matches!(ending, Ending::ClientTerminated);
-    match ending {
-        Ending::Ended(reason) => {
-            let _ = client
-                .get_mut()
-                .write_all(&messages::error_response(
-                    Severity::Fatal,
-                    "57P01",
-                    reason.message(),
-                ))
-                .await;
-        }
+    let fatal = |code: &str, msg: &str| messages::error_response(Severity::Fatal, code, msg);
+    let last = match &ending {
+        Ending::Ended(reason) => Some(fatal("57P01", reason.message())),
         Ending::ClientProtocol(e) => {
             metrics::counter!("sandpit_protocol_violations_total", "kind" => "client_frame")
                 .increment(1);
-            let _ = client
-                .get_mut()
-                .write_all(&messages::error_response(
-                    Severity::Fatal,
-                    "08P01",
-                    &e.to_string(),
-                ))
-                .await;
+            Some(fatal("08P01", &e.to_string()))
         }
         Ending::BackendProtocol(e) => {
             tracing::warn!(error = %e, "backend protocol error");
-            let _ = client
-                .get_mut()
-                .write_all(&messages::error_response(
-                    Severity::Fatal,
-                    "08006",
-                    "lost the connection to the scratch database",
-                ))
-                .await;
+            Some(fatal(
+                "08006",
+                "lost the connection to the scratch database",
+            ))
         }
-        Ending::BackendGone => {
-            let _ = client
-                .get_mut()
-                .write_all(&messages::error_response(
-                    Severity::Fatal,
-                    "08006",
-                    "the scratch database closed the connection",
-                ))
-                .await;
+        Ending::BackendGone => Some(fatal("08006", "the scratch database closed the connection")),
+        Ending::ClientGone | Ending::ClientTerminated => None,
+    };
+    if let Some(m) = last {
+        // What the client was already owed goes first, then the reason for the end.
+        if !matches!(ending, Ending::Ended(_)) {
+            let _ = c_write.write_all(&to_client).await;
         }
-        Ending::ClientGone | Ending::ClientTerminated => {}
+        let _ = c_write.write_all(&m).await;
     }
-    if !terminated {
+    if !matches!(ending, Ending::ClientTerminated) {
         // Let the backend session end cleanly rather than on a broken pipe.
-        let _ = backend.get_mut().write_all(&[b'X', 0, 0, 0, 4]).await;
+        let _ = b_write.write_all(&[b'X', 0, 0, 0, 4]).await;
     }
-    let _ = client.get_mut().flush().await;
-    let _ = client.get_mut().shutdown().await;
-    let _ = backend.get_mut().shutdown().await;
+    let _ = c_write.flush().await;
+    let _ = c_write.shutdown().await;
+    let _ = b_write.shutdown().await;
 }

@@ -11,6 +11,8 @@ use tracing::Instrument;
 use super::auth_flow::{authenticate, AuthError};
 use super::backend::{self, BackendError};
 use super::cancel::CancelTarget;
+use super::caps::CapPolicy;
+use super::pipeline::{Pipeline, SessionIdentity};
 use super::relay;
 use super::stream::ClientStream;
 use super::Proxy;
@@ -205,7 +207,40 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     }
     tracing::info!("session started");
     client.set_max_len(max_message);
-    relay::run(client, conn.reader, ended, proxy.gw.secrets()).await;
+    let log = if proxy.gw.config.log.statements {
+        match proxy
+            .gw
+            .logs
+            .get(&proxy.gw.config.data_dir, &rec.task, &rec.id)
+        {
+            Ok(l) => Some(l),
+            Err(e) => {
+                // No statement may run unrecorded.
+                tracing::error!(error = %e, "cannot open the statement log");
+                let msg = "sandpit cannot write the statement log for this token";
+                return fatal(client.get_mut(), "58030", msg).await;
+            }
+        }
+    } else {
+        None
+    };
+    let session_no = proxy
+        .sessions
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    let pipeline = Pipeline::new(SessionIdentity {
+        token: rec.id.clone(),
+        task: rec.task.clone(),
+        session: session_no,
+        log,
+        caps: CapPolicy {
+            max_rows: rec.caps.max_rows,
+            max_bytes: rec.caps.max_bytes,
+            mode: rec.caps.cap_mode,
+        },
+        allow: rec.caps.allow.clone(),
+    });
+    relay::run(client, conn.reader, ended, proxy.gw.secrets(), pipeline).await;
     tracing::info!("session ended");
 }
 

@@ -47,6 +47,17 @@ impl TokenState {
     }
 }
 
+/// What happens when a result exceeds its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CapMode {
+    /// Send the first rows, a notice, and a CommandComplete counting what was sent.
+    #[default]
+    Truncate,
+    /// Fail the statement with SQLSTATE 54000 and send no rows.
+    Error,
+}
+
 /// Per-token caps.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Caps {
@@ -56,6 +67,13 @@ pub struct Caps {
     pub max_bytes: u64,
     /// Concurrent sessions.
     pub max_connections: u32,
+    /// Truncate or fail capped results.
+    #[serde(default)]
+    pub cap_mode: CapMode,
+    /// Seatbelt: statement kinds allowed (None = all). Unparsed statements are denied
+    /// whenever this is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
 }
 
 /// Everything the gateway knows about one token. The secret itself is never stored.

@@ -75,6 +75,12 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         &mut self.inner
     }
 
+    /// Take the stream, the bytes read but not yet framed, and the limit apart (to split a
+    /// stream into halves without losing what was already read).
+    pub fn into_parts(self) -> (R, BytesMut, usize) {
+        (self.inner, self.buf, self.max_len)
+    }
+
     /// Bytes that were read but not consumed as frames yet.
     pub fn buffered(&self) -> usize {
         self.buf.len()

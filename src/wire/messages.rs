@@ -266,3 +266,188 @@ mod tests {
         assert!(error_fields(b"Mabc").is_none());
     }
 }
+
+/// Frontend message views and builders used by the relay (extended protocol).
+pub mod frontend {
+    use bytes::{BufMut, Bytes, BytesMut};
+
+    use super::{cstr, put_cstr};
+    use crate::wire::frame::build;
+
+    /// A Parse message: statement name and query text (raw bytes).
+    pub fn parse(body: &[u8]) -> Option<(&[u8], &[u8])> {
+        let (name, rest) = cstr(body)?;
+        let (query, _) = cstr(rest)?;
+        Some((name, query))
+    }
+
+    /// A Bind message's parts the gateway needs.
+    pub struct Bind<'a> {
+        /// Portal name.
+        pub portal: &'a [u8],
+        /// Statement name.
+        pub statement: &'a [u8],
+        /// Parameter values with their format (0 text, 1 binary); None is NULL.
+        pub params: Vec<(i16, Option<&'a [u8]>)>,
+    }
+
+    fn i16_at(b: &[u8], at: usize) -> Option<i16> {
+        Some(i16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
+    }
+
+    fn i32_at(b: &[u8], at: usize) -> Option<i32> {
+        Some(i32::from_be_bytes([
+            *b.get(at)?,
+            *b.get(at + 1)?,
+            *b.get(at + 2)?,
+            *b.get(at + 3)?,
+        ]))
+    }
+
+    /// Parse a Bind body. Every count and length is checked against the body it came in.
+    pub fn bind(body: &[u8]) -> Option<Bind<'_>> {
+        let (portal, rest) = cstr(body)?;
+        let (statement, rest) = cstr(rest)?;
+        let nfmt = i16_at(rest, 0)?;
+        if nfmt < 0 {
+            return None;
+        }
+        let mut at = 2;
+        let mut formats = Vec::with_capacity((nfmt as usize).min(rest.len() / 2));
+        for _ in 0..nfmt {
+            formats.push(i16_at(rest, at)?);
+            at += 2;
+        }
+        let nparams = i16_at(rest, at)?;
+        if nparams < 0 {
+            return None;
+        }
+        at += 2;
+        let mut params = Vec::with_capacity((nparams as usize).min(rest.len() / 4));
+        for i in 0..nparams as usize {
+            let len = i32_at(rest, at)?;
+            at += 4;
+            let fmt = match formats.len() {
+                0 => 0,
+                1 => formats[0],
+                _ => *formats.get(i)?,
+            };
+            if len < 0 {
+                params.push((fmt, None));
+            } else {
+                let end = at.checked_add(len as usize)?;
+                params.push((fmt, Some(rest.get(at..end)?)));
+                at = end;
+            }
+        }
+        Some(Bind {
+            portal,
+            statement,
+            params,
+        })
+    }
+
+    /// An Execute message: portal and max rows (0 = all).
+    pub fn execute(body: &[u8]) -> Option<(&[u8], i32)> {
+        let (portal, rest) = cstr(body)?;
+        Some((portal, i32_at(rest, 0)?))
+    }
+
+    /// A Close or Describe message: kind (b'S' or b'P') and name.
+    pub fn target(body: &[u8]) -> Option<(u8, &[u8])> {
+        let (&kind, rest) = body.split_first()?;
+        let (name, _) = cstr(rest)?;
+        matches!(kind, b'S' | b'P').then_some((kind, name))
+    }
+
+    /// Build Parse (no parameter types).
+    pub fn build_parse(name: &[u8], query: &[u8]) -> Bytes {
+        let mut b = BytesMut::with_capacity(query.len() + name.len() + 4);
+        put_cstr(&mut b, name);
+        put_cstr(&mut b, query);
+        b.put_i16(0);
+        build(b'P', &b)
+    }
+
+    /// Build Bind of `statement` into `portal` with no parameters and text results.
+    pub fn build_bind(portal: &[u8], statement: &[u8]) -> Bytes {
+        let mut b = BytesMut::new();
+        put_cstr(&mut b, portal);
+        put_cstr(&mut b, statement);
+        b.put_i16(0);
+        b.put_i16(0);
+        b.put_i16(0);
+        build(b'B', &b)
+    }
+
+    /// Build Describe or Close.
+    pub fn build_target(tag: u8, kind: u8, name: &[u8]) -> Bytes {
+        let mut b = BytesMut::new();
+        b.put_u8(kind);
+        put_cstr(&mut b, name);
+        build(tag, &b)
+    }
+
+    /// Build Execute.
+    pub fn build_execute(portal: &[u8], max_rows: i32) -> Bytes {
+        let mut b = BytesMut::new();
+        put_cstr(&mut b, portal);
+        b.put_i32(max_rows);
+        build(b'E', &b)
+    }
+
+    /// Sync.
+    pub fn build_sync() -> Bytes {
+        build(b'S', &[])
+    }
+}
+
+/// CommandComplete with a tag.
+pub fn command_complete(tag: &str) -> Bytes {
+    let mut b = BytesMut::new();
+    put_cstr(&mut b, tag.as_bytes());
+    build(b'C', &b)
+}
+
+/// CopyDone.
+pub fn copy_done() -> Bytes {
+    build(b'c', &[])
+}
+
+/// The tag of a CommandComplete body.
+pub fn command_tag(body: &[u8]) -> Option<&str> {
+    let (tag, _) = cstr(body)?;
+    std::str::from_utf8(tag).ok()
+}
+
+/// Rows in a command tag ("SELECT 5" → 5, "INSERT 0 3" → 3), when it has a count.
+pub fn tag_rows(tag: &str) -> Option<u64> {
+    tag.rsplit(' ').next().and_then(|n| n.parse().ok())
+}
+
+#[cfg(test)]
+mod frontend_tests {
+    use super::frontend::*;
+
+    #[test]
+    fn bind_views_are_bounded() {
+        let mut body = b"p\0s\0".to_vec();
+        body.extend_from_slice(&[0, 1, 0, 1]); // one format code: binary
+        body.extend_from_slice(&[0, 2]); // two params
+        body.extend_from_slice(&[0, 0, 0, 2, 0xab, 0xcd]);
+        body.extend_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+        body.extend_from_slice(&[0, 0]);
+        let b = bind(&body).unwrap();
+        assert_eq!(b.portal, b"p");
+        assert_eq!(b.params, vec![(1, Some(&[0xab, 0xcd][..])), (1, None)]);
+        // A length past the end of the message is refused, not trusted.
+        let mut bad = b"\0\0".to_vec();
+        bad.extend_from_slice(&[0, 0, 0, 1, 0x7f, 0xff, 0xff, 0xff, 1]);
+        assert!(bind(&bad).is_none());
+        assert!(bind(b"\0\0\xff\xff").is_none());
+        assert_eq!(execute(b"\0\0\0\0\x05"), Some((&b""[..], 5)));
+        assert!(execute(b"\0\0").is_none());
+        assert_eq!(target(b"Sname\0"), Some((b'S', &b"name"[..])));
+        assert!(target(b"Xname\0").is_none());
+    }
+}

@@ -1,0 +1,828 @@
+//! The relay's view of the protocol: every client message is logged and turned into what
+//! goes to the backend, together with the responses it will cause (a FIFO, as PgDog keeps);
+//! every backend message is matched against that FIFO so results can be capped, statement
+//! outcomes logged, and the client still sees a correct sequence of tags and transaction
+//! states. Messages the gateway does not change are passed on as the bytes that were read.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use time::OffsetDateTime;
+
+use super::caps::{CapMode, CapPolicy, ResultCount};
+use crate::review::classify::{self, Kind};
+use crate::review::log::{LogRecord, OutcomeRecord, StatementRecord, TokenLog};
+use crate::wire::frame::Frame;
+use crate::wire::messages::{self, frontend, Severity};
+
+/// Most prepared statements / portals a session may keep (bounds gateway memory).
+pub const MAX_TRACKED: usize = 10_000;
+/// Longest text parameter kept in the log, in bytes.
+const PARAM_LOG_MAX: usize = 256;
+/// Binary parameters are logged as a hex prefix of this many bytes.
+const PARAM_HEX_MAX: usize = 32;
+
+/// Who the session is, for log records.
+pub struct SessionIdentity {
+    /// Token id.
+    pub token: String,
+    /// Task name.
+    pub task: String,
+    /// Session number in this process.
+    pub session: u64,
+    /// The token's log (None when statement logging is turned off in config).
+    pub log: Option<Arc<TokenLog>>,
+    /// Caps.
+    pub caps: CapPolicy,
+    /// Seatbelt policy: statement kinds allowed (None = all).
+    pub allow: Option<Vec<String>>,
+}
+
+/// Raises the refusal inside the backend, so that the transaction state the client sees
+/// after a refused statement is the real one.
+const DENY_SQL: &str =
+    "DO $sandpit$ BEGIN RAISE EXCEPTION 'sandpit policy' USING ERRCODE = '42501'; END $sandpit$";
+
+/// A statement on its way through the backend.
+struct Stmt {
+    seq: u64,
+    kind: Kind,
+    started: Instant,
+    count: ResultCount,
+    /// Rows held back in error mode until the result is known to fit.
+    held: Vec<Bytes>,
+    copy_out: bool,
+    /// Lowered Execute.max_rows: the backend stops at cap + 1.
+    lowered: bool,
+    /// FETCH / SELECT for the tag of a cut result.
+    verb: &'static str,
+    /// Refused by the seatbelt policy.
+    denied: bool,
+}
+
+enum Pending {
+    Parse {
+        swallow: bool,
+    },
+    Bind {
+        swallow: bool,
+    },
+    Describe {
+        swallow_nodata: bool,
+    },
+    Execute {
+        stmt: Stmt,
+        barrier: bool,
+    },
+    /// The statement the gateway injected to fail a capped result in error mode.
+    InjectedError,
+    Close {
+        swallow: bool,
+    },
+    Sync,
+    /// A simple Query (or FunctionCall) relayed as is: responses until ReadyForQuery.
+    Simple {
+        stmts: VecDeque<Stmt>,
+    },
+    /// A simple Query or FunctionCall replaced by the policy refusal: an error, then
+    /// ReadyForQuery.
+    Denied {
+        message: String,
+    },
+}
+
+/// Bytes for the backend with the responses they will cause.
+struct Outgoing {
+    bytes: Bytes,
+    pending: Vec<Pending>,
+}
+
+struct Portal {
+    text: Arc<str>,
+    params: Vec<Option<String>>,
+}
+
+/// Protocol state of one relayed session.
+pub struct Pipeline {
+    id: SessionIdentity,
+    fifo: VecDeque<Pending>,
+    outbox: VecDeque<Outgoing>,
+    prepared: HashMap<Vec<u8>, Arc<str>>,
+    portals: HashMap<Vec<u8>, Portal>,
+    /// Transaction status from the last ReadyForQuery.
+    pub tx_status: u8,
+    /// An extended-protocol error happened and its Sync has not been forwarded yet: the
+    /// server answers nothing until then, so nothing is expected either.
+    skip_until_sync: bool,
+}
+
+fn now() -> String {
+    OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn text_of(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn verb_of(text: &str) -> &'static str {
+    let t = text
+        .trim_start()
+        .get(..5)
+        .unwrap_or("")
+        .to_ascii_uppercase();
+    if t == "FETCH" {
+        "FETCH"
+    } else {
+        "SELECT"
+    }
+}
+
+fn log_param(fmt: i16, v: Option<&[u8]>) -> Option<String> {
+    let v = v?;
+    if fmt == 1 {
+        let n = v.len().min(PARAM_HEX_MAX);
+        let more = if v.len() > n { "…" } else { "" };
+        return Some(format!("\\x{}{more}", hex::encode(&v[..n])));
+    }
+    let mut s = String::from_utf8_lossy(&v[..v.len().min(PARAM_LOG_MAX)]).into_owned();
+    if v.len() > PARAM_LOG_MAX {
+        s.push('…');
+    }
+    Some(s)
+}
+
+impl Pipeline {
+    /// New state for a session that just got its first ReadyForQuery.
+    pub fn new(id: SessionIdentity) -> Pipeline {
+        Pipeline {
+            id,
+            fifo: VecDeque::new(),
+            outbox: VecDeque::new(),
+            prepared: HashMap::new(),
+            portals: HashMap::new(),
+            tx_status: b'I',
+            skip_until_sync: false,
+        }
+    }
+
+    /// Whether forwarding must wait for an earlier result (error mode needs to know whether
+    /// a result fits before anything after it reaches the backend).
+    pub fn blocked(&self) -> bool {
+        self.fifo
+            .iter()
+            .any(|p| matches!(p, Pending::Execute { barrier: true, .. }))
+    }
+
+    /// Move what may be sent now into `to_backend`.
+    pub fn drain_outbox(&mut self, to_backend: &mut BytesMut) {
+        while !self.blocked() {
+            let Some(o) = self.outbox.pop_front() else {
+                break;
+            };
+            to_backend.extend_from_slice(&o.bytes);
+            let barrier = o
+                .pending
+                .iter()
+                .any(|p| matches!(p, Pending::Execute { barrier: true, .. }));
+            if barrier {
+                // The backend only flushes at Sync or Flush; we hold the Sync back, so ask.
+                to_backend.extend_from_slice(&crate::wire::frame::build(b'H', &[]));
+            }
+            for p in o.pending {
+                if !self.skip_until_sync {
+                    self.fifo.push_back(p);
+                    continue;
+                }
+                match p {
+                    Pending::Sync => {
+                        self.skip_until_sync = false;
+                        self.fifo.push_back(p);
+                    }
+                    Pending::Execute { stmt, .. } => self.log_outcome(&stmt, None, None, true),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Nothing waits to be forwarded.
+    pub fn outbox_empty(&self) -> bool {
+        self.outbox.is_empty()
+    }
+
+    fn log_statement(
+        &self,
+        protocol: &str,
+        text: &str,
+        params: Vec<Option<String>>,
+        kind: Kind,
+    ) -> u64 {
+        let Some(log) = &self.id.log else {
+            metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
+            return 0;
+        };
+        let seq = log.next_seq();
+        let rec = LogRecord::Statement(StatementRecord {
+            seq,
+            ts: now(),
+            token: self.id.token.clone(),
+            task: self.id.task.clone(),
+            session: self.id.session,
+            protocol: protocol.to_string(),
+            text: text.to_string(),
+            params,
+            kind: kind.as_str().to_string(),
+        });
+        if let Err(e) = log.append(&rec) {
+            // The statement still runs: the log is a record, not a gate. Loudly reported.
+            tracing::error!(error = %e, "statement log write failed");
+            metrics::counter!("sandpit_log_errors_total").increment(1);
+        }
+        metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
+        seq
+    }
+
+    fn new_stmt(&self, protocol: &str, text: &str, params: Vec<Option<String>>) -> Stmt {
+        let kind = classify::classify(text);
+        let seq = self.log_statement(protocol, text, params, kind);
+        Stmt {
+            seq,
+            kind,
+            started: Instant::now(),
+            count: ResultCount::default(),
+            held: Vec::new(),
+            copy_out: false,
+            lowered: false,
+            verb: verb_of(text),
+            denied: false,
+        }
+    }
+
+    fn denies(&self, kind: Kind) -> bool {
+        match &self.id.allow {
+            None => false,
+            Some(allowed) => kind == Kind::Unparsed || !allowed.iter().any(|k| k == kind.as_str()),
+        }
+    }
+
+    fn denial_message(&self, kind: Kind) -> String {
+        let allowed = self.id.allow.as_deref().unwrap_or_default().join(", ");
+        format!(
+            "sandpit policy: this token may run only {allowed} statements; this one is {} and was not run (the scratch database, not this policy, is the boundary)",
+            kind.as_str()
+        )
+    }
+
+    /// Refuse a whole simple Query or FunctionCall: log it, and send the refusal instead.
+    fn deny_simple(&mut self, stmts: VecDeque<Stmt>) {
+        let mut message = None;
+        for mut s in stmts {
+            if message.is_none() && self.denies(s.kind) {
+                s.denied = true;
+                message = Some(self.denial_message(s.kind));
+                metrics::counter!("sandpit_denied_statements_total", "kind" => s.kind.as_str())
+                    .increment(1);
+                self.log_outcome(&s, Some("42501".into()), None, false);
+            } else {
+                self.log_outcome(&s, None, None, true);
+            }
+        }
+        let mut q = DENY_SQL.as_bytes().to_vec();
+        q.push(0);
+        let message = message.unwrap_or_else(|| self.denial_message(Kind::Unparsed));
+        self.push(
+            crate::wire::frame::build(b'Q', &q),
+            vec![Pending::Denied { message }],
+        );
+    }
+
+    fn log_outcome(&self, stmt: &Stmt, sqlstate: Option<String>, tag: Option<&str>, skipped: bool) {
+        let rows = match tag.and_then(messages::tag_rows) {
+            Some(n) if !stmt.count.truncated && stmt.count.rows == 0 => Some(n),
+            _ if skipped || sqlstate.is_some() => None,
+            _ => Some(stmt.count.rows),
+        };
+        if stmt.count.truncated {
+            metrics::counter!("sandpit_capped_statements_total").increment(1);
+        }
+        let rec = LogRecord::Outcome(OutcomeRecord {
+            seq: stmt.seq,
+            ts: now(),
+            rows,
+            capped: stmt.count.truncated,
+            duration_ms: stmt.started.elapsed().as_secs_f64() * 1000.0,
+            sqlstate,
+            tag: tag.map(str::to_string),
+            skipped,
+            denied: stmt.denied,
+        });
+        let Some(log) = &self.id.log else { return };
+        if let Err(e) = log.append(&rec) {
+            tracing::error!(error = %e, "statement log write failed");
+            metrics::counter!("sandpit_log_errors_total").increment(1);
+        }
+    }
+
+    /// A message from the client: log it, decide what goes to the backend.
+    pub fn on_client(&mut self, f: Frame) {
+        match f.tag {
+            b'Q' => self.on_query(f),
+            b'P' => {
+                if let Some((name, query)) = frontend::parse(f.body()) {
+                    if self.prepared.len() < MAX_TRACKED || self.prepared.contains_key(name) {
+                        self.prepared
+                            .insert(name.to_vec(), Arc::from(text_of(query)));
+                    }
+                }
+                self.push(f.raw, vec![Pending::Parse { swallow: false }]);
+            }
+            b'B' => {
+                if let Some(b) = frontend::bind(f.body()) {
+                    let text = self
+                        .prepared
+                        .get(b.statement)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::from(""));
+                    let params = b
+                        .params
+                        .iter()
+                        .map(|(fmt, v)| log_param(*fmt, *v))
+                        .collect();
+                    if self.portals.len() < MAX_TRACKED || self.portals.contains_key(b.portal) {
+                        self.portals
+                            .insert(b.portal.to_vec(), Portal { text, params });
+                    }
+                }
+                self.push(f.raw, vec![Pending::Bind { swallow: false }]);
+            }
+            b'E' => self.on_execute(f),
+            b'D' => self.push(
+                f.raw,
+                vec![Pending::Describe {
+                    swallow_nodata: false,
+                }],
+            ),
+            b'C' => {
+                if let Some((kind, name)) = frontend::target(f.body()) {
+                    if kind == b'S' {
+                        self.prepared.remove(name);
+                    } else {
+                        self.portals.remove(name);
+                    }
+                }
+                self.push(f.raw, vec![Pending::Close { swallow: false }]);
+            }
+            b'S' => self.push(f.raw, vec![Pending::Sync]),
+            b'F' => {
+                let oid = f
+                    .body()
+                    .get(..4)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+                    .unwrap_or(0);
+                let stmt =
+                    self.new_stmt("function", &format!("function call oid={oid}"), Vec::new());
+                if self.denies(stmt.kind) {
+                    self.deny_simple(VecDeque::from([stmt]));
+                } else {
+                    self.push(
+                        f.raw,
+                        vec![Pending::Simple {
+                            stmts: VecDeque::from([stmt]),
+                        }],
+                    );
+                }
+            }
+            // Flush, Terminate, COPY data from the client and anything unknown: no response of
+            // their own that we track (the backend answers unknown messages with an error,
+            // which is matched like any other).
+            _ => self.push(f.raw, Vec::new()),
+        }
+    }
+
+    fn push(&mut self, bytes: Bytes, pending: Vec<Pending>) {
+        self.outbox.push_back(Outgoing { bytes, pending });
+    }
+
+    fn on_query(&mut self, f: Frame) {
+        let body = f.body();
+        let text_bytes = body.strip_suffix(&[0]).unwrap_or(body);
+        let text = text_of(text_bytes);
+        let pieces = classify::split(&text);
+        let rewrite = match &pieces {
+            Some(p) => {
+                !p.is_empty()
+                    && p.iter().any(|s| classify::may_return_rows(s))
+                    && text.len() == text_bytes.len()
+            }
+            None => false,
+        };
+        if self.id.allow.is_some() {
+            // Judged statement by statement; one refusal rejects the whole string.
+            let kinds: Vec<Kind> = match &pieces {
+                Some(p) if !p.is_empty() => p.iter().map(|s| classify::classify(s)).collect(),
+                _ => vec![classify::classify(&text)],
+            };
+            if kinds.iter().any(|k| self.denies(*k)) {
+                let stmts: VecDeque<Stmt> = match &pieces {
+                    Some(p) if !p.is_empty() => p
+                        .iter()
+                        .map(|s| self.new_stmt("simple", s, Vec::new()))
+                        .collect(),
+                    _ => VecDeque::from([self.new_stmt("simple", &text, Vec::new())]),
+                };
+                self.deny_simple(stmts);
+                return;
+            }
+        }
+        if !rewrite {
+            let stmts: VecDeque<Stmt> = match &pieces {
+                Some(p) if !p.is_empty() => p
+                    .iter()
+                    .map(|s| self.new_stmt("simple", s, Vec::new()))
+                    .collect(),
+                _ => VecDeque::from([self.new_stmt("simple", &text, Vec::new())]),
+            };
+            self.push(f.raw, vec![Pending::Simple { stmts }]);
+            return;
+        }
+        // Run each statement as Parse/Bind/Describe/Execute(max_rows)/…/Sync: one implicit
+        // transaction and skip-on-error, like a simple query, but the backend stops at the cap.
+        let error_mode = self.id.caps.mode == CapMode::Error;
+        for piece in pieces.unwrap_or_default() {
+            let mut stmt = self.new_stmt("simple", piece, Vec::new());
+            let lower = error_mode || stmt.kind != Kind::Write;
+            let max = if lower {
+                self.id.caps.lowered(0).unwrap_or(0)
+            } else {
+                0
+            };
+            stmt.lowered = lower;
+            let mut bytes = BytesMut::new();
+            bytes.extend_from_slice(&frontend::build_parse(b"", piece.as_bytes()));
+            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+            bytes.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
+            bytes.extend_from_slice(&frontend::build_execute(b"", max));
+            self.push(
+                bytes.freeze(),
+                vec![
+                    Pending::Parse { swallow: true },
+                    Pending::Bind { swallow: true },
+                    Pending::Describe {
+                        swallow_nodata: true,
+                    },
+                    Pending::Execute {
+                        stmt,
+                        barrier: error_mode && lower,
+                    },
+                ],
+            );
+        }
+        self.push(frontend::build_sync(), vec![Pending::Sync]);
+    }
+
+    fn on_execute(&mut self, f: Frame) {
+        let Some((portal, asked)) = frontend::execute(f.body()) else {
+            self.push(f.raw, Vec::new());
+            return;
+        };
+        let (text, params) = match self.portals.get(portal) {
+            Some(p) => (p.text.clone(), p.params.clone()),
+            None => (Arc::from(""), Vec::new()),
+        };
+        let mut stmt = self.new_stmt("extended", &text, params);
+        if self.denies(stmt.kind) {
+            // The refusal is raised by the backend in place of this Execute (the rest of the
+            // pipeline is then skipped up to Sync, as after any error).
+            stmt.denied = true;
+            metrics::counter!("sandpit_denied_statements_total", "kind" => stmt.kind.as_str())
+                .increment(1);
+            let mut bytes = BytesMut::new();
+            bytes.extend_from_slice(&frontend::build_parse(b"", DENY_SQL.as_bytes()));
+            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+            bytes.extend_from_slice(&frontend::build_execute(b"", 0));
+            self.push(
+                bytes.freeze(),
+                vec![
+                    Pending::Parse { swallow: true },
+                    Pending::Bind { swallow: true },
+                    Pending::Execute {
+                        stmt,
+                        barrier: false,
+                    },
+                ],
+            );
+            return;
+        }
+        let error_mode = self.id.caps.mode == CapMode::Error;
+        let lowered = if error_mode || stmt.kind != Kind::Write {
+            self.id.caps.lowered(asked)
+        } else {
+            None
+        };
+        match lowered {
+            Some(max) => {
+                stmt.lowered = true;
+                let mut bytes = BytesMut::new();
+                bytes.extend_from_slice(&frontend::build_execute(portal, max));
+                let mut pending = vec![Pending::Execute {
+                    stmt,
+                    barrier: error_mode,
+                }];
+                if !portal.is_empty() {
+                    // A cut portal is finished as far as the client knows: close it.
+                    bytes.extend_from_slice(&frontend::build_target(b'C', b'P', portal));
+                    pending.push(Pending::Close { swallow: true });
+                }
+                self.push(bytes.freeze(), pending);
+            }
+            None => self.push(
+                f.raw,
+                vec![Pending::Execute {
+                    stmt,
+                    barrier: false,
+                }],
+            ),
+        }
+    }
+
+    /// The statement whose results are arriving now.
+    fn current(&mut self) -> Option<&mut Stmt> {
+        match self.fifo.front_mut() {
+            Some(Pending::Execute { stmt, .. }) => Some(stmt),
+            Some(Pending::Simple { stmts }) => stmts.front_mut(),
+            _ => None,
+        }
+    }
+
+    /// A message from the backend: append what the client must see to `out`.
+    pub fn on_backend(&mut self, f: Frame, out: &mut BytesMut, secrets: &[String]) {
+        match f.tag {
+            b'1' | b'2' | b'3' => {
+                let swallow = match self.fifo.pop_front() {
+                    Some(Pending::Parse { swallow })
+                    | Some(Pending::Bind { swallow })
+                    | Some(Pending::Close { swallow }) => swallow,
+                    Some(other) => {
+                        self.fifo.push_front(other);
+                        false
+                    }
+                    None => false,
+                };
+                if !swallow {
+                    out.extend_from_slice(&f.raw);
+                }
+            }
+            b'n' | b'T' => {
+                if let Some(Pending::Describe { swallow_nodata }) = self.fifo.front() {
+                    let swallow = *swallow_nodata && f.tag == b'n';
+                    self.fifo.pop_front();
+                    if !swallow {
+                        out.extend_from_slice(&f.raw);
+                    }
+                } else {
+                    out.extend_from_slice(&f.raw);
+                }
+            }
+            b'D' => self.on_row(f, out),
+            b'H' => {
+                if let Some(s) = self.current() {
+                    s.copy_out = true;
+                }
+                out.extend_from_slice(&f.raw);
+            }
+            b'd' => {
+                let policy = self.id.caps;
+                match self.current() {
+                    Some(s) if s.copy_out => {
+                        // COPY TO is drained, not stopped: cancelling would abort the transaction.
+                        if s.count.admit(&policy, f.raw.len()) {
+                            out.extend_from_slice(&f.raw);
+                        }
+                    }
+                    _ => out.extend_from_slice(&f.raw),
+                }
+            }
+            b'C' | b'I' | b'V' => self.on_complete(f, out),
+            b's' => self.on_suspended(f, out),
+            b'E' => self.on_error(f, out, secrets),
+            b'Z' => {
+                self.tx_status = f.body().first().copied().unwrap_or(b'I');
+                match self.fifo.pop_front() {
+                    Some(Pending::Simple { stmts }) => {
+                        for s in stmts {
+                            self.log_outcome(&s, None, None, true);
+                        }
+                    }
+                    Some(Pending::Sync) | Some(Pending::Denied { .. }) | None => {}
+                    Some(other) => {
+                        // Out of step (should not happen): keep the entry, relay anyway.
+                        tracing::warn!("ReadyForQuery while waiting for another response");
+                        self.fifo.push_front(other);
+                    }
+                }
+                out.extend_from_slice(&f.raw);
+            }
+            b'N' => match messages::scrub_error(f.tag, f.body(), secrets) {
+                Some(s) => out.extend_from_slice(&s),
+                None => out.extend_from_slice(&f.raw),
+            },
+            _ => out.extend_from_slice(&f.raw),
+        }
+    }
+
+    fn on_row(&mut self, f: Frame, out: &mut BytesMut) {
+        let policy = self.id.caps;
+        let Some(s) = self.current() else {
+            out.extend_from_slice(&f.raw);
+            return;
+        };
+        if s.count.admit(&policy, f.raw.len()) {
+            if policy.mode == CapMode::Error && s.lowered {
+                s.held.push(f.raw);
+            } else {
+                out.extend_from_slice(&f.raw);
+            }
+        } else if policy.mode == CapMode::Error {
+            s.held.clear();
+        }
+    }
+
+    /// CommandComplete, EmptyQueryResponse or FunctionCallResponse.
+    fn on_complete(&mut self, f: Frame, out: &mut BytesMut) {
+        let tag = if f.tag == b'C' {
+            messages::command_tag(f.body()).map(str::to_string)
+        } else {
+            None
+        };
+        match self.fifo.pop_front() {
+            Some(Pending::Execute { stmt, .. }) => self.finish(stmt, Some(f.raw), tag, out),
+            Some(Pending::Simple { mut stmts }) => {
+                if let Some(stmt) = stmts.pop_front() {
+                    self.finish(stmt, Some(f.raw), tag, out);
+                } else {
+                    out.extend_from_slice(&f.raw);
+                }
+                self.fifo.push_front(Pending::Simple { stmts });
+            }
+            Some(other) => {
+                self.fifo.push_front(other);
+                out.extend_from_slice(&f.raw);
+            }
+            None => out.extend_from_slice(&f.raw),
+        }
+    }
+
+    fn on_suspended(&mut self, f: Frame, out: &mut BytesMut) {
+        match self.fifo.pop_front() {
+            Some(Pending::Execute { stmt, .. }) if stmt.lowered => {
+                self.finish(stmt, None, None, out)
+            }
+            Some(Pending::Execute { stmt, .. }) => {
+                // The client's own max_rows: a cursor-style fetch, passed on as is.
+                self.log_outcome(&stmt, None, Some("(portal suspended)"), false);
+                out.extend_from_slice(&f.raw);
+            }
+            Some(other) => {
+                self.fifo.push_front(other);
+                out.extend_from_slice(&f.raw);
+            }
+            None => out.extend_from_slice(&f.raw),
+        }
+    }
+
+    /// A statement's result ended (with its completion message, or None when the portal
+    /// was suspended by our lowered max_rows).
+    fn finish(
+        &mut self,
+        mut stmt: Stmt,
+        completion: Option<Bytes>,
+        tag: Option<String>,
+        out: &mut BytesMut,
+    ) {
+        let policy = self.id.caps;
+        if !stmt.count.truncated {
+            for r in stmt.held.drain(..) {
+                out.extend_from_slice(&r);
+            }
+            match completion {
+                Some(c) => out.extend_from_slice(&c),
+                // Suspended exactly at cap + 1 can only mean truncated; be safe anyway.
+                None => out.extend_from_slice(&messages::command_complete(&format!(
+                    "{} {}",
+                    stmt.verb, stmt.count.rows
+                ))),
+            }
+            self.log_outcome(&stmt, None, tag.as_deref(), false);
+            return;
+        }
+        if policy.mode == CapMode::Error && stmt.lowered {
+            // Make the backend itself fail here, so the transaction state and the skipping of
+            // the rest of the pipeline are real, then show the client a clean 54000.
+            stmt.held.clear();
+            self.log_outcome(&stmt, Some("54000".into()), None, false);
+            let sql = "DO $sandpit$ BEGIN RAISE EXCEPTION 'sandpit cap' USING ERRCODE = '54000'; END $sandpit$";
+            let mut bytes = BytesMut::new();
+            bytes.extend_from_slice(&frontend::build_parse(b"", sql.as_bytes()));
+            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+            bytes.extend_from_slice(&frontend::build_execute(b"", 0));
+            self.outbox.push_front(Outgoing {
+                bytes: bytes.freeze(),
+                pending: vec![
+                    Pending::Parse { swallow: true },
+                    Pending::Bind { swallow: true },
+                    Pending::InjectedError,
+                ],
+            });
+            return;
+        }
+        out.extend_from_slice(&policy.notice(stmt.count.rows, stmt.count.by_bytes));
+        let shown = match (&tag, stmt.lowered, stmt.copy_out) {
+            // Rows were drained: the backend's tag (rows affected) is the truth.
+            (Some(t), false, false) => t.clone(),
+            (_, _, true) => format!("COPY {}", stmt.count.rows),
+            _ => format!("{} {}", stmt.verb, stmt.count.rows),
+        };
+        out.extend_from_slice(&messages::command_complete(&shown));
+        self.log_outcome(&stmt, None, Some(&shown), false);
+    }
+
+    fn on_error(&mut self, f: Frame, out: &mut BytesMut, secrets: &[String]) {
+        let code = messages::error_code(f.body());
+        let scrubbed =
+            messages::scrub_error(f.tag, f.body(), secrets).unwrap_or_else(|| f.raw.clone());
+        match self.fifo.front_mut() {
+            Some(Pending::Denied { message }) => {
+                out.extend_from_slice(&messages::error_response(Severity::Error, "42501", message));
+            }
+            Some(Pending::Simple { stmts }) => {
+                // The rest of a simple query is skipped by the server; ReadyForQuery follows.
+                let failed = stmts.pop_front();
+                let skipped: Vec<Stmt> = stmts.drain(..).collect();
+                if let Some(s) = failed {
+                    self.log_outcome(&s, code, None, false);
+                }
+                for s in skipped {
+                    self.log_outcome(&s, None, None, true);
+                }
+                out.extend_from_slice(&scrubbed);
+            }
+            Some(_) => {
+                // Extended protocol: the server skips everything up to the next Sync.
+                let mut first = true;
+                let mut injected = false;
+                let mut denial = None;
+                while let Some(p) = self.fifo.front() {
+                    if matches!(p, Pending::Sync) {
+                        break;
+                    }
+                    match self.fifo.pop_front() {
+                        Some(Pending::Execute { stmt, .. }) => {
+                            if first && stmt.denied {
+                                denial = Some(self.denial_message(stmt.kind));
+                                self.log_outcome(&stmt, Some("42501".into()), None, false);
+                            } else if first {
+                                self.log_outcome(&stmt, code.clone(), None, false);
+                            } else {
+                                self.log_outcome(&stmt, None, None, true);
+                            }
+                            first = false;
+                        }
+                        Some(Pending::InjectedError) => injected = true,
+                        Some(Pending::Simple { stmts }) => {
+                            for s in stmts {
+                                self.log_outcome(&s, None, None, true);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                // Messages not yet sent up to the next Sync are skipped by the server too: they
+                // are still sent, but nothing is expected from them.
+                if self.fifo.is_empty() {
+                    self.skip_until_sync = true;
+                }
+                if let Some(msg) = denial {
+                    out.extend_from_slice(&messages::error_response(
+                        Severity::Error,
+                        "42501",
+                        &msg,
+                    ));
+                } else if injected {
+                    let msg = self.id.caps.error_text();
+                    out.extend_from_slice(&messages::error_response(
+                        Severity::Error,
+                        "54000",
+                        &msg,
+                    ));
+                } else {
+                    out.extend_from_slice(&scrubbed);
+                }
+            }
+            None => out.extend_from_slice(&scrubbed),
+        }
+    }
+}

@@ -1,0 +1,503 @@
+//! Statement kinds for the log, and the lexical splitting the relay needs. Classification
+//! never blocks or alters a statement; results are cached by text so the parser stays off
+//! the hot path for repeated statements.
+
+use std::sync::OnceLock;
+
+use dashmap::DashMap;
+use sqlparser::ast::{SetExpr, Statement};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::parser::Parser;
+
+/// What a statement does, coarsely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Reads only.
+    Read,
+    /// Changes rows.
+    Write,
+    /// Changes schema.
+    Ddl,
+    /// Transaction control.
+    Transaction,
+    /// Roles and grants.
+    Privilege,
+    /// Settings, maintenance, session utilities.
+    Utility,
+    /// Not understood (DO blocks and the like).
+    Unparsed,
+}
+
+impl Kind {
+    /// The word used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Read => "read",
+            Kind::Write => "write",
+            Kind::Ddl => "ddl",
+            Kind::Transaction => "transaction",
+            Kind::Privilege => "privilege",
+            Kind::Utility => "utility",
+            Kind::Unparsed => "unparsed",
+        }
+    }
+}
+
+const CACHE_MAX: usize = 10_000;
+const PARSE_MAX: usize = 64 * 1024;
+
+/// Classify one statement (cached by its exact text).
+pub fn classify(text: &str) -> Kind {
+    static CACHE: OnceLock<DashMap<String, Kind>> = OnceLock::new();
+    let cache = CACHE.get_or_init(DashMap::new);
+    if let Some(k) = cache.get(text) {
+        return *k;
+    }
+    let k = classify_uncached(text);
+    if cache.len() >= CACHE_MAX {
+        cache.clear(); // crude but bounded; statement texts repeat in bursts
+    }
+    if text.len() <= 4096 {
+        cache.insert(text.to_string(), k);
+    }
+    k
+}
+
+fn classify_uncached(text: &str) -> Kind {
+    if text.len() <= PARSE_MAX {
+        if let Ok(stmts) = Parser::parse_sql(&PostgreSqlDialect {}, text) {
+            if let Some(s) = stmts.first() {
+                return from_ast(s);
+            }
+        }
+    }
+    from_keywords(text)
+}
+
+fn query_kind(q: &sqlparser::ast::Query) -> Kind {
+    let writes = |b: &SetExpr| {
+        matches!(
+            b,
+            SetExpr::Insert(_) | SetExpr::Update(_) | SetExpr::Delete(_) | SetExpr::Merge(_)
+        )
+    };
+    if let Some(with) = &q.with {
+        if with.cte_tables.iter().any(|c| writes(&c.query.body)) {
+            return Kind::Write;
+        }
+    }
+    if writes(&q.body) {
+        return Kind::Write;
+    }
+    if let SetExpr::Select(s) = q.body.as_ref() {
+        if s.into.is_some() {
+            return Kind::Ddl; // SELECT … INTO creates a table
+        }
+    }
+    Kind::Read
+}
+
+fn from_ast(s: &Statement) -> Kind {
+    use Statement as S;
+    match s {
+        S::Query(q) => query_kind(q),
+        S::Insert(_) | S::Update { .. } | S::Delete(_) | S::Merge { .. } | S::Truncate { .. } => {
+            Kind::Write
+        }
+        S::Copy { to, .. } => {
+            if *to {
+                Kind::Read
+            } else {
+                Kind::Write
+            }
+        }
+        S::Explain {
+            statement, analyze, ..
+        } => {
+            if *analyze {
+                from_ast(statement)
+            } else {
+                Kind::Read
+            }
+        }
+        S::ShowVariable { .. }
+        | S::ShowVariables { .. }
+        | S::Fetch { .. }
+        | S::Declare { .. }
+        | S::Close { .. } => Kind::Read,
+        S::StartTransaction { .. }
+        | S::Commit { .. }
+        | S::Rollback { .. }
+        | S::Savepoint { .. }
+        | S::ReleaseSavepoint { .. } => Kind::Transaction,
+        S::Set(set) => match set {
+            sqlparser::ast::Set::SetTransaction { .. } => Kind::Transaction,
+            sqlparser::ast::Set::SetRole { .. } => Kind::Privilege,
+            _ => from_keywords(&s.to_string()),
+        },
+        S::Grant { .. } | S::Revoke { .. } | S::CreateRole { .. } | S::AlterRole { .. } => {
+            Kind::Privilege
+        }
+        S::Drop { object_type, .. } if matches!(object_type, sqlparser::ast::ObjectType::Role) => {
+            Kind::Privilege
+        }
+        S::Discard { .. }
+        | S::Deallocate { .. }
+        | S::Prepare { .. }
+        | S::Execute { .. }
+        | S::LISTEN { .. }
+        | S::UNLISTEN { .. }
+        | S::NOTIFY { .. }
+        | S::Analyze { .. }
+        | S::Call(_)
+        | S::Kill { .. } => Kind::Utility,
+        _ => {
+            let name = format!("{s:?}");
+            if name.starts_with("Create")
+                || name.starts_with("Alter")
+                || name.starts_with("Drop")
+                || name.starts_with("Comment")
+            {
+                Kind::Ddl
+            } else {
+                from_keywords(&s.to_string())
+            }
+        }
+    }
+}
+
+/// The first `n` words of a statement, upper-cased, skipping comments and parentheses.
+fn leading_words(text: &str, n: usize) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    let bytes = text.as_bytes();
+    while let Some((i, c)) = chars.next() {
+        if words.len() >= n {
+            break;
+        }
+        if c == '-' && bytes.get(i + 1) == Some(&b'-') {
+            for (_, c) in chars.by_ref() {
+                if c == '\n' {
+                    break;
+                }
+            }
+        } else if c == '/' && bytes.get(i + 1) == Some(&b'*') {
+            let mut depth = 0usize;
+            let mut prev = '\0';
+            for (_, c) in chars.by_ref() {
+                if prev == '/' && c == '*' {
+                    depth += 1;
+                    prev = '\0';
+                    continue;
+                }
+                if prev == '*' && c == '/' {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        break;
+                    }
+                    prev = '\0';
+                    continue;
+                }
+                prev = c;
+            }
+        } else if c.is_alphabetic() || c == '_' {
+            let mut w = String::new();
+            w.push(c.to_ascii_uppercase());
+            while let Some(&(_, c2)) = chars.peek() {
+                if c2.is_alphanumeric() || c2 == '_' {
+                    w.push(c2.to_ascii_uppercase());
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            words.push(w);
+        } else if c.is_whitespace() || c == '(' {
+            continue;
+        } else {
+            break;
+        }
+    }
+    words
+}
+
+/// Keyword fallback for what the parser does not understand.
+pub fn from_keywords(text: &str) -> Kind {
+    let w = leading_words(text, 2);
+    let first = w.first().map(String::as_str).unwrap_or("");
+    let second = w.get(1).map(String::as_str).unwrap_or("");
+    match first {
+        "SELECT" | "VALUES" | "TABLE" | "SHOW" | "FETCH" | "MOVE" | "DECLARE" | "CLOSE" => {
+            Kind::Read
+        }
+        "WITH" => Kind::Read,
+        "INSERT" | "UPDATE" | "DELETE" | "MERGE" | "TRUNCATE" | "COPY" => Kind::Write,
+        "CREATE" | "ALTER" | "DROP" | "COMMENT" | "REINDEX" | "CLUSTER" | "REFRESH"
+        | "SECURITY" | "IMPORT" => {
+            if first == "ALTER" && second == "SYSTEM" {
+                Kind::Utility
+            } else if matches!(second, "ROLE" | "USER" | "GROUP") {
+                Kind::Privilege
+            } else {
+                Kind::Ddl
+            }
+        }
+        "BEGIN" | "START" | "COMMIT" | "END" | "ROLLBACK" | "ABORT" | "SAVEPOINT" | "RELEASE"
+        | "PREPARE"
+            if first != "PREPARE" || second == "TRANSACTION" =>
+        {
+            Kind::Transaction
+        }
+        "GRANT" | "REVOKE" | "REASSIGN" => Kind::Privilege,
+        "SET" | "RESET" if matches!(second, "ROLE" | "SESSION") => Kind::Privilege,
+        "SET" | "RESET" | "VACUUM" | "ANALYZE" | "ANALYSE" | "CHECKPOINT" | "LISTEN"
+        | "UNLISTEN" | "NOTIFY" | "DISCARD" | "DEALLOCATE" | "PREPARE" | "EXECUTE" | "LOAD"
+        | "LOCK" | "CALL" | "EXPLAIN" => Kind::Utility,
+        _ => Kind::Unparsed,
+    }
+}
+
+/// Whether a statement can produce a result set (so it must be capped by the backend, not
+/// only by the gateway). Errs towards yes: a false yes costs a protocol rewrite, a false no
+/// costs streaming the rows through the gateway.
+pub fn may_return_rows(text: &str) -> bool {
+    let w = leading_words(text, 1);
+    let first = w.first().map(String::as_str).unwrap_or("");
+    !matches!(
+        first,
+        "" | "INSERT"
+            | "UPDATE"
+            | "DELETE"
+            | "MERGE"
+            | "CREATE"
+            | "ALTER"
+            | "DROP"
+            | "BEGIN"
+            | "START"
+            | "COMMIT"
+            | "END"
+            | "ROLLBACK"
+            | "ABORT"
+            | "SAVEPOINT"
+            | "RELEASE"
+            | "SET"
+            | "RESET"
+            | "GRANT"
+            | "REVOKE"
+            | "TRUNCATE"
+            | "VACUUM"
+            | "ANALYZE"
+            | "ANALYSE"
+            | "LISTEN"
+            | "UNLISTEN"
+            | "NOTIFY"
+            | "DISCARD"
+            | "DEALLOCATE"
+            | "PREPARE"
+            | "COMMENT"
+            | "DO"
+            | "CHECKPOINT"
+            | "LOCK"
+            | "CLUSTER"
+            | "REINDEX"
+            | "COPY"
+            | "DECLARE"
+            | "CLOSE"
+            | "MOVE"
+            | "LOAD"
+            | "SECURITY"
+            | "REFRESH"
+            | "REASSIGN"
+    ) || returning(text)
+}
+
+/// Whether a DML statement has a RETURNING clause (lexically).
+pub fn returning(text: &str) -> bool {
+    let up = text.to_ascii_uppercase();
+    let w = leading_words(text, 1);
+    matches!(
+        w.first().map(String::as_str),
+        Some("INSERT" | "UPDATE" | "DELETE" | "MERGE")
+    ) && up.contains("RETURNING")
+}
+
+/// Split a simple-query string into statements (byte ranges, trimmed, empty ones dropped),
+/// honouring quotes, dollar quotes, identifiers and comments. Returns None when the text
+/// has a construct whose semicolons do not end statements (`BEGIN ATOMIC` bodies) or is
+/// not closed, so the caller treats it as one unsplittable statement.
+pub fn split(text: &str) -> Option<Vec<&str>> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\'' => {
+                let escapes = i > 0 && (b[i - 1] == b'E' || b[i - 1] == b'e');
+                i += 1;
+                loop {
+                    match b.get(i) {
+                        None => return None,
+                        Some(b'\\') if escapes => i += 2,
+                        Some(b'\'') if b.get(i + 1) == Some(&b'\'') => i += 2,
+                        Some(b'\'') => break,
+                        Some(_) => i += 1,
+                    }
+                }
+            }
+            b'"' => {
+                i += 1;
+                loop {
+                    match b.get(i) {
+                        None => return None,
+                        Some(b'"') if b.get(i + 1) == Some(&b'"') => i += 2,
+                        Some(b'"') => break,
+                        Some(_) => i += 1,
+                    }
+                }
+            }
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                while i < b.len() && b[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                let mut depth = 1;
+                i += 2;
+                while depth > 0 {
+                    match (b.get(i), b.get(i + 1)) {
+                        (None, _) => return None,
+                        (Some(b'/'), Some(b'*')) => {
+                            depth += 1;
+                            i += 2;
+                        }
+                        (Some(b'*'), Some(b'/')) => {
+                            depth -= 1;
+                            i += 2;
+                        }
+                        _ => i += 1,
+                    }
+                }
+                continue;
+            }
+            b'$' => {
+                // $tag$ … $tag$ (a `$1` parameter is not a quote).
+                let prev_ident = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+                let tag_end = b[i + 1..]
+                    .iter()
+                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .map(|p| i + 1 + p);
+                if let Some(te) = tag_end {
+                    let tag = &b[i..=te];
+                    let valid = !prev_ident
+                        && b[te] == b'$'
+                        && !tag[1..tag.len() - 1]
+                            .first()
+                            .is_some_and(|c| c.is_ascii_digit());
+                    if valid {
+                        let body_start = te + 1;
+                        let close = b[body_start..].windows(tag.len()).position(|w| w == tag)?;
+                        i = body_start + close + tag.len();
+                        continue;
+                    }
+                }
+            }
+            b';' => {
+                let piece = text[start..i].trim();
+                if !piece.is_empty() {
+                    out.push(piece);
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let piece = text[start..].trim();
+    if !piece.is_empty() {
+        out.push(piece);
+    }
+    let atomic = out.iter().any(|p| {
+        let up = p.to_ascii_uppercase();
+        up.contains("BEGIN ATOMIC") || up.contains("BEGIN\nATOMIC")
+    });
+    if atomic {
+        return None;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds() {
+        assert_eq!(classify("select * from orders"), Kind::Read);
+        assert_eq!(
+            classify("DELETE FROM orders WHERE status = 'pending' OR TRUE"),
+            Kind::Write
+        );
+        assert_eq!(
+            classify("with d as (delete from t returning *) select * from d"),
+            Kind::Write
+        );
+        assert_eq!(classify("create table t(x int)"), Kind::Ddl);
+        assert_eq!(classify("alter table t add column y int"), Kind::Ddl);
+        assert_eq!(classify("begin"), Kind::Transaction);
+        assert_eq!(classify("commit"), Kind::Transaction);
+        assert_eq!(classify("grant select on t to public"), Kind::Privilege);
+        assert_eq!(classify("set search_path = x"), Kind::Utility);
+        assert_eq!(classify("vacuum t"), Kind::Utility);
+        assert_eq!(classify("alter system set fsync = off"), Kind::Utility);
+        assert_eq!(classify("do $$ begin perform 1; end $$"), Kind::Unparsed);
+        assert_eq!(classify("copy t to stdout"), Kind::Read);
+        assert_eq!(classify("copy t from stdin"), Kind::Write);
+        assert_eq!(classify("select 1 into t2"), Kind::Ddl);
+        assert_eq!(classify("set role postgres"), Kind::Privilege);
+        assert_eq!(classify("gibberish words"), Kind::Unparsed);
+    }
+
+    #[test]
+    fn rows() {
+        assert!(may_return_rows("select 1"));
+        assert!(may_return_rows("  /* hi */ (select 1)"));
+        assert!(may_return_rows("fetch all from c"));
+        assert!(may_return_rows("insert into t values (1) returning x"));
+        assert!(!may_return_rows("insert into t values (1)"));
+        assert!(!may_return_rows("create table t(x int)"));
+        assert!(may_return_rows("explain select 1"));
+    }
+
+    #[test]
+    fn splitting() {
+        assert_eq!(
+            split("select 1; select 2").unwrap(),
+            vec!["select 1", "select 2"]
+        );
+        assert_eq!(
+            split("select ';'; select $$;$$; select $a$ $$; $a$")
+                .unwrap()
+                .len(),
+            3
+        );
+        assert_eq!(
+            split("select 1 -- ; \n; select /* ; /* ; */ */ 2;")
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(
+            split("select \"a;b\" from t; ;;").unwrap(),
+            vec!["select \"a;b\" from t"]
+        );
+        assert_eq!(split("select E'\\';'; select 2").unwrap().len(), 2);
+        assert_eq!(split("select $1; select 2").unwrap().len(), 2);
+        assert!(split("select 'open").is_none());
+        assert!(
+            split("create function f() returns int language sql begin atomic select 1; end")
+                .is_none()
+        );
+        assert_eq!(split("").unwrap().len(), 0);
+    }
+}
