@@ -235,7 +235,7 @@ fn token_whose_ttl_passed_while_the_gateway_was_down_is_reaped_on_start() {
 }
 
 #[test]
-fn metrics_reflect_forks_sessions_auth_failures_and_reaps_and_reap_cli_reports() {
+fn metrics_reflect_forks_sessions_caps_auth_failures_and_reaps_and_reap_cli_reports() {
     let rt = rt();
     let g = Gateway::start(Some(SMALL_GOLDEN), Some("[janitor]\ninterval = \"0s\"\n"));
     let a = g.issue("metrics-a", 600);
@@ -250,6 +250,9 @@ fn metrics_reflect_forks_sessions_auth_failures_and_reaps_and_reap_cli_reports()
         }
         let wrong = s(&a, "dsn").replace(&s(&a, "id"), "nosuchtoken");
         assert!(query_one(&wrong, "select 1").await.is_err());
+        // Over the row cap (200 by default): truncated, counted.
+        let got = query_one(&s(&a, "dsn"), "select g from generate_series(1, 1000) g").await;
+        assert_eq!(got.map_err(|e| sqlstate(&e)).unwrap().as_deref(), Some("1"));
     });
     g.revoke(&s(&b, "id"));
     // A tagged backend of a token this gateway never issued (e.g. a lost registry record).
@@ -311,7 +314,9 @@ fn metrics_reflect_forks_sessions_auth_failures_and_reaps_and_reap_cli_reports()
         )),
         2.0
     );
-    assert_eq!(get("sandpit_sessions_total"), 3.0);
+    assert_eq!(get("sandpit_sessions_total"), 4.0);
+    assert_eq!(get("sandpit_capped_statements_total"), 1.0);
+    assert_eq!(get("sandpit_statements_total{kind=\"read\"}"), 4.0);
     assert_eq!(get("sandpit_sessions"), 0.0);
     assert_eq!(get("sandpit_backends"), 1.0);
     assert_eq!(get("sandpit_destroys_total"), 2.0);
