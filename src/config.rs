@@ -55,6 +55,16 @@ pub struct Config {
     pub janitor: JanitorConfig,
     /// The statement log.
     pub log: LogConfig,
+    /// Warm pool of ready forks.
+    pub pool: PoolConfig,
+}
+
+/// Warm pool settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Forks kept ready for new tokens (0 = no pool: each first connection forks).
+    pub size: usize,
 }
 
 /// Janitor settings.
@@ -105,6 +115,7 @@ impl Default for Config {
             shutdown_grace: Duration::from_secs(10),
             janitor: JanitorConfig::default(),
             log: LogConfig::default(),
+            pool: PoolConfig::default(),
         }
     }
 }
@@ -144,6 +155,9 @@ pub struct PostgresConfig {
     pub netns: bool,
     /// `max_connections` of each scratch server.
     pub max_connections: u32,
+    /// Stop a backend (keeping its data) after this long without a session; 0 turns it off.
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_suspend: Duration,
 }
 
 impl Default for PostgresConfig {
@@ -153,6 +167,7 @@ impl Default for PostgresConfig {
             run_as: None,
             netns: true,
             max_connections: 30,
+            idle_suspend: Duration::from_secs(300),
         }
     }
 }

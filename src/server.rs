@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::control::{self, ApiState};
 use crate::lifecycle::{janitor, Gateway};
 use crate::provider::instance::{InstanceConfig, InstanceProvider};
+use crate::provider::pool::WarmPool;
 use crate::proxy::{tls, Proxy};
 use crate::registry::Registry;
 
@@ -170,7 +171,16 @@ pub async fn run(
     let mut cfg = cfg;
     cfg.data_dir = data_dir;
     cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
-    let gw = Gateway::with_id(cfg, registry, Arc::new(provider), gateway_id);
+    let provider: Arc<dyn crate::provider::Provider> = Arc::new(provider);
+    let pool = (cfg.pool.size > 0).then(|| WarmPool::new(provider.clone(), cfg.pool.size));
+    let provider = match &pool {
+        Some(p) => {
+            p.start().await;
+            p.clone() as Arc<dyn crate::provider::Provider>
+        }
+        None => provider,
+    };
+    let gw = Gateway::with_id(cfg, registry, provider, gateway_id);
     gw.resume().await;
     // Before `ready`: whatever an earlier (killed) run left behind is settled first.
     match janitor::run_pass(&gw, false).await {
@@ -198,6 +208,21 @@ pub async fn run(
             }
         })
     };
+
+    let idle = gw.config.postgres.idle_suspend;
+    let suspender = (!idle.is_zero()).then(|| {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval((idle / 4).clamp(
+                std::time::Duration::from_millis(250),
+                std::time::Duration::from_secs(30),
+            ));
+            loop {
+                tick.tick().await;
+                gw.suspend_idle(idle).await;
+            }
+        })
+    });
 
     let proxy = Proxy::new(gw.clone(), tls);
     let pg_task = tokio::spawn(proxy.serve(pg_listener, stop.clone()));
@@ -250,7 +275,13 @@ pub async fn run(
         }
     }
     gw.shutdown().await;
+    if let Some(p) = &pool {
+        p.drain().await;
+    }
     syncer.abort();
+    if let Some(s) = suspender {
+        s.abort();
+    }
     gw.logs.sync_all();
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -20,6 +20,7 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 
 use super::{EndReason, Gateway, LifecycleError};
+use crate::provider::pool::POOL_PREFIX;
 use crate::registry::{TokenRecord, TokenState};
 
 /// Name of the file in the data dir that holds the gateway id.
@@ -69,7 +70,8 @@ pub struct Reaped {
 pub struct Skipped {
     /// Provider handle.
     pub handle: String,
-    /// "untagged" or "foreign" (tagged by another gateway, token unknown here).
+    /// "untagged", "foreign" (tagged by another gateway, token unknown here) or "pool" (an
+    /// unclaimed warm-pool member).
     pub why: &'static str,
 }
 
@@ -174,6 +176,15 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             });
             continue;
         };
+        if tag.token_id.starts_with(POOL_PREFIX) {
+            // An unclaimed warm-pool member (the pool hides its own, but one being claimed or
+            // just forked may show for a moment); the pool removes stale ones at start.
+            report.skipped.push(Skipped {
+                handle: handle.clone(),
+                why: "pool",
+            });
+            continue;
+        }
         let rec = gw.registry.get(&tag.token_id);
         let foreign = !tag.gateway_id.is_empty() && tag.gateway_id != gw.gateway_id;
         if rec.is_none() && foreign {

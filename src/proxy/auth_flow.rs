@@ -1,9 +1,11 @@
-//! Authenticating the client: SCRAM-SHA-256 when the user name is a token id, otherwise a
-//! cleartext password holding the whole token (`<id>.<secret>`), only over TLS or loopback.
+//! Authenticating the client: SCRAM-SHA-256 when the user name is a token id (and
+//! SCRAM-SHA-256-PLUS as well over TLS), otherwise a cleartext password holding the whole
+//! token (`<id>.<secret>`), only over TLS or loopback.
 
 use time::OffsetDateTime;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use crate::auth::scram::Binding;
 use crate::auth::{self, ScramError, ScramServer};
 use crate::lifecycle::{state_word, Gateway};
 use crate::registry::TokenRecord;
@@ -53,19 +55,21 @@ impl AuthError {
 }
 
 /// Run the authentication exchange; returns the token record on success (AuthenticationOk
-/// already sent).
+/// already sent). `channel_binding` is the TLS certificate's tls-server-end-point data when
+/// the client is on TLS: SCRAM-SHA-256-PLUS is offered then.
 pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     gw: &Gateway,
     conn: &mut FrameReader<S>,
     user: &str,
     cleartext_allowed: bool,
+    channel_binding: Option<&[u8]>,
 ) -> Result<TokenRecord, AuthError> {
     let rec = if auth::token::is_token_id(user) {
         let rec = gw
             .registry
             .get(user)
             .ok_or_else(|| AuthError::UnknownToken(user.to_string()))?;
-        scram(conn, &rec).await?;
+        scram(conn, &rec, channel_binding).await?;
         rec
     } else {
         if !cleartext_allowed {
@@ -110,17 +114,27 @@ fn ended_word(rec: &TokenRecord) -> &'static str {
 async fn scram<S: AsyncRead + AsyncWrite + Unpin>(
     conn: &mut FrameReader<S>,
     rec: &TokenRecord,
+    channel_binding: Option<&[u8]>,
 ) -> Result<(), AuthError> {
-    send(conn, &messages::auth_sasl(&["SCRAM-SHA-256"])).await?;
+    // Like PostgreSQL: -PLUS first, so that clients that can bind do.
+    let offer: &[&str] = match channel_binding {
+        Some(_) => &["SCRAM-SHA-256-PLUS", "SCRAM-SHA-256"],
+        None => &["SCRAM-SHA-256"],
+    };
+    send(conn, &messages::auth_sasl(offer)).await?;
     let f = read_password_frame(conn).await?;
     let (mech, data) = messages::sasl_initial_response(f.body())
         .ok_or_else(|| AuthError::Protocol("malformed SASLInitialResponse".into()))?;
-    if mech != "SCRAM-SHA-256" {
+    if !offer.contains(&mech) {
         return Err(AuthError::Protocol(format!(
             "unsupported SASL mechanism {mech:?}"
         )));
     }
-    let (state, server_first) = ScramServer::start(&rec.verifier.scram, data)
+    let binding = Binding {
+        offered: channel_binding,
+        plus: mech == "SCRAM-SHA-256-PLUS",
+    };
+    let (state, server_first) = ScramServer::start_bound(&rec.verifier.scram, data, binding)
         .map_err(|e| AuthError::Protocol(e.to_string()))?;
     send(conn, &messages::auth_sasl_continue(&server_first)).await?;
     let f = read_password_frame(conn).await?;

@@ -36,16 +36,20 @@ pub enum BackendError {
     Protocol(String),
 }
 
-/// Connect and run startup. `params` are the client's startup parameters to pass on.
+/// Connect and run startup. `params` are the client's startup parameters to pass on, values
+/// as the raw bytes the client sent.
 pub async fn connect(
     target: &BackendTarget,
-    params: &[(&str, &str)],
+    params: &[(&str, &[u8])],
     max_message: usize,
 ) -> Result<BackendConn, BackendError> {
     let sock = UnixStream::connect(&target.socket_path)
         .await
         .map_err(BackendError::Connect)?;
-    let mut all: Vec<(&str, &str)> = vec![("user", &target.user), ("database", &target.database)];
+    let mut all: Vec<(&str, &[u8])> = vec![
+        ("user", target.user.as_bytes()),
+        ("database", target.database.as_bytes()),
+    ];
     all.extend_from_slice(params);
     let mut reader = FrameReader::new(sock, max_message);
     let io = |e: std::io::Error| BackendError::Protocol(e.to_string());

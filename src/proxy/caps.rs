@@ -38,7 +38,7 @@ impl CapPolicy {
                 self.max_rows
             )
         };
-        messages::notice_response("WARNING", "01000", &msg)
+        messages::notice_response("NOTICE", "01000", &msg)
     }
 
     /// The error for error mode.
@@ -64,6 +64,21 @@ pub struct ResultCount {
 }
 
 impl ResultCount {
+    /// Count one COPY data message of `len` bytes: COPY is capped by bytes only.
+    pub fn admit_copy(&mut self, policy: &CapPolicy, len: usize) -> bool {
+        if self.truncated {
+            return false;
+        }
+        if self.bytes + len as u64 > policy.max_bytes {
+            self.truncated = true;
+            self.by_bytes = true;
+            return false;
+        }
+        self.rows += 1;
+        self.bytes += len as u64;
+        true
+    }
+
     /// Count one row of `len` bytes; false when it must not be passed on.
     pub fn admit(&mut self, policy: &CapPolicy, len: usize) -> bool {
         if self.truncated {

@@ -4,6 +4,7 @@ pub mod auth_flow;
 pub mod backend;
 pub mod cancel;
 pub mod caps;
+pub mod options;
 pub mod pipeline;
 pub mod relay;
 pub mod session;
@@ -29,16 +30,23 @@ pub struct Proxy {
     pub tls: Option<TlsAcceptor>,
     /// Numbers sessions for the statement log.
     pub sessions: std::sync::atomic::AtomicU64,
+    /// The TLS certificate's tls-server-end-point data, when SCRAM-SHA-256-PLUS is offered.
+    pub tls_binding: Option<Vec<u8>>,
 }
 
 impl Proxy {
     /// Build the listener state.
-    pub fn new(gw: Arc<Gateway>, tls: Option<TlsAcceptor>) -> Arc<Proxy> {
+    pub fn new(gw: Arc<Gateway>, tls: Option<tls::ServerTls>) -> Arc<Proxy> {
+        let (tls, tls_binding) = match tls {
+            Some(t) => (Some(t.acceptor), t.binding),
+            None => (None, None),
+        };
         Arc::new(Proxy {
             gw,
             cancel: CancelMap::default(),
             tls,
             sessions: Default::default(),
+            tls_binding,
         })
     }
 

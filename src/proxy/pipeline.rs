@@ -599,7 +599,7 @@ impl Pipeline {
                 match self.current() {
                     Some(s) if s.copy_out => {
                         // COPY TO is drained, not stopped: cancelling would abort the transaction.
-                        if s.count.admit(&policy, f.raw.len()) {
+                        if s.count.admit_copy(&policy, f.raw.len()) {
                             out.extend_from_slice(&f.raw);
                         }
                     }

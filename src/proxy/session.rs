@@ -19,7 +19,9 @@ use super::Proxy;
 use crate::lifecycle::LifecycleError;
 use crate::wire::frame::FrameReader;
 use crate::wire::messages::{self, Severity};
-use crate::wire::startup::{read_startup, StartupError, StartupMessage, StartupPacket};
+use crate::wire::startup::{
+    read_startup, StartupError, StartupMessage, StartupPacket, PROTOCOL_3_0,
+};
 
 /// Startup parameters that must never reach the backend: identity is the gateway's to set.
 const RESERVED_PARAMS: &[&str] = &["user", "database", "replication"];
@@ -51,13 +53,14 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         }
     };
     let is_local = peer.ip().is_loopback();
-    let cleartext_allowed = stream.is_tls() || (is_local && limits.cleartext_on_loopback);
+    let on_tls = stream.is_tls();
+    let cleartext_allowed = on_tls || (is_local && limits.cleartext_on_loopback);
     let mut client = FrameReader::new(stream, 10 * 1024);
 
     // Refusals that do not depend on the token.
-    if let Some(r) = startup.get("replication") {
+    if let Some(r) = startup.get_raw("replication") {
         if !matches!(
-            r.to_ascii_lowercase().as_str(),
+            String::from_utf8_lossy(r).to_ascii_lowercase().as_str(),
             "false" | "off" | "0" | "no"
         ) {
             return fatal(
@@ -68,7 +71,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             .await;
         }
     }
-    if let Some(reason) = forbidden_options(&startup) {
+    if let Some(reason) = super::options::forbidden(&startup) {
         return fatal(client.get_mut(), "42501", &reason).await;
     }
     let Some(user) = startup.get("user").map(str::to_string) else {
@@ -86,9 +89,12 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             .map(|(k, _)| k.as_str())
             .filter(|k| k.starts_with("_pq_."))
             .collect();
+        // The first field is the newest version we speak, as a whole version number
+        // (3.0 = 196608) like PostgreSQL's own PG_PROTOCOL_LATEST; libpq rejects anything
+        // below 3.0 there.
         if write(
             client.get_mut(),
-            &messages::negotiate_protocol_version(0, &unknown),
+            &messages::negotiate_protocol_version(PROTOCOL_3_0 as i32, &unknown),
         )
         .await
         .is_err()
@@ -99,7 +105,18 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
 
     let authed = tokio::time::timeout(
         limits.startup_timeout,
-        authenticate(&proxy.gw, &mut client, &user, cleartext_allowed),
+        authenticate(
+            &proxy.gw,
+            &mut client,
+            &user,
+            cleartext_allowed,
+            // SCRAM-SHA-256-PLUS is offered only where there is a channel to bind to.
+            if on_tls {
+                proxy.tls_binding.as_deref()
+            } else {
+                None
+            },
+        ),
     )
     .await;
     let rec = match authed {
@@ -156,11 +173,11 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         }
     };
 
-    let params: Vec<(&str, &str)> = startup
+    let params: Vec<(&str, &[u8])> = startup
         .params
         .iter()
         .filter(|(k, _)| !RESERVED_PARAMS.contains(&k.as_str()) && !k.starts_with("_pq_."))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .map(|(k, v)| (k.as_str(), v.as_slice()))
         .collect();
     let max_message = limits.max_message;
     let conn = match backend::connect(&backend.target, &params, max_message).await {
@@ -290,6 +307,9 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
                     Ok(StartupPacket::Startup(m)) => Ok(Some((tls, m))),
                     Ok(StartupPacket::CancelRequest { pid, secret }) => {
                         proxy.cancel.cancel(pid, secret).await;
+                        // End with close_notify, as PostgreSQL does: libpq 17+'s cancel API
+                        // waits for the close and calls a bare EOF over TLS an error.
+                        let _ = tls.shutdown().await;
                         Ok(None)
                     }
                     Ok(_) => Err((
@@ -311,32 +331,6 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
             StartupPacket::Startup(m) => return Ok(Some((ClientStream::Plain(sock), m))),
         }
     }
-}
-
-/// A startup `options` value that would change identity or escape the sandbox's settings.
-fn forbidden_options(m: &StartupMessage) -> Option<String> {
-    for (k, v) in &m.params {
-        let k_l = k.to_ascii_lowercase();
-        if matches!(k_l.as_str(), "role" | "session_authorization") {
-            return Some(format!(
-                "startup parameter \"{k}\" is not allowed through sandpit"
-            ));
-        }
-        if k_l == "options" {
-            let v_l = v.to_ascii_lowercase();
-            for bad in ["role", "session_authorization"] {
-                if v_l
-                    .split(|c: char| c.is_whitespace() || c == '=' || c == '-')
-                    .any(|w| w == bad)
-                {
-                    return Some(format!(
-                        "setting \"{bad}\" in startup options is not allowed through sandpit"
-                    ));
-                }
-            }
-        }
-    }
-    None
 }
 
 async fn write<W: AsyncWrite + Unpin>(w: &mut W, b: &[u8]) -> std::io::Result<()> {

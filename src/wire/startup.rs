@@ -46,17 +46,23 @@ pub struct StartupMessage {
     pub major: u16,
     /// Requested minor version (0 or more; >0 is negotiated down).
     pub minor: u16,
-    /// Parameters as sent (raw bytes: client_encoding may make them non-UTF-8).
-    pub params: Vec<(String, String)>,
+    /// Parameters in the order sent. Values are raw bytes: with a `client_encoding` other
+    /// than UTF-8 (LATIN1, say) an `application_name` is not UTF-8, and it is relayed as is.
+    pub params: Vec<(String, Vec<u8>)>,
 }
 
 impl StartupMessage {
-    /// Value of a parameter.
+    /// Value of a parameter, when it is UTF-8 (None when absent or not UTF-8).
     pub fn get(&self, key: &str) -> Option<&str> {
+        self.get_raw(key).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Raw value of a parameter.
+    pub fn get_raw(&self, key: &str) -> Option<&[u8]> {
         self.params
             .iter()
             .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.as_slice())
     }
 }
 
@@ -120,7 +126,7 @@ pub fn parse_startup(body: &[u8]) -> Result<StartupPacket, StartupError> {
     }
 }
 
-fn parse_params(mut rest: &[u8]) -> Result<Vec<(String, String)>, StartupError> {
+fn parse_params(mut rest: &[u8]) -> Result<Vec<(String, Vec<u8>)>, StartupError> {
     let mut params = Vec::new();
     loop {
         let (key, after) = cstr(rest)?;
@@ -133,14 +139,12 @@ fn parse_params(mut rest: &[u8]) -> Result<Vec<(String, String)>, StartupError> 
         let (value, after) = cstr(after)?;
         let key = String::from_utf8(key.to_vec())
             .map_err(|_| StartupError::Malformed("parameter name is not UTF-8"))?;
-        // Values may be in the client's encoding; keep them lossless where they are UTF-8
-        // and refuse the rest rather than mangling them.
-        let value = String::from_utf8(value.to_vec())
-            .map_err(|_| StartupError::Malformed("parameter value is not UTF-8"))?;
+        // Values may be in the client's encoding (a LATIN1 application_name): kept as bytes,
+        // never re-encoded, so the backend sees exactly what the client sent.
         if params.len() >= 64 {
             return Err(StartupError::Malformed("too many parameters"));
         }
-        params.push((key, value));
+        params.push((key, value.to_vec()));
         rest = after;
     }
 }
@@ -153,14 +157,14 @@ fn cstr(b: &[u8]) -> Result<(&[u8], &[u8]), StartupError> {
     Ok((&b[..end], &b[end + 1..]))
 }
 
-/// Encode a StartupMessage (used towards the backend).
-pub fn encode_startup(params: &[(&str, &str)]) -> Vec<u8> {
+/// Encode a StartupMessage (used towards the backend). Values are bytes (`&str` works too).
+pub fn encode_startup<V: AsRef<[u8]>>(params: &[(&str, V)]) -> Vec<u8> {
     let mut body = Vec::new();
     body.extend_from_slice(&PROTOCOL_3_0.to_be_bytes());
     for (k, v) in params {
         body.extend_from_slice(k.as_bytes());
         body.push(0);
-        body.extend_from_slice(v.as_bytes());
+        body.extend_from_slice(v.as_ref());
         body.push(0);
     }
     body.push(0);
@@ -205,6 +209,29 @@ mod tests {
         assert!(parse_startup(&[0, 3, 0, 0, b'u', 0]).is_err());
         assert!(parse_startup(&[0, 2, 0, 0, 0]).is_err());
         assert!(parse_startup(&[1]).is_err());
+    }
+
+    #[test]
+    fn non_utf8_values_are_kept_as_bytes() {
+        // application_name "caf\xe9" in LATIN1.
+        let pkt = encode_startup(&[
+            ("user", &b"u"[..]),
+            ("client_encoding", b"LATIN1"),
+            ("application_name", b"caf\xe9"),
+        ]);
+        let StartupPacket::Startup(m) = parse_startup(&pkt[4..]).unwrap() else {
+            panic!("not a startup message")
+        };
+        assert_eq!(m.get_raw("application_name"), Some(&b"caf\xe9"[..]));
+        assert_eq!(m.get("application_name"), None);
+        assert_eq!(m.get("client_encoding"), Some("LATIN1"));
+        // Encoding it again gives the same bytes.
+        let again: Vec<(&str, &[u8])> = m
+            .params
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        assert_eq!(encode_startup(&again), pkt);
     }
 
     #[tokio::test]
