@@ -287,10 +287,7 @@ fn init_logging(format: &str) -> Result<()> {
         .with_ansi(ansi);
     match format {
         "json" => builder.json().init(),
-        // Colours only for a person at a terminal, not in files or journald.
-        "text" => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
+        "text" => builder.init(),
         other => anyhow::bail!("--log-format must be text or json, not {other:?}"),
     }
     Ok(())

@@ -204,8 +204,12 @@ impl InstanceProvider {
 
     async fn fork_inner(&self, tag: &BackendTag, inst: &Path) -> Result<(), ProviderError> {
         let t0 = Instant::now();
-        // The tag goes in first, so that a gateway killed in the middle of the copy leaves a
-        // directory the janitor recognises as ours.
+        let src = self.golden_dir.join("data");
+        let dst = inst.join("data");
+        let (method, owner) = (self.copy, self.run_as.clone());
+        tokio::task::spawn_blocking(move || copy::copy_tree(&src, &dst, method, &owner))
+            .await
+            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
         let json =
             serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
         let mut f = fs::OpenOptions::new()
@@ -214,12 +218,6 @@ impl InstanceProvider {
             .mode(0o600)
             .open(inst.join(TAG_FILE))?;
         std::io::Write::write_all(&mut f, &json)?;
-        let src = self.golden_dir.join("data");
-        let dst = inst.join("data");
-        let (method, owner) = (self.copy, self.run_as.clone());
-        tokio::task::spawn_blocking(move || copy::copy_tree(&src, &dst, method, &owner))
-            .await
-            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
         let copied = t0.elapsed();
         self.start(&tag.token_id, inst).await?;
         tracing::debug!(handle = %tag.token_id, copy_ms = copied.as_millis() as u64,
