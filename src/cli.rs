@@ -160,6 +160,11 @@ impl ApiClient {
             }),
         }
     }
+
+    /// POST /v1/reap: one janitor pass.
+    pub fn reap(&self, dry_run: bool) -> Result<Value, CliError> {
+        self.call("POST", &format!("/v1/reap?dry_run={dry_run}"), None)
+    }
 }
 
 fn encode(s: &str) -> String {
@@ -218,6 +223,50 @@ pub fn token_line(v: &Value) -> String {
         s("expires_at"),
         v.get("sessions").and_then(Value::as_u64).unwrap_or(0)
     )
+}
+
+/// `sandpit reap` output: a summary line, then one line per finding.
+pub fn reap_text(v: &Value) -> String {
+    let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let list = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let s = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    let dry = v.get("dry_run").and_then(Value::as_bool).unwrap_or(false);
+    let (reaped, vanished) = (list("reaped"), list("vanished"));
+    let mut out = vec![format!(
+        "{}{} backends: {} kept, {} {}, {} vanished, {} skipped, {} errors",
+        if dry { "dry run: " } else { "" },
+        n("backends"),
+        n("kept"),
+        reaped.len(),
+        if dry { "to reap" } else { "reaped" },
+        vanished.len(),
+        list("skipped").len(),
+        list("errors").len()
+    )];
+    for r in &reaped {
+        out.push(format!(
+            "{} {}  token {}  task {}",
+            if dry { "would reap" } else { "reaped" },
+            s(r, "reason"),
+            s(r, "token"),
+            s(r, "task")
+        ));
+    }
+    for t in &vanished {
+        out.push(format!("vanished  token {}", t.as_str().unwrap_or("-")));
+    }
+    for k in list("skipped") {
+        out.push(format!("skipped {}  {}", s(&k, "why"), s(&k, "handle")));
+    }
+    for e in list("errors") {
+        out.push(format!("error  {}", e.as_str().unwrap_or("-")));
+    }
+    out.join("\n")
 }
 
 /// One line per logged statement for `sandpit log`.

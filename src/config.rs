@@ -51,6 +51,12 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// Defaults and ceilings for tokens.
     pub tokens: TokenDefaults,
+    /// On SIGTERM/SIGINT, how long open sessions may go on (new ones are refused) before they
+    /// are ended with 57P01.
+    #[serde(deserialize_with = "de_duration")]
+    pub shutdown_grace: Duration,
+    /// The janitor that reaps backends without a valid token.
+    pub janitor: JanitorConfig,
     /// The statement log.
     pub log: LogConfig,
     /// Warm pool of ready forks.
@@ -65,6 +71,23 @@ pub struct Config {
 pub struct PoolConfig {
     /// Forks kept ready for new tokens (0 = no pool: each first connection forks).
     pub size: usize,
+}
+
+/// Janitor settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JanitorConfig {
+    /// Time between passes (one always runs at start); "0s" turns the schedule off.
+    #[serde(deserialize_with = "de_duration")]
+    pub interval: Duration,
+}
+
+impl Default for JanitorConfig {
+    fn default() -> Self {
+        JanitorConfig {
+            interval: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Statement log settings.
@@ -97,6 +120,8 @@ impl Default for Config {
             golden: GoldenConfig::default(),
             limits: LimitsConfig::default(),
             tokens: TokenDefaults::default(),
+            shutdown_grace: Duration::from_secs(10),
+            janitor: JanitorConfig::default(),
             log: LogConfig::default(),
             pool: PoolConfig::default(),
             review: ReviewConfig::default(),
@@ -377,6 +402,40 @@ impl Config {
         Ok(cfg)
     }
 
+    /// Overrides from `SANDPIT_*` environment variables for keys that have no command-line
+    /// flag (`SANDPIT_LISTEN`, `SANDPIT_API_LISTEN`, `SANDPIT_DATA_DIR` and `SANDPIT_CONFIG`
+    /// are flags' variables). `get` is `std::env::var` in the binary.
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let dur = |key: &'static str, v: String| {
+            humantime::parse_duration(v.trim()).map_err(|e| ConfigError::Invalid {
+                key,
+                message: format!("bad duration {v:?}: {e}"),
+            })
+        };
+        if let Some(v) = get("SANDPIT_PUBLIC_HOST").filter(|v| !v.is_empty()) {
+            self.public_host = Some(v);
+        }
+        if let Some(v) = get("SANDPIT_GOLDEN_SQL").filter(|v| !v.is_empty()) {
+            self.golden.sql = Some(PathBuf::from(v));
+        }
+        if let Some(v) = get("SANDPIT_TLS_MODE").filter(|v| !v.is_empty()) {
+            self.tls.mode = v;
+        }
+        if let Some(v) = get("SANDPIT_POSTGRES_BIN_DIR").filter(|v| !v.is_empty()) {
+            self.postgres.bin_dir = Some(PathBuf::from(v));
+        }
+        if let Some(v) = get("SANDPIT_SHUTDOWN_GRACE") {
+            self.shutdown_grace = dur("SANDPIT_SHUTDOWN_GRACE", v)?;
+        }
+        if let Some(v) = get("SANDPIT_JANITOR_INTERVAL") {
+            self.janitor.interval = dur("SANDPIT_JANITOR_INTERVAL", v)?;
+        }
+        if let Some(v) = get("SANDPIT_TOKEN_TTL") {
+            self.tokens.ttl = dur("SANDPIT_TOKEN_TTL", v)?;
+        }
+        Ok(())
+    }
+
     /// Check values that types alone do not rule out.
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self.provider.as_str() {
@@ -462,6 +521,18 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "limits.max_message",
                 message: "must be at least 1024".into(),
+            });
+        }
+        if self.shutdown_grace > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                key: "shutdown_grace",
+                message: "must be at most 1h".into(),
+            });
+        }
+        if !self.janitor.interval.is_zero() && self.janitor.interval < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid {
+                key: "janitor.interval",
+                message: "must be at least 1s (or \"0s\" to run only at start)".into(),
             });
         }
         if self.tokens.ttl > self.tokens.max_ttl {
@@ -553,5 +624,37 @@ mod tests {
         assert_eq!(c.remote.request_timeout, d.remote.request_timeout);
         assert_eq!(c.remote.ttl_grace, d.remote.ttl_grace);
         assert_eq!(c.remote.sslmode, d.remote.sslmode);
+        assert_eq!(c.shutdown_grace, d.shutdown_grace);
+        assert_eq!(c.janitor.interval, d.janitor.interval);
+    }
+
+    #[test]
+    fn env_overrides_and_their_errors_name_the_variable() {
+        let mut c = Config::default();
+        let env = |k: &str| match k {
+            "SANDPIT_SHUTDOWN_GRACE" => Some("3s".to_string()),
+            "SANDPIT_JANITOR_INTERVAL" => Some("1m".to_string()),
+            "SANDPIT_PUBLIC_HOST" => Some("db.example".to_string()),
+            _ => None,
+        };
+        c.apply_env(env).unwrap();
+        assert_eq!(c.shutdown_grace, Duration::from_secs(3));
+        assert_eq!(c.janitor.interval, Duration::from_secs(60));
+        assert_eq!(c.dsn_host(), "db.example");
+        let e = c
+            .apply_env(|k| (k == "SANDPIT_JANITOR_INTERVAL").then(|| "often".to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("SANDPIT_JANITOR_INTERVAL"), "{e}");
+        let c: Config = toml::from_str("[janitor]\ninterval = \"10ms\"").unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("janitor.interval"));
+        let e = toml::from_str::<Config>("[janitor]\nintervall = \"10s\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intervall"), "{e}");
     }
 }

@@ -35,6 +35,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: TokenCmd,
     },
+    /// Run one janitor pass on the running gateway and print what it found: backends of
+    /// expired, revoked or unknown tokens are destroyed, vanished ones forgotten.
+    Reap {
+        /// Only report what a pass would do.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
     /// Print the statement log of a token (by id) or of every token of a task (by name).
     Log {
         /// Token id or task name.
@@ -70,8 +79,12 @@ struct ServeArgs {
     #[arg(long)]
     golden_sql: Option<PathBuf>,
     /// Log format: "text" or "json".
-    #[arg(long, default_value = "text")]
+    #[arg(long, default_value = "text", env = "SANDPIT_LOG_FORMAT")]
     log_format: String,
+    /// Validate the configuration (file, environment, flags) and exit 0, or print the
+    /// problem and exit 1, without starting anything.
+    #[arg(long)]
+    check_config: bool,
 }
 
 #[derive(Args)]
@@ -138,6 +151,7 @@ enum TokenCmd {
 
 fn load_config(cli: &Cli) -> Result<Config> {
     let mut cfg = Config::load(cli.config.as_deref())?;
+    cfg.apply_env(|k| std::env::var(k).ok())?;
     if let Some(d) = &cli.data_dir {
         cfg.data_dir = d.clone();
     }
@@ -170,7 +184,12 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     let cfg = load_config(&cli)?;
     match &cli.cmd {
+        Cmd::Serve(args) if args.check_config => check_config(cfg, args),
         Cmd::Serve(args) => serve(cfg, args),
+        Cmd::Reap { dry_run, api } => {
+            let v = client(&cfg, api)?.reap(*dry_run)?;
+            print(&v, api.json, cli::reap_text)
+        }
         Cmd::Log { target, api } => {
             let c = client(&cfg, api)?;
             let ids: Vec<String> = if sandpit::auth::is_token_id(target) {
@@ -305,8 +324,7 @@ fn init_logging(format: &str) -> Result<()> {
     Ok(())
 }
 
-fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
-    init_logging(&args.log_format)?;
+fn apply_serve_flags(cfg: &mut Config, args: &ServeArgs) {
     if let Some(l) = args.listen {
         cfg.listen = l;
     }
@@ -316,7 +334,47 @@ fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
     if let Some(g) = &args.golden_sql {
         cfg.golden.sql = Some(g.clone());
     }
+}
+
+fn check_config(mut cfg: Config, args: &ServeArgs) -> Result<()> {
+    apply_serve_flags(&mut cfg, args);
+    if !matches!(args.log_format.as_str(), "text" | "json") {
+        anyhow::bail!(
+            "--log-format must be text or json, not {:?}",
+            args.log_format
+        );
+    }
+    cfg.validate()?;
+    let files = [
+        ("golden.sql", cfg.golden.sql.as_ref()),
+        (
+            "tls.cert",
+            cfg.tls.cert.as_ref().filter(|_| cfg.tls.mode == "files"),
+        ),
+        (
+            "tls.key",
+            cfg.tls.key.as_ref().filter(|_| cfg.tls.mode == "files"),
+        ),
+    ];
+    for (key, path) in files {
+        if let Some(p) = path {
+            std::fs::metadata(p).with_context(|| format!("config key `{key}`: {}", p.display()))?;
+        }
+    }
+    println!("config ok");
+    Ok(())
+}
+
+fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
+    init_logging(&args.log_format)?;
+    apply_serve_flags(&mut cfg, args);
+    // Buckets make the fork time a real Prometheus histogram (not a summary).
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full("sandpit_fork_seconds".into()),
+            &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+        )
+        .context("configuring metric buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::control::{self, ApiState};
-use crate::lifecycle::Gateway;
+use crate::lifecycle::{janitor, Gateway};
 use crate::provider::instance::{InstanceConfig, InstanceProvider};
 use crate::provider::pool::WarmPool;
 use crate::provider::remote::{RemoteConfig, RemoteProvider};
@@ -216,6 +216,10 @@ pub async fn run(
             source,
         })?;
 
+    let gateway_id = janitor::gateway_id(&data_dir).map_err(|source| ServeError::DataDir {
+        path: data_dir.join(janitor::GATEWAY_ID_FILE),
+        source,
+    })?;
     let mut cfg = cfg;
     cfg.data_dir = data_dir;
     cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
@@ -228,8 +232,20 @@ pub async fn run(
         }
         None => provider,
     };
-    let gw = Gateway::new(cfg, registry, provider);
+    let gw = Gateway::with_id(cfg, registry, provider, gateway_id);
     gw.resume().await;
+    // Before `ready`: whatever an earlier (killed) run left behind is settled first.
+    match janitor::run_pass(&gw, false).await {
+        Ok(r) => tracing::info!(
+            backends = r.backends,
+            kept = r.kept,
+            reaped = r.reaped.len(),
+            vanished = r.vanished.len(),
+            "janitor pass at start"
+        ),
+        Err(e) => tracing::warn!(error = %e, "janitor pass at start failed"),
+    }
+    let janitor_task = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
 
     // Log records are written before each statement runs (SIGKILL-safe); this makes them
     // survive a machine crash too, at most a second late.
@@ -267,7 +283,9 @@ pub async fn run(
         admin_key: Arc::new(key),
         metrics,
     });
-    let mut api_stop = stop.clone();
+    // The API stays up through the grace period (a harness may revoke, /metrics is scraped)
+    // and stops once sessions are ended.
+    let (api_stop_tx, mut api_stop) = watch::channel(false);
     let api_task = tokio::spawn(async move {
         let shutdown = async move {
             while !*api_stop.borrow() {
@@ -291,7 +309,23 @@ pub async fn run(
         }
     }
     tracing::info!("shutting down");
+    // The listener is closed once this returns: new connections are refused from here on.
     let _ = pg_task.await;
+    // A pass in progress finishes (it may be destroying a backend); the loop then sees `stop`.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), janitor_task).await;
+    let grace = gw.config.shutdown_grace;
+    let open = gw.session_count();
+    if open > 0 && !grace.is_zero() {
+        tracing::info!(
+            sessions = open,
+            grace_ms = grace.as_millis() as u64,
+            "waiting for open sessions"
+        );
+        let deadline = tokio::time::Instant::now() + grace;
+        while gw.session_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
     gw.shutdown().await;
     if let Some(p) = &pool {
         p.drain().await;
@@ -303,6 +337,7 @@ pub async fn run(
     gw.logs.sync_all();
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let _ = api_stop_tx.send(true);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), api_task).await;
     Ok(())
 }

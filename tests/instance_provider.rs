@@ -15,6 +15,7 @@ fn tag(id: &str) -> BackendTag {
         token_id: id.into(),
         task: format!("task-{id}"),
         expires_at: "2030-01-01T00:00:00Z".into(),
+        gateway_id: "test".into(),
     }
 }
 

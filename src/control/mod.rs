@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use crate::lifecycle::{EndReason, Gateway, IssueRequest, LifecycleError};
+use crate::lifecycle::{janitor, EndReason, Gateway, IssueRequest, LifecycleError};
 
 /// State of the API server.
 #[derive(Clone)]
@@ -55,6 +55,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
+        .route("/v1/reap", axum::routing::post(reap))
         .route("/v1/tokens/{id}/statements", get(token_statements))
         .route("/v1/tokens/{id}/diff", get(token_diff))
         .route("/metrics", get(metrics_text))
@@ -161,6 +162,33 @@ async fn revoke_token(
     }
 }
 
+/// Query of `POST /v1/reap`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReapQuery {
+    /// Only report what a pass would do.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+async fn reap(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    q: Result<Query<ReapQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    if let Err(r) = check_auth(&s, &headers) {
+        return r;
+    }
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    match janitor::run_pass(&s.gw, q.dry_run).await {
+        Ok(report) => Json(report).into_response(),
+        Err(e) => lifecycle_error(e),
+    }
+}
+
 async fn metrics_text(State(s): State<ApiState>) -> Response {
     match &s.metrics {
         Some(h) => (
@@ -168,7 +196,11 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
                 axum::http::header::CONTENT_TYPE,
                 "text/plain; version=0.0.4",
             )],
-            h.render(),
+            {
+                // Counted at render time, so the gauge is never stale.
+                janitor::refresh_gauges(&s.gw);
+                h.render()
+            },
         )
             .into_response(),
         None => error(StatusCode::NOT_FOUND, "metrics recorder not installed"),

@@ -1,6 +1,8 @@
 //! The life of a token: issue, lazy single-flight fork, TTL expiry, revoke. Ending a token
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
+pub mod janitor;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -164,6 +166,10 @@ pub struct Gateway {
     pub logs: LogBook,
     runtimes: DashMap<String, Arc<TokenRuntime>>,
     secrets: Vec<String>,
+    /// Stable id of this gateway's data dir, written into every backend's tag.
+    gateway_id: String,
+    /// One janitor pass at a time (scheduled or asked for over the API).
+    janitor_lock: Mutex<()>,
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {
@@ -174,6 +180,16 @@ fn rfc3339(t: OffsetDateTime) -> String {
 impl Gateway {
     /// Assemble the gateway state.
     pub fn new(config: Config, registry: Registry, provider: Arc<dyn Provider>) -> Arc<Gateway> {
+        Self::with_id(config, registry, provider, String::new())
+    }
+
+    /// Assemble the gateway state with the id that tags its backends (see `janitor::gateway_id`).
+    pub fn with_id(
+        config: Config,
+        registry: Registry,
+        provider: Arc<dyn Provider>,
+        gateway_id: String,
+    ) -> Arc<Gateway> {
         let secrets = provider.secrets();
         Arc::new(Gateway {
             config,
@@ -182,7 +198,22 @@ impl Gateway {
             logs: LogBook::default(),
             runtimes: DashMap::new(),
             secrets,
+            gateway_id,
+            janitor_lock: Mutex::new(()),
         })
+    }
+
+    /// The id written into every backend's tag.
+    pub fn gateway_id(&self) -> &str {
+        &self.gateway_id
+    }
+
+    /// Sessions open now, over all tokens.
+    pub fn session_count(&self) -> u32 {
+        self.runtimes
+            .iter()
+            .map(|r| r.sessions.load(Ordering::Acquire))
+            .sum()
     }
 
     /// Strings that must never reach a client.
@@ -332,10 +363,15 @@ impl Gateway {
     }
 
     /// At start: schedule expiry for every usable token; end the ones whose TTL passed while
-    /// the gateway was down.
+    /// the gateway was down (right here, so their backends are gone before `serve` is ready).
     pub async fn resume(self: &Arc<Self>) {
+        let now = OffsetDateTime::now_utc();
         for rec in self.registry.list() {
-            if rec.state.is_usable() {
+            if rec.state.is_usable() && rec.expires_at <= now {
+                if let Err(e) = self.end(&rec.id, EndReason::Expired).await {
+                    tracing::warn!(token = %rec.id, error = %e, "expiring token at start failed");
+                }
+            } else if rec.state.is_usable() {
                 self.schedule_expiry(&rec);
             } else if rec.backend.is_some() {
                 // Ended earlier but its backend outlived a crash: finish the job.
@@ -355,6 +391,7 @@ impl Gateway {
             return Err(rec.caps.max_connections);
         }
         metrics::gauge!("sandpit_sessions").increment(1.0);
+        metrics::counter!("sandpit_sessions_total").increment(1);
         Ok(SessionSlot(rt))
     }
 
@@ -392,6 +429,7 @@ impl Gateway {
             token_id: rec.id.clone(),
             task: rec.task.clone(),
             expires_at: rfc3339(rec.expires_at),
+            gateway_id: self.gateway_id.clone(),
         };
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
@@ -400,7 +438,6 @@ impl Gateway {
         metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
             .record(took.as_secs_f64());
-        metrics::gauge!("sandpit_backends").increment(1.0);
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
         let handle = b.handle.clone();
         self.registry.update(id, |r| {
@@ -435,6 +472,12 @@ impl Gateway {
             return Ok(false);
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");
+        let why = if reason == EndReason::Expired {
+            "expired"
+        } else {
+            "revoked"
+        };
+        metrics::counter!("sandpit_tokens_ended_total", "reason" => why).increment(1);
         self.runtime(id).ended.send_replace(Some(reason));
         if self.config.review.on_end {
             // Kept with the statement log; the backend is gone right after.
@@ -452,9 +495,7 @@ impl Gateway {
         if let Some(h) = handle {
             self.provider.destroy(&h).await?;
             metrics::counter!("sandpit_destroys_total").increment(1);
-            if slot.take().is_some() {
-                metrics::gauge!("sandpit_backends").decrement(1.0);
-            }
+            slot.take();
             self.registry.update(id, |r| r.backend = None)?;
         }
         Ok(())
@@ -512,14 +553,20 @@ impl Gateway {
         for (_, rt) in &rts {
             rt.ended.send_replace(Some(EndReason::Shutdown));
         }
+        // In parallel: each stop waits for its server's shutdown checkpoint.
+        let mut stops = tokio::task::JoinSet::new();
         for (id, rt) in rts {
-            let mut slot = rt.backend.lock().await;
-            if let Some(b) = slot.take() {
-                if let Err(e) = self.provider.stop(&b.handle).await {
-                    tracing::warn!(token = %id, error = %e, "stopping backend failed");
+            let provider = self.provider.clone();
+            stops.spawn(async move {
+                let mut slot = rt.backend.lock().await;
+                if let Some(b) = slot.take() {
+                    if let Err(e) = provider.stop(&b.handle).await {
+                        tracing::warn!(token = %id, error = %e, "stopping backend failed");
+                    }
                 }
-            }
+            });
         }
+        while stops.join_next().await.is_some() {}
         if let Err(e) = self.provider.release_reference().await {
             tracing::warn!(error = %e, "removing the review reference backend failed");
         }

@@ -29,6 +29,10 @@ pub struct BackendTag {
     pub task: String,
     /// Expiry of the token, RFC 3339.
     pub expires_at: String,
+    /// Id of the gateway (its data dir's `gateway.id`) that made the backend; empty in tags
+    /// written before it existed.
+    #[serde(default)]
+    pub gateway_id: String,
 }
 
 /// Where a backend listens.

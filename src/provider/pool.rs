@@ -64,6 +64,8 @@ impl WarmPool {
                     token_id: handle.clone(),
                     task: "(warm pool)".into(),
                     expires_at: String::new(),
+                    // Members are this gateway's; an empty id counts as ours to the janitor.
+                    gateway_id: String::new(),
                 };
                 let forked = pool.inner.fork(&tag).await;
                 pool.filling

@@ -481,6 +481,8 @@ impl Provider for RemoteProvider {
                         token_id: t.clone(),
                         task: k.clone(),
                         expires_at: e.clone(),
+                        // The owner label already scopes the list to this gateway.
+                        gateway_id: String::new(),
                     }),
                     _ => None,
                 };
@@ -546,6 +548,7 @@ mod tests {
             token_id: "sp_x".into(),
             task: "t".into(),
             expires_at: "2030-01-01T00:00:00Z".into(),
+            gateway_id: String::new(),
         };
         let t0 = Instant::now();
         let e = p.fork(&tag).await.unwrap_err().to_string();

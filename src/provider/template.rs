@@ -605,6 +605,7 @@ mod tests {
             token_id: "sp_x".into(),
             task: "t".into(),
             expires_at: "2030-01-01T00:00:00Z".into(),
+            gateway_id: String::new(),
         };
         let s = serde_json::to_string(&Comment {
             sandpit: "template".into(),

@@ -47,6 +47,31 @@ impl Gateway {
 
     /// Start a gateway on a given data dir (for restarts).
     pub fn start_in(dir: &Path, golden: Option<&str>, config: Option<&str>) -> Gateway {
+        Gateway::start_in_with(dir, golden, config, &[], &[])
+    }
+
+    /// Start a gateway on a fresh data dir with extra `serve` arguments and environment.
+    pub fn start_with(
+        golden: Option<&str>,
+        config: Option<&str>,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Gateway {
+        let tmp = tempdir();
+        let dir = tmp.path().to_path_buf();
+        let mut g = Gateway::start_in_with(&dir, golden, config, args, envs);
+        g._tmp = Some(tmp);
+        g
+    }
+
+    /// Like `start_in`, with extra `serve` arguments and environment variables.
+    pub fn start_in_with(
+        dir: &Path,
+        golden: Option<&str>,
+        config: Option<&str>,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Gateway {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandpit"));
         cmd.arg("serve")
             .arg("--data-dir")
@@ -74,6 +99,10 @@ impl Gateway {
             let p = dir.join("sandpit.toml");
             std::fs::write(&p, c).expect("write config");
             cmd.arg("--config").arg(p);
+        }
+        cmd.args(args);
+        for (k, v) in envs {
+            cmd.env(k, v);
         }
         // If the test process dies, the gateway gets SIGTERM and stops its backends.
         unsafe {
@@ -297,4 +326,106 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(10));
     }
     f()
+}
+
+/// `GET /metrics` parsed into `name{labels}` → value (labels as rendered).
+pub fn metrics(api: &str) -> std::collections::BTreeMap<String, f64> {
+    let text = ureq::get(&format!("{api}/metrics"))
+        .call()
+        .expect("GET /metrics")
+        .into_string()
+        .expect("metrics text");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Pids of processes whose cwd or command line points into `dir` (Postgres servers chdir to
+/// their data dir).
+pub fn processes_in(dir: &Path) -> Vec<i32> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if !pid_alive(pid) {
+            continue;
+        }
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).unwrap_or_default();
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cwd.starts_with(&dir) || cmd.contains(dir.to_string_lossy().as_ref()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// The DSN of a token pointed at a (restarted) gateway's port.
+pub fn redial(t: &Value, g: &Gateway) -> String {
+    let dsn = t["dsn"].as_str().expect("dsn").to_string();
+    let (head, tail) = dsn.rsplit_once('@').expect("dsn host");
+    let db = tail.split_once('/').map(|x| x.1).unwrap_or("sandpit");
+    format!("{head}@127.0.0.1:{}/{db}", g.pg_port)
+}
+
+/// Pid and socket dir from a token's instance `postmaster.pid`.
+pub fn postmaster(g: &Gateway, token: &str) -> Option<(i32, PathBuf)> {
+    let text = std::fs::read_to_string(
+        g.instances_dir()
+            .join(token)
+            .join("data")
+            .join("postmaster.pid"),
+    )
+    .ok()?;
+    let mut lines = text.lines();
+    let pid = lines.next()?.trim().parse().ok()?;
+    let sock = PathBuf::from(lines.nth(3)?.trim());
+    Some((pid, sock))
+}
+
+/// Connect, run `sql`, return the first column of the first row as text.
+pub async fn query_one(dsn: &str, sql: &str) -> Result<Option<String>, tokio_postgres::Error> {
+    let c = connect(dsn).await?;
+    let rows = c.simple_query(sql).await?;
+    Ok(rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    }))
+}
+
+/// Run the `sandpit` binary (without an inherited admin key); returns (code, stdout, stderr).
+pub fn run_sandpit(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sandpit"))
+        .args(args)
+        .env_remove("SANDPIT_ADMIN_KEY")
+        .envs(envs.iter().copied())
+        .output()
+        .expect("run sandpit");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Wait for a child to exit; kills it and returns None after `limit`.
+pub fn wait_exit(c: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(s)) = c.try_wait() {
+            return Some(s);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.kill();
+    None
 }

@@ -1,0 +1,449 @@
+//! The janitor: finds what the registry and the provider disagree on and settles it. Every
+//! tagged backend whose token is expired, revoked or unknown is destroyed; a token whose
+//! backend vanished is marked so its next connection forks anew. It runs at start, on a
+//! schedule, and by hand (`sandpit reap`).
+//!
+//! Safety rules: an untagged backend is never touched (it is not provably ours); a backend
+//! tagged by another gateway is left alone unless its token is in our registry; and every
+//! change for a known token is made holding that token's backend mutex, the one a fork holds
+//! from start to registry record, so a fork in progress is never raced.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use time::OffsetDateTime;
+use tokio::sync::watch;
+
+use super::{EndReason, Gateway, LifecycleError};
+use crate::provider::pool::POOL_PREFIX;
+use crate::registry::{TokenRecord, TokenState};
+
+/// Name of the file in the data dir that holds the gateway id.
+pub const GATEWAY_ID_FILE: &str = "gateway.id";
+
+/// Why a backend was (or, in a dry run, would be) destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReapReason {
+    /// Its token's TTL passed.
+    Expired,
+    /// Its token was revoked.
+    Revoked,
+    /// Its token is not in the registry.
+    Unknown,
+    /// Its token is valid but never recorded this backend: a fork interrupted by a crash.
+    Orphan,
+}
+
+impl ReapReason {
+    /// Label value for metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReapReason::Expired => "expired",
+            ReapReason::Revoked => "revoked",
+            ReapReason::Unknown => "unknown",
+            ReapReason::Orphan => "orphan",
+        }
+    }
+}
+
+/// One backend the janitor destroyed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reaped {
+    /// Provider handle.
+    pub handle: String,
+    /// Token id from the tag.
+    pub token: String,
+    /// Task from the tag.
+    pub task: String,
+    /// Why.
+    pub reason: ReapReason,
+}
+
+/// One backend the janitor left alone although it is not a live token's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    /// Provider handle.
+    pub handle: String,
+    /// "untagged", "foreign" (tagged by another gateway, token unknown here) or "pool" (an
+    /// unclaimed warm-pool member).
+    pub why: &'static str,
+}
+
+/// What one pass found and did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ReapReport {
+    /// Whether this pass only looked.
+    pub dry_run: bool,
+    /// Backends the provider listed at the start of the pass.
+    pub backends: usize,
+    /// Backends of valid tokens, left running.
+    pub kept: usize,
+    /// Backends destroyed (or that would be, in a dry run).
+    pub reaped: Vec<Reaped>,
+    /// Tokens whose recorded backend no longer exists (marked, or would be).
+    pub vanished: Vec<String>,
+    /// Backends left alone.
+    pub skipped: Vec<Skipped>,
+    /// Failures, one line each; the pass goes on after one.
+    pub errors: Vec<String>,
+}
+
+/// Reads the gateway id from `<data_dir>/gateway.id`, creating it on first start.
+pub fn gateway_id(data_dir: &Path) -> std::io::Result<String> {
+    let path = data_dir.join(GATEWAY_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let id = hex::encode(rand::random::<[u8; 8]>());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(&path)?;
+    f.write_all(id.as_bytes())?;
+    f.sync_all()?;
+    Ok(id)
+}
+
+enum Verdict {
+    Keep,
+    Reap(ReapReason),
+}
+
+fn verdict(rec: Option<&TokenRecord>, handle: &str, now: OffsetDateTime) -> Verdict {
+    let Some(r) = rec else {
+        return Verdict::Reap(ReapReason::Unknown);
+    };
+    match r.state {
+        TokenState::Expired => Verdict::Reap(ReapReason::Expired),
+        TokenState::Revoked => Verdict::Reap(ReapReason::Revoked),
+        _ if r.expires_at <= now => Verdict::Reap(ReapReason::Expired),
+        _ if r.backend.as_deref() == Some(handle) => Verdict::Keep,
+        _ => Verdict::Reap(ReapReason::Orphan),
+    }
+}
+
+/// Sets `sandpit_tokens{state}` and `sandpit_backends` from the registry, which survives
+/// restarts: backends are the ones recorded for a token (each janitor pass makes that what
+/// exists, so a count of leftovers is never hidden for longer than one interval).
+pub fn refresh_gauges(gw: &Gateway) {
+    let mut counts = [0u64; 4];
+    let mut backends = 0u64;
+    for r in gw.registry.list() {
+        backends += u64::from(r.backend.is_some());
+        let i = match r.state {
+            TokenState::Issued => 0,
+            TokenState::Live => 1,
+            TokenState::Expired => 2,
+            TokenState::Revoked => 3,
+        };
+        counts[i] += 1;
+    }
+    for (state, n) in ["issued", "live", "expired", "revoked"].iter().zip(counts) {
+        metrics::gauge!("sandpit_tokens", "state" => *state).set(n as f64);
+    }
+    metrics::gauge!("sandpit_backends").set(backends as f64);
+}
+
+/// Runs one pass. A dry run only reports. Errors listing backends end the pass; errors on
+/// one backend are recorded and the pass goes on.
+pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, LifecycleError> {
+    let _one_at_a_time = gw.janitor_lock.lock().await;
+    let listed = gw.provider.list().await?;
+    let now = OffsetDateTime::now_utc();
+    let mut report = ReapReport {
+        dry_run,
+        backends: listed.len(),
+        ..ReapReport::default()
+    };
+    let present: HashSet<String> = listed.iter().map(|(h, _)| h.clone()).collect();
+
+    for (handle, tag) in &listed {
+        let Some(tag) = tag else {
+            report.skipped.push(Skipped {
+                handle: handle.clone(),
+                why: "untagged",
+            });
+            continue;
+        };
+        if tag.token_id.starts_with(POOL_PREFIX) {
+            // An unclaimed warm-pool member (the pool hides its own, but one being claimed or
+            // just forked may show for a moment); the pool removes stale ones at start.
+            report.skipped.push(Skipped {
+                handle: handle.clone(),
+                why: "pool",
+            });
+            continue;
+        }
+        let rec = gw.registry.get(&tag.token_id);
+        let foreign = !tag.gateway_id.is_empty() && tag.gateway_id != gw.gateway_id;
+        if rec.is_none() && foreign {
+            report.skipped.push(Skipped {
+                handle: handle.clone(),
+                why: "foreign",
+            });
+            continue;
+        }
+        // A first look without locks; `reap_one` decides again under the token's lock.
+        if let Verdict::Keep = verdict(rec.as_ref(), handle, now) {
+            report.kept += 1;
+            continue;
+        }
+        let reaped = |reason| Reaped {
+            handle: handle.clone(),
+            token: tag.token_id.clone(),
+            task: tag.task.clone(),
+            reason,
+        };
+        match reap_one(gw, handle, &tag.token_id, rec.is_some(), dry_run).await {
+            Ok(Some(reason)) if dry_run => report.reaped.push(reaped(reason)),
+            Ok(Some(reason)) => {
+                tracing::info!(token = %tag.token_id, task = %tag.task, handle = %handle,
+                    reason = reason.as_str(), "janitor destroyed backend");
+                metrics::counter!("sandpit_janitor_reaped_total", "reason" => reason.as_str())
+                    .increment(1);
+                report.reaped.push(reaped(reason));
+            }
+            Ok(None) => report.kept += 1,
+            Err(e) => report.errors.push(format!("backend {handle}: {e}")),
+        }
+    }
+
+    for rec in gw.registry.list() {
+        let Some(h) = rec.backend.as_deref() else {
+            continue;
+        };
+        if present.contains(h) {
+            continue;
+        }
+        if dry_run {
+            report.vanished.push(rec.id.clone());
+            continue;
+        }
+        match mark_vanished(gw, &rec.id, h).await {
+            Ok(true) => {
+                tracing::warn!(token = %rec.id, task = %rec.task, handle = %h,
+                    "janitor: backend vanished; the next connection forks a new one");
+                metrics::counter!("sandpit_janitor_vanished_total").increment(1);
+                report.vanished.push(rec.id.clone());
+            }
+            Ok(false) => {}
+            Err(e) => report.errors.push(format!("token {}: {e}", rec.id)),
+        }
+    }
+
+    if !dry_run {
+        metrics::counter!("sandpit_janitor_runs_total").increment(1);
+        if !report.errors.is_empty() {
+            metrics::counter!("sandpit_janitor_errors_total").increment(report.errors.len() as u64);
+        }
+        refresh_gauges(gw);
+    }
+    if report.reaped.is_empty() && report.vanished.is_empty() && report.errors.is_empty() {
+        tracing::debug!(
+            backends = report.backends,
+            kept = report.kept,
+            dry_run,
+            "janitor pass"
+        );
+    } else {
+        tracing::info!(
+            backends = report.backends,
+            kept = report.kept,
+            reaped = report.reaped.len(),
+            vanished = report.vanished.len(),
+            skipped = report.skipped.len(),
+            errors = report.errors.len(),
+            dry_run,
+            "janitor pass"
+        );
+        for e in &report.errors {
+            tracing::warn!(error = %e, "janitor");
+        }
+    }
+    Ok(report)
+}
+
+/// Destroys one backend if, checked again under the token's backend mutex (so after any fork
+/// in progress has recorded its handle), it still is not a valid token's recorded backend.
+/// Returns the reason, or None when it turned out to be kept. A dry run changes nothing.
+async fn reap_one(
+    gw: &Arc<Gateway>,
+    handle: &str,
+    token: &str,
+    known: bool,
+    dry_run: bool,
+) -> Result<Option<ReapReason>, LifecycleError> {
+    if !known {
+        // No fork can run for a token the registry does not know.
+        if dry_run {
+            return Ok(Some(ReapReason::Unknown));
+        }
+        gw.provider.destroy(handle).await?;
+        count_destroy();
+        return Ok(Some(ReapReason::Unknown));
+    }
+    let expired_unmarked = gw
+        .registry
+        .get(token)
+        .is_some_and(|r| r.state.is_usable() && r.expires_at <= OffsetDateTime::now_utc());
+    if expired_unmarked && !dry_run {
+        // Ending it like its timer would also ends its sessions with the reason.
+        gw.end(token, EndReason::Expired).await?;
+    }
+    let rt = gw.runtime(token);
+    let mut slot = rt.backend.lock().await;
+    let rec = gw.registry.get(token);
+    let reason = match verdict(rec.as_ref(), handle, OffsetDateTime::now_utc()) {
+        Verdict::Keep => return Ok(None),
+        Verdict::Reap(r) => r,
+    };
+    if dry_run {
+        return Ok(Some(reason));
+    }
+    gw.provider.destroy(handle).await?;
+    count_destroy();
+    if rec.and_then(|r| r.backend).as_deref() == Some(handle) {
+        slot.take();
+        gw.registry.update(token, |r| r.backend = None)?;
+    }
+    Ok(Some(reason))
+}
+
+fn count_destroy() {
+    metrics::counter!("sandpit_destroys_total").increment(1);
+}
+
+/// Forgets a token's recorded backend that no longer exists. Checked again under the token's
+/// backend mutex; returns whether it was marked.
+async fn mark_vanished(
+    gw: &Arc<Gateway>,
+    token: &str,
+    handle: &str,
+) -> Result<bool, LifecycleError> {
+    let rt = gw.runtime(token);
+    let mut slot = rt.backend.lock().await;
+    let still = gw
+        .registry
+        .get(token)
+        .is_some_and(|r| r.backend.as_deref() == Some(handle));
+    if !still {
+        return Ok(false);
+    }
+    let exists = gw.provider.list().await?.iter().any(|(h, _)| h == handle);
+    if exists {
+        return Ok(false);
+    }
+    slot.take();
+    gw.registry.update(token, |r| r.backend = None)?;
+    Ok(true)
+}
+
+/// Runs a pass every `interval` until `stop` turns true (the pass at start is the caller's).
+pub fn spawn(
+    gw: Arc<Gateway>,
+    interval: Duration,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if interval.is_zero() {
+            return;
+        }
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    if let Err(e) = run_pass(&gw, false).await {
+                        metrics::counter!("sandpit_janitor_errors_total").increment(1);
+                        tracing::warn!(error = %e, "janitor pass failed");
+                    }
+                }
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() { break; }
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Verifier;
+    use crate::registry::Caps;
+
+    fn rec(state: TokenState, backend: Option<&str>, expires_in: i64) -> TokenRecord {
+        let now = OffsetDateTime::now_utc();
+        TokenRecord {
+            id: "t1".into(),
+            task: "task".into(),
+            metadata: Default::default(),
+            created_at: now,
+            expires_at: now + time::Duration::seconds(expires_in),
+            caps: Caps {
+                max_rows: 1,
+                max_bytes: 1,
+                max_connections: 1,
+                cap_mode: Default::default(),
+                allow: None,
+            },
+            state,
+            verifier: Verifier::from_secret("s"),
+            backend: backend.map(str::to_string),
+            fork_count: 0,
+            ended_at: None,
+        }
+    }
+
+    fn reason(v: Verdict) -> Option<ReapReason> {
+        match v {
+            Verdict::Keep => None,
+            Verdict::Reap(r) => Some(r),
+        }
+    }
+
+    #[test]
+    fn verdicts() {
+        let now = OffsetDateTime::now_utc();
+        let live = rec(TokenState::Live, Some("t1"), 60);
+        assert_eq!(reason(verdict(Some(&live), "t1", now)), None);
+        // Valid token, but this backend is not the recorded one: an interrupted fork.
+        let issued = rec(TokenState::Issued, None, 60);
+        assert_eq!(
+            reason(verdict(Some(&issued), "t1", now)),
+            Some(ReapReason::Orphan)
+        );
+        let past = rec(TokenState::Live, Some("t1"), -1);
+        assert_eq!(
+            reason(verdict(Some(&past), "t1", now)),
+            Some(ReapReason::Expired)
+        );
+        let revoked = rec(TokenState::Revoked, Some("t1"), 60);
+        assert_eq!(
+            reason(verdict(Some(&revoked), "t1", now)),
+            Some(ReapReason::Revoked)
+        );
+        assert_eq!(reason(verdict(None, "t1", now)), Some(ReapReason::Unknown));
+    }
+
+    #[test]
+    fn gateway_id_is_created_once_and_kept() {
+        let dir = std::env::temp_dir().join(format!("sandpit-gwid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let a = gateway_id(&dir).unwrap();
+        assert_eq!(a.len(), 16);
+        assert_eq!(gateway_id(&dir).unwrap(), a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
