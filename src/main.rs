@@ -42,6 +42,12 @@ enum Cmd {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Serve MCP (Model Context Protocol) on stdio, bound to one token's DSN.
+    Mcp {
+        /// The token's DSN, as `token issue` prints it.
+        #[arg(long, env = "SANDPIT_DSN", hide_env_values = true)]
+        dsn: String,
+    },
 }
 
 #[derive(Args)]
@@ -157,6 +163,7 @@ fn main() -> Result<()> {
     let cfg = load_config(&cli)?;
     match &cli.cmd {
         Cmd::Serve(args) => serve(cfg, args),
+        Cmd::Mcp { dsn } => mcp(dsn),
         Cmd::Log { target, api } => {
             let c = client(&cfg, api)?;
             let ids: Vec<String> = if sandpit::auth::is_token_id(target) {
@@ -309,5 +316,26 @@ fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
         })
         .await
     })?;
+    Ok(())
+}
+
+fn mcp(dsn: &str) -> Result<()> {
+    // stdout carries the protocol only; logs go to stderr, quiet unless asked for.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SANDPIT_LOG")
+        .unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let target = sandpit::mcp::sql::SqlTarget::from_dsn(dsn).context("SANDPIT_DSN / --dsn")?;
+    let server = sandpit::mcp::McpServer::new(target);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(sandpit::mcp::stdio::serve(
+        &server,
+        tokio::io::BufReader::new(tokio::io::stdin()),
+        tokio::io::stdout(),
+    ))?;
     Ok(())
 }

@@ -58,6 +58,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tokens/{id}/statements", get(token_statements))
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/mcp",
+            get(crate::mcp::http::get).post(crate::mcp::http::post),
+        )
         .with_state(state)
 }
 
