@@ -119,6 +119,9 @@ pub struct PostgresConfig {
     pub netns: bool,
     /// `max_connections` of each scratch server.
     pub max_connections: u32,
+    /// Stop a backend (keeping its data) after this long without a session; 0 turns it off.
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_suspend: Duration,
 }
 
 impl Default for PostgresConfig {
@@ -128,6 +131,7 @@ impl Default for PostgresConfig {
             run_as: None,
             netns: true,
             max_connections: 30,
+            idle_suspend: Duration::from_secs(300),
         }
     }
 }

@@ -183,6 +183,21 @@ pub async fn run(
         })
     };
 
+    let idle = gw.config.postgres.idle_suspend;
+    let suspender = (!idle.is_zero()).then(|| {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval((idle / 4).clamp(
+                std::time::Duration::from_millis(250),
+                std::time::Duration::from_secs(30),
+            ));
+            loop {
+                tick.tick().await;
+                gw.suspend_idle(idle).await;
+            }
+        })
+    });
+
     let proxy = Proxy::new(gw.clone(), tls);
     let pg_task = tokio::spawn(proxy.serve(pg_listener, stop.clone()));
     let api = control::router(ApiState {
@@ -217,6 +232,9 @@ pub async fn run(
     let _ = pg_task.await;
     gw.shutdown().await;
     syncer.abort();
+    if let Some(s) = suspender {
+        s.abort();
+    }
     gw.logs.sync_all();
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -119,6 +119,8 @@ pub struct TokenRuntime {
     backend: Mutex<Option<Backend>>,
     sessions: AtomicU32,
     ended: watch::Sender<Option<EndReason>>,
+    /// When the last session ended (for idle suspend).
+    idle_since: std::sync::Mutex<std::time::Instant>,
 }
 
 impl TokenRuntime {
@@ -127,6 +129,7 @@ impl TokenRuntime {
             backend: Mutex::new(None),
             sessions: AtomicU32::new(0),
             ended: watch::channel(None).0,
+            idle_since: std::sync::Mutex::new(std::time::Instant::now()),
         }
     }
 
@@ -141,7 +144,10 @@ pub struct SessionSlot(Arc<TokenRuntime>);
 
 impl Drop for SessionSlot {
     fn drop(&mut self) {
-        self.0.sessions.fetch_sub(1, Ordering::AcqRel);
+        if self.0.sessions.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.0.idle_since.lock().unwrap_or_else(|p| p.into_inner()) =
+                std::time::Instant::now();
+        }
         metrics::gauge!("sandpit_sessions").decrement(1.0);
     }
 }
@@ -366,6 +372,7 @@ impl Gateway {
             match self.provider.ensure_running(handle).await {
                 Ok(b) => {
                     tracing::info!(token = %id, method = %b.method, "backend resumed");
+                    metrics::gauge!("sandpit_backends").increment(1.0);
                     *slot = Some(b.clone());
                     return Ok(b);
                 }
@@ -440,6 +447,47 @@ impl Gateway {
             self.registry.update(id, |r| r.backend = None)?;
         }
         Ok(())
+    }
+
+    /// Stop (keeping their data) the backends that had no session for `idle`; the next
+    /// connection of the token starts them again. Returns how many were suspended.
+    pub async fn suspend_idle(&self, idle: std::time::Duration) -> usize {
+        let rts: Vec<(String, Arc<TokenRuntime>)> = self
+            .runtimes
+            .iter()
+            .map(|e| (e.key().clone(), e.value().clone()))
+            .collect();
+        let mut suspended = 0;
+        for (id, rt) in rts {
+            let idle_for = rt
+                .idle_since
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .elapsed();
+            if rt.sessions.load(Ordering::Acquire) > 0 || idle_for < idle {
+                continue;
+            }
+            let mut slot = rt.backend.lock().await;
+            // Checked again under the lock: a session that arrived meanwhile waits on it and
+            // will find the backend gone, and start it again.
+            if rt.sessions.load(Ordering::Acquire) > 0 {
+                continue;
+            }
+            let Some(b) = slot.take() else { continue };
+            match self.provider.stop(&b.handle).await {
+                Ok(()) => {
+                    suspended += 1;
+                    metrics::gauge!("sandpit_backends").decrement(1.0);
+                    metrics::counter!("sandpit_suspends_total").increment(1);
+                    tracing::info!(token = %id, idle_s = idle_for.as_secs(), "backend suspended while idle");
+                }
+                Err(e) => {
+                    tracing::warn!(token = %id, error = %e, "suspending idle backend failed");
+                    *slot = Some(b);
+                }
+            }
+        }
+        suspended
     }
 
     /// Graceful shutdown: end every session with 57P01 and stop (not destroy) every running
