@@ -269,7 +269,6 @@ fn stdio_raw_negotiation_and_revoke_mid_session() {
     assert_eq!(r["result"]["isError"], true, "{r}");
     let text = r["result"]["content"][0]["text"].as_str().unwrap_or("");
     assert!(text.contains("57P01") || text.contains("28000"), "{text}");
-    drop(send);
     drop(stdin);
     let status = child.wait().expect("wait");
     assert!(status.success());

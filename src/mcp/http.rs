@@ -92,7 +92,7 @@ pub async fn post(State(s): State<ApiState>, headers: HeaderMap, body: Bytes) ->
 
     let addr = listener_addr(s.gw.config.listen);
     let mut cfg = tokio_postgres::Config::new();
-    cfg.host(&addr.ip().to_string())
+    cfg.host(addr.ip().to_string())
         .port(addr.port())
         .user(id)
         .password(secret)
