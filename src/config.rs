@@ -49,6 +49,16 @@ pub struct Config {
     pub tokens: TokenDefaults,
     /// The statement log.
     pub log: LogConfig,
+    /// Warm pool of ready forks.
+    pub pool: PoolConfig,
+}
+
+/// Warm pool settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Forks kept ready for new tokens (0 = no pool: each first connection forks).
+    pub size: usize,
 }
 
 /// Statement log settings.
@@ -80,6 +90,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             tokens: TokenDefaults::default(),
             log: LogConfig::default(),
+            pool: PoolConfig::default(),
         }
     }
 }

@@ -267,9 +267,12 @@ fn main() -> Result<()> {
 fn init_logging(format: &str) -> Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("SANDPIT_LOG")
         .unwrap_or_else(|_| "info".into());
+    // Colour only on a terminal: log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     match format {
         "json" => builder.json().init(),
         "text" => builder.init(),

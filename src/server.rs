@@ -12,6 +12,7 @@ use crate::config::Config;
 use crate::control::{self, ApiState};
 use crate::lifecycle::Gateway;
 use crate::provider::instance::{InstanceConfig, InstanceProvider};
+use crate::provider::pool::WarmPool;
 use crate::proxy::{tls, Proxy};
 use crate::registry::Registry;
 
@@ -166,7 +167,16 @@ pub async fn run(
     let mut cfg = cfg;
     cfg.data_dir = data_dir;
     cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
-    let gw = Gateway::new(cfg, registry, Arc::new(provider));
+    let provider: Arc<dyn crate::provider::Provider> = Arc::new(provider);
+    let pool = (cfg.pool.size > 0).then(|| WarmPool::new(provider.clone(), cfg.pool.size));
+    let provider = match &pool {
+        Some(p) => {
+            p.start().await;
+            p.clone() as Arc<dyn crate::provider::Provider>
+        }
+        None => provider,
+    };
+    let gw = Gateway::new(cfg, registry, provider);
     gw.resume().await;
 
     // Log records are written before each statement runs (SIGKILL-safe); this makes them
@@ -231,6 +241,9 @@ pub async fn run(
     tracing::info!("shutting down");
     let _ = pg_task.await;
     gw.shutdown().await;
+    if let Some(p) = &pool {
+        p.drain().await;
+    }
     syncer.abort();
     if let Some(s) = suspender {
         s.abort();

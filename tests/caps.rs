@@ -321,3 +321,18 @@ fn a_capped_select_does_not_stream_the_whole_result_through_the_gateway() {
         "{relayed} bytes relayed for a capped result"
     );
 }
+
+#[test]
+fn caps_above_the_gateway_ceiling_are_refused_at_issue() {
+    let g = gateway();
+    let (s, v) = g.raw_call(
+        "POST",
+        "/v1/tokens",
+        Some(serde_json::json!({"task": "greedy", "max_rows": 10_000_000})),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"].as_str().unwrap_or("").contains("max_rows_limit"),
+        "{v}"
+    );
+}

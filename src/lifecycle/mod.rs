@@ -226,6 +226,12 @@ impl Gateway {
                 "max_rows, max_bytes and max_connections must be at least 1".into(),
             ));
         }
+        if max_rows > d.max_rows_limit || max_bytes > d.max_bytes_limit {
+            return Err(LifecycleError::Invalid(format!(
+                "max_rows may be at most {} and max_bytes at most {} (tokens.max_rows_limit / max_bytes_limit)",
+                d.max_rows_limit, d.max_bytes_limit
+            )));
+        }
         let allow = match req.allow {
             None => None,
             Some(kinds) if kinds.iter().any(|k| k == "all") => None,

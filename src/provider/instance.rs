@@ -378,6 +378,33 @@ impl Provider for InstanceProvider {
         })
     }
 
+    fn retag<'a>(
+        &'a self,
+        handle: &'a str,
+        tag: &'a BackendTag,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let inst = self.inst_dir(handle)?;
+            let bytes =
+                serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Other(e.to_string()))?;
+            // Written whole then renamed: a janitor never reads a half-written tag.
+            let tmp = inst.join(format!("{TAG_FILE}.tmp"));
+            {
+                use std::io::Write;
+                let mut f = fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)?;
+                f.write_all(&bytes)?;
+                f.sync_all()?;
+            }
+            fs::rename(&tmp, inst.join(TAG_FILE))?;
+            Ok(())
+        })
+    }
+
     fn secrets(&self) -> Vec<String> {
         let mut v = vec![
             self.root.display().to_string(),

@@ -4,6 +4,7 @@
 pub mod copy;
 pub mod golden;
 pub mod instance;
+pub mod pool;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -90,4 +91,13 @@ pub trait Provider: Send + Sync + 'static {
     fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>>;
     /// Strings that must never reach a client (socket dirs, data paths, superuser names).
     fn secrets(&self) -> Vec<String>;
+    /// Re-tag an existing backend (a warm-pool member claimed by a token). Providers that
+    /// keep no tag of their own may leave this as is.
+    fn retag<'a>(
+        &'a self,
+        _handle: &'a str,
+        _tag: &'a BackendTag,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
 }

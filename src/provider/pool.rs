@@ -1,0 +1,180 @@
+//! A warm pool in front of any provider: keeps forks of the golden ready so that a token's
+//! first connection claims one in about the time of a connection instead of waiting for a
+//! fork. Members are ordinary backends tagged `pool-…`; a claim re-tags one with its token.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
+
+/// Prefix of the token id in the tag of an unclaimed pool member.
+pub const POOL_PREFIX: &str = "pool-";
+
+/// A provider with a warm pool of `size` ready backends.
+pub struct WarmPool {
+    inner: Arc<dyn Provider>,
+    size: usize,
+    ready: Mutex<VecDeque<Backend>>,
+    /// Handles being forked for the pool right now (so `list` can hide them too).
+    filling: Mutex<Vec<String>>,
+    refill: Notify,
+}
+
+impl WarmPool {
+    /// Wrap `inner`; call [`WarmPool::start`] to begin filling.
+    pub fn new(inner: Arc<dyn Provider>, size: usize) -> Arc<WarmPool> {
+        Arc::new(WarmPool {
+            inner,
+            size,
+            ready: Mutex::new(VecDeque::new()),
+            filling: Mutex::new(Vec::new()),
+            refill: Notify::new(),
+        })
+    }
+
+    /// Destroy members left by an earlier run (their golden may be stale), then keep the
+    /// pool full in the background until the process ends.
+    pub async fn start(self: &Arc<Self>) {
+        if let Ok(all) = self.inner.list().await {
+            for (handle, tag) in all {
+                if tag.is_some_and(|t| t.token_id.starts_with(POOL_PREFIX)) {
+                    if let Err(e) = self.inner.destroy(&handle).await {
+                        tracing::warn!(handle, error = %e, "removing a stale pool member failed");
+                    }
+                }
+            }
+        }
+        let pool = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let missing = pool.size.saturating_sub(pool.lock_ready().len());
+                if missing == 0 {
+                    pool.refill.notified().await;
+                    continue;
+                }
+                // One at a time: refilling must not starve live sessions of CPU and disk.
+                let handle = format!("{POOL_PREFIX}{}", &crate::auth::new_token_id()[3..]);
+                pool.filling
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(handle.clone());
+                let tag = BackendTag {
+                    token_id: handle.clone(),
+                    task: "(warm pool)".into(),
+                    expires_at: String::new(),
+                };
+                let forked = pool.inner.fork(&tag).await;
+                pool.filling
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .retain(|h| h != &handle);
+                match forked {
+                    Ok(b) => {
+                        pool.lock_ready().push_back(b);
+                        metrics::gauge!("sandpit_pool_ready").set(pool.lock_ready().len() as f64);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "warm pool fork failed; retrying in 5 s");
+                        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                    }
+                }
+            }
+        });
+    }
+
+    fn lock_ready(&self) -> std::sync::MutexGuard<'_, VecDeque<Backend>> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Destroy the unclaimed members (gateway shutdown).
+    pub async fn drain(&self) {
+        let members: Vec<Backend> = self.lock_ready().drain(..).collect();
+        for b in members {
+            if let Err(e) = self.inner.destroy(&b.handle).await {
+                tracing::warn!(handle = %b.handle, error = %e, "destroying a pool member failed");
+            }
+        }
+    }
+
+    /// Unclaimed members ready now.
+    pub fn ready(&self) -> usize {
+        self.lock_ready().len()
+    }
+
+    fn is_member(&self, handle: &str) -> bool {
+        self.lock_ready().iter().any(|b| b.handle == handle)
+            || self
+                .filling
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .any(|h| h == handle)
+    }
+}
+
+impl Provider for WarmPool {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(async move {
+            let claimed = self.lock_ready().pop_front();
+            self.refill.notify_one();
+            if let Some(mut b) = claimed {
+                metrics::gauge!("sandpit_pool_ready").set(self.ready() as f64);
+                match self.inner.retag(&b.handle, tag).await {
+                    Ok(()) => {
+                        b.method = format!("pool({})", b.method);
+                        return Ok(b);
+                    }
+                    Err(e) => {
+                        tracing::warn!(handle = %b.handle, error = %e, "claiming a pool member failed; forking");
+                        let _ = self.inner.destroy(&b.handle).await;
+                    }
+                }
+            }
+            self.inner.fork(tag).await
+        })
+    }
+
+    fn ensure_running<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        self.inner.ensure_running(handle)
+    }
+
+    fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.destroy(handle)
+    }
+
+    fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.stop(handle)
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>> {
+        Box::pin(async move {
+            // The pool's own members are not any token's: hide them from the janitor.
+            let all = self.inner.list().await?;
+            Ok(all
+                .into_iter()
+                .filter(|(h, _)| !self.is_member(h))
+                .collect())
+        })
+    }
+
+    fn secrets(&self) -> Vec<String> {
+        self.inner.secrets()
+    }
+
+    fn retag<'a>(
+        &'a self,
+        handle: &'a str,
+        tag: &'a BackendTag,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.retag(handle, tag)
+    }
+}
