@@ -118,6 +118,48 @@ impl ApiClient {
     pub fn revoke(&self, id: &str) -> Result<Value, CliError> {
         self.call("DELETE", &format!("/v1/tokens/{}", encode(id)), None)
     }
+
+    /// GET /v1/tokens/{id}/diff?format=…: the review as the server rendered it.
+    pub fn review(&self, id: &str, format: &str, full_scan: bool) -> Result<String, CliError> {
+        let url = format!(
+            "{}/v1/tokens/{}/diff?format={}{}",
+            self.base,
+            encode(id),
+            encode(format),
+            if full_scan { "&scan=all" } else { "" }
+        );
+        let res = self
+            .agent
+            .get(&url)
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .call();
+        match res {
+            Ok(r) => {
+                // Not `into_string`, which stops at 10 MB: a patch can be larger.
+                let mut body = String::new();
+                std::io::Read::read_to_string(&mut r.into_reader(), &mut body).map_err(|e| {
+                    CliError::Api {
+                        status: 200,
+                        message: e.to_string(),
+                    }
+                })?;
+                Ok(body)
+            }
+            Err(ureq::Error::Status(status, r)) => {
+                let v: Value = r.into_json().unwrap_or(Value::Null);
+                let message = v
+                    .get("error")
+                    .and_then(Value::as_str)
+                    .unwrap_or("(no message)")
+                    .to_string();
+                Err(CliError::Api { status, message })
+            }
+            Err(e) => Err(CliError::Unreachable {
+                api: self.base.clone(),
+                message: e.to_string(),
+            }),
+        }
+    }
 }
 
 fn encode(s: &str) -> String {

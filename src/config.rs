@@ -51,6 +51,8 @@ pub struct Config {
     pub log: LogConfig,
     /// Warm pool of ready forks.
     pub pool: PoolConfig,
+    /// Review diffs against the golden.
+    pub review: ReviewConfig,
 }
 
 /// Warm pool settings.
@@ -91,6 +93,7 @@ impl Default for Config {
             tokens: TokenDefaults::default(),
             log: LogConfig::default(),
             pool: PoolConfig::default(),
+            review: ReviewConfig::default(),
         }
     }
 }
@@ -213,6 +216,38 @@ impl Default for TokenDefaults {
             max_connections: 10,
             max_rows_limit: 100_000,
             max_bytes_limit: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// Review diffs (scratch database against the golden).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReviewConfig {
+    /// Write the review to `<dir>/<task>/<token>.{json,txt,sql,html}` before a token's
+    /// backend is destroyed at revoke or expiry.
+    pub on_end: bool,
+    /// Where stored reviews go; default `<data_dir>/reviews`.
+    pub dir: Option<PathBuf>,
+    /// statement_timeout of each review query.
+    #[serde(deserialize_with = "de_duration")]
+    pub statement_timeout: Duration,
+    /// How long to wait for the agent's sessions to publish their table counters before
+    /// scanning every table instead of only the touched ones.
+    #[serde(deserialize_with = "de_duration")]
+    pub settle_timeout: Duration,
+    /// Sample rows kept per table and change kind (counts are always exact).
+    pub samples: usize,
+}
+
+impl Default for ReviewConfig {
+    fn default() -> Self {
+        ReviewConfig {
+            on_end: true,
+            dir: None,
+            statement_timeout: Duration::from_secs(60),
+            settle_timeout: Duration::from_secs(3),
+            samples: 20,
         }
     }
 }

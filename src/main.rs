@@ -47,6 +47,24 @@ enum Cmd {
         /// The token's DSN, as `token issue` prints it.
         #[arg(long, env = "SANDPIT_DSN", hide_env_values = true)]
         dsn: String,
+        /// Control API base URL; given, `review_changes` is offered (asked of the API's
+        /// `/mcp` with the token, never the admin key).
+        #[arg(long, env = "SANDPIT_API")]
+        api: Option<String>,
+    },
+    /// What a token's agent changed: schema and data diff against the golden, or the SQL patch.
+    Review {
+        /// Token id.
+        id: String,
+        /// text, json, sql or html.
+        #[arg(long, default_value = "text")]
+        format: String,
+        /// Compare every table, not only those Postgres' counters show as touched.
+        #[arg(long)]
+        full_scan: bool,
+        /// Control API base URL.
+        #[arg(long, env = "SANDPIT_API")]
+        api: Option<String>,
     },
 }
 
@@ -163,7 +181,7 @@ fn main() -> Result<()> {
     let cfg = load_config(&cli)?;
     match &cli.cmd {
         Cmd::Serve(args) => serve(cfg, args),
-        Cmd::Mcp { dsn } => mcp(dsn),
+        Cmd::Mcp { dsn, api } => mcp(dsn, api.as_deref()),
         Cmd::Log { target, api } => {
             let c = client(&cfg, api)?;
             let ids: Vec<String> = if sandpit::auth::is_token_id(target) {
@@ -200,6 +218,23 @@ fn main() -> Result<()> {
                 for v in &all {
                     println!("{}", cli::statement_line(v));
                 }
+            }
+            Ok(())
+        }
+        Cmd::Review {
+            id,
+            format,
+            full_scan,
+            api,
+        } => {
+            let api = ApiArgs {
+                api: api.clone(),
+                json: false,
+            };
+            let body = client(&cfg, &api)?.review(id, format, *full_scan)?;
+            print!("{body}");
+            if !body.ends_with('\n') {
+                println!();
             }
             Ok(())
         }
@@ -322,7 +357,7 @@ fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
     Ok(())
 }
 
-fn mcp(dsn: &str) -> Result<()> {
+fn mcp(dsn: &str, api: Option<&str>) -> Result<()> {
     // stdout carries the protocol only; logs go to stderr, quiet unless asked for.
     let filter = tracing_subscriber::EnvFilter::try_from_env("SANDPIT_LOG")
         .unwrap_or_else(|_| "warn".into());
@@ -331,7 +366,16 @@ fn mcp(dsn: &str) -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let target = sandpit::mcp::sql::SqlTarget::from_dsn(dsn).context("SANDPIT_DSN / --dsn")?;
-    let server = sandpit::mcp::McpServer::new(target);
+    let server = match api {
+        None => sandpit::mcp::McpServer::new(target),
+        Some(api) => {
+            let bearer = sandpit::mcp::review::full_token_of_dsn(dsn)
+                .context("SANDPIT_DSN / --dsn does not carry a sandpit token")?;
+            let url = format!("{}/mcp", api.trim_end_matches('/'));
+            let review = sandpit::mcp::review::ReviewSource::Remote { url, bearer };
+            sandpit::mcp::McpServer::with_review(target, review)
+        }
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

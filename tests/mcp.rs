@@ -11,11 +11,11 @@ use serde_json::{json, Value};
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/client.py");
 
-fn run_client(args: &[&str], env: (&str, &str)) -> Value {
+fn run_client(args: &[&str], env: &[(&str, &str)]) -> Value {
     let out = Command::new("python3")
         .arg(CLIENT)
         .args(args)
-        .env(env.0, env.1)
+        .envs(env.iter().copied())
         .output()
         .expect("run python3");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -32,7 +32,7 @@ fn check_scenario(v: &Value) {
     let tools = v["tools"].as_object().expect("tools");
     let mut names: Vec<_> = tools.keys().cloned().collect();
     names.sort();
-    assert_eq!(names, ["describe_schema", "run_sql"]);
+    assert_eq!(names, ["describe_schema", "review_changes", "run_sql"]);
     let schema = &tools["run_sql"];
     assert_eq!(schema["type"], "object");
     assert_eq!(schema["required"], json!(["sql"]));
@@ -96,6 +96,20 @@ fn check_scenario(v: &Value) {
         "{describe}"
     );
 
+    let review = v["review"]["text"].as_str().expect("review text");
+    eprintln!("review_changes:\n{review}");
+    assert_eq!(v["review"]["is_error"], false, "{review}");
+    // The DELETE of 10 refunds is what changed; the failed statement is in the summary.
+    assert!(
+        review.contains("1 table(s) with row changes (0 inserted, 0 updated, 10 deleted)"),
+        "{review}"
+    );
+    assert!(review.contains("public.refunds"), "{review}");
+    assert!(
+        review.contains("42P01 select * from no_such_table"),
+        "{review}"
+    );
+
     let extra = v["extra_field"]["exception"].as_str().unwrap_or("");
     assert!(
         extra.contains("run_sql takes only \"sql\""),
@@ -111,7 +125,7 @@ fn python_sdk_over_stdio() {
     let dsn = t["dsn"].as_str().expect("dsn");
     let v = run_client(
         &["stdio", env!("CARGO_BIN_EXE_sandpit")],
-        ("SANDPIT_DSN", dsn),
+        &[("SANDPIT_DSN", dsn), ("SANDPIT_API", &g.api)],
     );
     check_scenario(&v);
     // It went through the gateway: the statement log has the DELETE, as this token's.
@@ -144,7 +158,7 @@ fn python_sdk_over_streamable_http() {
     let g = common::shared();
     let t = g.issue("mcp-http", 600);
     let url = format!("{}/mcp", g.api);
-    let v = run_client(&["http", &url], ("SANDPIT_TOKEN", &full_token(&t)));
+    let v = run_client(&["http", &url], &[("SANDPIT_TOKEN", &full_token(&t))]);
     check_scenario(&v);
 }
 
@@ -229,6 +243,7 @@ fn stdio_raw_negotiation_and_revoke_mid_session() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandpit"))
         .arg("mcp")
         .env("SANDPIT_DSN", t["dsn"].as_str().expect("dsn"))
+        .env_remove("SANDPIT_API")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -245,6 +260,15 @@ fn stdio_raw_negotiation_and_revoke_mid_session() {
         "params": {"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}));
     assert_eq!(r["id"], "a");
     assert_eq!(r["result"]["protocolVersion"], "2025-03-26");
+    // Without an API URL there is no way to a review: the tool is not offered.
+    let r = send(&json!({"jsonrpc": "2.0", "id": "l", "method": "tools/list"}));
+    let names: Vec<_> = r["result"]["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["run_sql", "describe_schema"]);
     let r = send(&json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
         "params": {"name": "run_sql", "arguments": {"sql": "begin; create table t(x int); insert into t values (1), (NULL)"}}}));
     assert_eq!(r["result"]["isError"], false, "{r}");

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -56,6 +56,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
         .route("/v1/tokens/{id}/statements", get(token_statements))
+        .route("/v1/tokens/{id}/diff", get(token_diff))
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
@@ -195,4 +196,66 @@ async fn token_statements(
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// Query of `GET /v1/tokens/{id}/diff`.
+#[derive(Debug, Deserialize)]
+pub struct DiffQuery {
+    /// json (default), text, sql or html.
+    pub format: Option<String>,
+    /// "all" compares every table, not only those the counters show as touched.
+    pub scan: Option<String>,
+}
+
+/// The review of a token: taken now while its backend exists, else the one stored when it
+/// ended.
+async fn token_diff(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<DiffQuery>,
+) -> Response {
+    use crate::review::store::{self, Format};
+    if let Err(r) = check_auth(&s, &headers) {
+        return r;
+    }
+    let Some(f) = Format::parse(q.format.as_deref().unwrap_or("json")) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "format must be json, text, sql or html",
+        );
+    };
+    let Some(rec) = s.gw.registry.get(&id) else {
+        return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
+    };
+    let body = if rec.state.is_usable() {
+        let full = match q.scan.as_deref() {
+            None | Some("touched") => false,
+            Some("all") => true,
+            Some(_) => return error(StatusCode::BAD_REQUEST, "scan must be touched or all"),
+        };
+        let review = match store::take(&s.gw, &rec, full).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(token = %id, error = %e, "review failed");
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("review failed: {e}"),
+                );
+            }
+        };
+        let stmts = store::statements(&s.gw, &rec).unwrap_or_default();
+        store::render(&review, &stmts, f)
+    } else {
+        match store::load(&store::reviews_dir(&s.gw.config), &rec.task, &rec.id, f) {
+            Some(b) => b,
+            None => {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    format!("token {id} has ended and no review was stored (review.on_end = false, or it failed)"),
+                )
+            }
+        }
+    };
+    ([(axum::http::header::CONTENT_TYPE, f.content_type())], body).into_response()
 }

@@ -396,6 +396,7 @@ impl Gateway {
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
         let took = started.elapsed();
+        crate::review::store::prepare(self);
         metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
             .record(took.as_secs_f64());
@@ -435,6 +436,10 @@ impl Gateway {
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");
         self.runtime(id).ended.send_replace(Some(reason));
+        if self.config.review.on_end {
+            // Kept with the statement log; the backend is gone right after.
+            crate::review::store::on_end(self, id).await;
+        }
         self.logs.close(id);
         self.destroy_backend(id).await?;
         Ok(true)
@@ -514,6 +519,9 @@ impl Gateway {
                     tracing::warn!(token = %id, error = %e, "stopping backend failed");
                 }
             }
+        }
+        if let Err(e) = self.provider.release_reference().await {
+            tracing::warn!(error = %e, "removing the review reference backend failed");
         }
     }
 }

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use time::OffsetDateTime;
 
+use super::review::ReviewSource;
 use super::sql::SqlTarget;
 use super::{McpServer, PROTOCOL_VERSIONS};
 use crate::control::ApiState;
@@ -99,7 +100,11 @@ pub async fn post(State(s): State<ApiState>, headers: HeaderMap, body: Bytes) ->
         .dbname("sandpit")
         .application_name("sandpit-mcp")
         .connect_timeout(std::time::Duration::from_secs(30));
-    let server = McpServer::new(SqlTarget::from_config(cfg));
+    let review = ReviewSource::InProcess {
+        gw: s.gw.clone(),
+        token: rec.id.clone(),
+    };
+    let server = McpServer::with_review(SqlTarget::from_config(cfg), review);
     metrics::counter!("sandpit_mcp_requests_total", "transport" => "http").increment(1);
     match server.handle_bytes(&body).await {
         Some(v) => (StatusCode::OK, Json(v)).into_response(),

@@ -5,19 +5,22 @@
 //! statement log and the seatbelt policy apply exactly as to any other client.
 
 pub mod http;
+pub mod review;
 pub mod sql;
 pub mod stdio;
 
 use serde_json::{json, Value};
 
+use review::ReviewSource;
 use sql::{Outcome, SqlTarget};
 
 /// Protocol versions this server speaks, newest first; the first is offered when a client
 /// asks for one it does not know.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26"];
 
-/// The tools offered, by name. Tests and docs check against this list.
-pub const TOOL_NAMES: &[&str] = &["run_sql", "describe_schema"];
+/// The tools offered, by name. Tests and docs check against this list. `review_changes`
+/// is listed only where a review can be had (always over HTTP; on stdio with an API URL).
+pub const TOOL_NAMES: &[&str] = &["run_sql", "describe_schema", "review_changes"];
 
 /// JSON-RPC error codes (JSON-RPC 2.0 section 5.1).
 mod code {
@@ -37,10 +40,10 @@ pub fn negotiate(requested: Option<&str>) -> &'static str {
         .unwrap_or(PROTOCOL_VERSIONS[0])
 }
 
-/// The `tools/list` result.
-pub fn tools_list() -> Value {
-    json!({ "tools": [
-        {
+/// The `tools/list` result; `review` says whether `review_changes` is offered.
+pub fn tools_list(review: bool) -> Value {
+    let mut tools = vec![
+        json!({
             "name": "run_sql",
             "title": "Run SQL",
             "description": "Run SQL (one or more statements) against this task's own scratch \
@@ -53,15 +56,27 @@ pub fn tools_list() -> Value {
                 "required": ["sql"],
                 "additionalProperties": false
             }
-        },
-        {
+        }),
+        json!({
             "name": "describe_schema",
             "title": "Describe schema",
             "description": "List the tables of the scratch database with their columns, types, \
                 primary keys and foreign keys.",
             "inputSchema": { "type": "object", "properties": {}, "additionalProperties": false }
-        }
-    ]})
+        }),
+    ];
+    if review {
+        tools.push(json!({
+            "name": "review_changes",
+            "title": "Review changes",
+            "description": "Show what has been changed in the scratch database so far, compared \
+                with the original: schema changes and rows inserted, updated or deleted per \
+                table, with samples, and a summary of the statements run. Nothing is applied \
+                anywhere; this is what a person will review.",
+            "inputSchema": { "type": "object", "properties": {}, "additionalProperties": false }
+        }));
+    }
+    json!({ "tools": tools })
 }
 
 fn error_response(id: Value, code: i64, message: impl Into<String>) -> Value {
@@ -80,12 +95,24 @@ fn tool_result(o: Outcome) -> Value {
 /// One MCP server bound to one token (the [`SqlTarget`]). Transport-independent.
 pub struct McpServer {
     target: SqlTarget,
+    review: Option<ReviewSource>,
 }
 
 impl McpServer {
-    /// A server whose tools run as the token behind `target`.
+    /// A server whose tools run as the token behind `target` (no `review_changes`).
     pub fn new(target: SqlTarget) -> McpServer {
-        McpServer { target }
+        McpServer {
+            target,
+            review: None,
+        }
+    }
+
+    /// A server that also offers `review_changes`, from `review`.
+    pub fn with_review(target: SqlTarget, review: ReviewSource) -> McpServer {
+        McpServer {
+            target,
+            review: Some(review),
+        }
     }
 
     /// Handle one parsed JSON-RPC message or batch. Returns the response to send, or None
@@ -156,7 +183,7 @@ impl McpServer {
         let r = match method {
             "initialize" => Ok(self.initialize(&params)),
             "ping" => Ok(json!({})),
-            "tools/list" => Ok(tools_list()),
+            "tools/list" => Ok(tools_list(self.review.is_some())),
             "tools/call" => self.call_tool(&params).await,
             other => Err((code::METHOD_NOT_FOUND, format!("method not found: {other}"))),
         };
@@ -210,6 +237,18 @@ impl McpServer {
                 }
                 Ok(tool_result(self.target.run(sql::DESCRIBE_SCHEMA_SQL).await))
             }
+            "review_changes" if self.review.is_some() => {
+                if let Some(k) = args.keys().next() {
+                    return Err((
+                        code::INVALID_PARAMS,
+                        format!("review_changes takes no arguments, not {k:?}"),
+                    ));
+                }
+                match &self.review {
+                    Some(r) => Ok(tool_result(r.changes().await)),
+                    None => Err((code::INVALID_PARAMS, "unknown tool: review_changes".into())),
+                }
+            }
             other => Err((code::INVALID_PARAMS, format!("unknown tool: {other}"))),
         }
     }
@@ -229,10 +268,14 @@ mod tests {
 
     #[test]
     fn run_sql_has_exactly_one_field() {
-        let t = tools_list();
+        for (review, n) in [(true, 3), (false, 2)] {
+            let t = tools_list(review);
+            let tools = t["tools"].as_array().cloned().unwrap_or_default();
+            let names: Vec<_> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+            assert_eq!(names, TOOL_NAMES[..n]);
+        }
+        let t = tools_list(true);
         let tools = t["tools"].as_array().cloned().unwrap_or_default();
-        let names: Vec<_> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-        assert_eq!(names, TOOL_NAMES);
         let schema = &tools[0]["inputSchema"];
         assert_eq!(schema["required"], json!(["sql"]));
         assert_eq!(schema["additionalProperties"], json!(false));

@@ -25,6 +25,11 @@ const TAG_FILE: &str = "sandpit-tag.json";
 const STOP_GRACE: Duration = Duration::from_secs(30);
 /// Grace period for an immediate shutdown.
 const DESTROY_GRACE: Duration = Duration::from_secs(5);
+/// Directory (under the real root, outside `instances/`, so `list()` never sees it) of the
+/// reference backend: a pristine fork of the golden that review diffs compare against.
+const REFERENCE_DIR: &str = "reference";
+/// Key of the reference server in the children map (token handles start with `sp_`).
+const REFERENCE_KEY: &str = "reference";
 
 /// Settings of the `instance` provider.
 #[derive(Debug, Clone)]
@@ -70,6 +75,8 @@ pub struct InstanceProvider {
     max_connections: u32,
     /// Children we spawned, so exited ones are reaped; after a restart only pids are known.
     children: Mutex<HashMap<String, Child>>,
+    /// Single-flight start of the reference backend.
+    reference_lock: tokio::sync::Mutex<()>,
 }
 
 impl InstanceProvider {
@@ -101,7 +108,7 @@ impl InstanceProvider {
             max_connections: cfg.max_connections,
         };
         let (golden_dir, _built) = golden::ensure(&ctx).await?;
-        Ok(InstanceProvider {
+        let provider = InstanceProvider {
             bins,
             run_as,
             netns,
@@ -112,7 +119,76 @@ impl InstanceProvider {
             copy,
             max_connections: cfg.max_connections,
             children: Mutex::new(HashMap::new()),
-        })
+            reference_lock: tokio::sync::Mutex::new(()),
+        };
+        // A reference left by a crashed gateway may be a fork of an older golden: start afresh.
+        provider.remove_reference().await?;
+        Ok(provider)
+    }
+
+    /// Stops the reference server (if any) and removes its files.
+    async fn remove_reference(&self) -> Result<(), ProviderError> {
+        let inst = self.real_root.join(REFERENCE_DIR);
+        let sock = golden::socket_dir_for(&inst);
+        if inst.exists() {
+            self.stop_server(REFERENCE_KEY, &inst, Signal::SIGQUIT, DESTROY_GRACE)
+                .await;
+            let dir = inst.clone();
+            tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            })
+            .await
+            .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+        }
+        golden::remove_socket_dir(&sock, &inst)?;
+        Ok(())
+    }
+
+    /// The running reference backend, forked from the golden on first use.
+    async fn reference_inner(&self) -> Result<Backend, ProviderError> {
+        let _guard = self.reference_lock.lock().await;
+        let inst = self.real_root.join(REFERENCE_DIR);
+        let data = inst.join("data");
+        let sock = golden::socket_dir_for(&inst);
+        let backend = Backend {
+            handle: REFERENCE_KEY.to_string(),
+            target: BackendTarget {
+                socket_path: process::socket_path(&sock),
+                user: AGENT.to_string(),
+                database: DATABASE.to_string(),
+                password: None,
+            },
+            method: "reference".to_string(),
+            netns: self.netns,
+        };
+        if let Some(pf) = process::read_pid_file(&data) {
+            if process::is_postmaster_of(pf.pid, &data)
+                && pf.status == "ready"
+                && backend.target.socket_path.exists()
+            {
+                return Ok(backend);
+            }
+        }
+        // Missing, stopped or half-started: nobody ever writes to it, so a fresh copy is
+        // always equivalent and simpler than recovering the old one.
+        self.remove_reference().await?;
+        let t0 = Instant::now();
+        make_dir(&inst, 0o711)?;
+        let src = self.golden_dir.join("data");
+        let (method, owner) = (self.copy, self.run_as.clone());
+        tokio::task::spawn_blocking(move || copy::copy_tree(&src, &data, method, &owner))
+            .await
+            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+        if let Err(e) = self.start(REFERENCE_KEY, &inst).await {
+            let _ = self.remove_reference().await;
+            return Err(e);
+        }
+        tracing::info!(
+            elapsed_ms = t0.elapsed().as_millis() as u64,
+            "reference backend started"
+        );
+        Ok(backend)
     }
 
     /// The copy method forks use ("reflink", "copy", "btrfs-snapshot").
@@ -402,6 +478,17 @@ impl Provider for InstanceProvider {
             }
             fs::rename(&tmp, inst.join(TAG_FILE))?;
             Ok(())
+        })
+    }
+
+    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+        Box::pin(self.reference_inner())
+    }
+
+    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let _guard = self.reference_lock.lock().await;
+            self.remove_reference().await
         })
     }
 

@@ -100,4 +100,23 @@ pub trait Provider: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async { Ok(()) })
     }
+    /// A pristine fork of the golden, used only as the "before" side of a review diff. Started
+    /// on first use and kept running; never handed to an agent, never listed by [`list`]
+    /// (so a janitor cannot mistake it for a token's backend), replaced when the golden
+    /// changes and removed by [`release_reference`].
+    ///
+    /// [`list`]: Provider::list
+    /// [`release_reference`]: Provider::release_reference
+    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+        Box::pin(async {
+            Err(ProviderError::Other(format!(
+                "provider {} has no reference backend",
+                self.name()
+            )))
+        })
+    }
+    /// Stop and remove the reference backend, if one runs (gateway shutdown). Idempotent.
+    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
 }

@@ -177,4 +177,12 @@ impl Provider for WarmPool {
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
         self.inner.retag(handle, tag)
     }
+
+    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+        self.inner.reference()
+    }
+
+    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        self.inner.release_reference()
+    }
 }

@@ -1,7 +1,7 @@
 """Drive sandpit's MCP server with the official MCP Python SDK (mcp 2.x) and print what
 was seen as one JSON object; tests/mcp.rs asserts on it.
 
-    client.py stdio <sandpit binary>      (token DSN in SANDPIT_DSN)
+    client.py stdio <sandpit binary>      (token DSN in SANDPIT_DSN, API URL in SANDPIT_API)
     client.py http <url of /mcp>          (token <id>.<secret> in SANDPIT_TOKEN)
 """
 
@@ -41,6 +41,8 @@ async def scenario(read, write):
         out["error"] = await call("run_sql", {"sql": "select * from no_such_table"})
         out["after_error"] = await call("run_sql", {"sql": "select 1 as one"})
         out["describe"] = await call("describe_schema", {})
+        if "review_changes" in out["tools"]:
+            out["review"] = await call("review_changes", {})
         try:
             r = await session.call_tool("run_sql", {"sql": "select 1", "dsn": "postgresql://elsewhere"})
             out["extra_field"] = {"text": text_of(r), "is_error": bool(r.is_error)}
@@ -55,7 +57,7 @@ async def main():
         params = StdioServerParameters(
             command=sys.argv[2],
             args=["mcp"],
-            env={"SANDPIT_DSN": os.environ["SANDPIT_DSN"]},
+            env={"SANDPIT_DSN": os.environ["SANDPIT_DSN"], "SANDPIT_API": os.environ["SANDPIT_API"]},
         )
         async with stdio_client(params) as (read, write):
             out = await scenario(read, write)

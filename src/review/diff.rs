@@ -1,0 +1,340 @@
+//! The review diff: a scratch database against the pristine reference fork of the golden.
+//! Only tables whose activity counters or storage changed are scanned (Postgres' own
+//! `pg_stat` counters and `relfilenode`), so the cost follows what the agent touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::catalog::{self, Catalog};
+use super::conn::{ConnError, Side, Timeouts, SESSION_SETTINGS};
+use super::data::{self, Limits, TablePatch};
+use super::model::{Review, ScanInfo, TableDiff};
+use super::schema::{self, order};
+use crate::provider::BackendTarget;
+
+/// Knobs of one diff.
+#[derive(Debug, Clone, Copy)]
+pub struct DiffOptions {
+    /// statement_timeout of review queries.
+    pub statement_timeout: Duration,
+    /// lock_timeout of review queries.
+    pub lock_timeout: Duration,
+    /// How long to wait for the agent's sessions to publish their counters before falling
+    /// back to scanning every table.
+    pub settle_timeout: Duration,
+    /// Samples per table per change kind.
+    pub samples: usize,
+    /// Compare every table, not only those the counters show as touched.
+    pub full_scan: bool,
+    /// End the agent's sessions in the scratch database first (the token has ended): a
+    /// query still running there would otherwise hold back its counters.
+    pub end_sessions: bool,
+}
+
+impl Default for DiffOptions {
+    fn default() -> Self {
+        DiffOptions {
+            statement_timeout: Duration::from_secs(60),
+            lock_timeout: Duration::from_secs(5),
+            settle_timeout: Duration::from_secs(3),
+            samples: 20,
+            full_scan: false,
+            end_sessions: false,
+        }
+    }
+}
+
+/// A backend keeps table counters locally for up to this long after a commit before
+/// publishing them when idle (Postgres' PGSTAT_IDLE_INTERVAL is 10 s), plus a margin.
+const STATS_IDLE_FLUSH: &str = "11 seconds";
+
+/// Take the diff. `token`/`task` only label the patch.
+pub async fn diff(
+    reference: &BackendTarget,
+    scratch: &BackendTarget,
+    opts: DiffOptions,
+    token: &str,
+    task: &str,
+) -> Result<Review, ConnError> {
+    let started = Instant::now();
+    let t = Timeouts {
+        statement: opts.statement_timeout,
+        lock: opts.lock_timeout,
+    };
+    let mut new = Side::connect("scratch", scratch, t).await?;
+    let mut old = Side::connect("reference", reference, t).await?;
+    if opts.end_sessions {
+        // Only the agent role's own sessions: the one thing a non-superuser may signal.
+        new.exec(
+            "SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a \
+             WHERE a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid() \
+             AND a.usename = CURRENT_USER",
+        )
+        .await?;
+    }
+    let settled = settle(&new, opts.settle_timeout).await?;
+    old.begin().await?;
+    let new_cat = catalog::snapshot(&new).await?;
+    let old_cat = catalog::snapshot(&old).await?;
+    let sd = schema::diff(&old_cat, &new_cat);
+
+    let mut scan = ScanInfo {
+        mode: "touched".into(),
+        tables_total: new_cat.tables.len(),
+        ..Default::default()
+    };
+    if opts.full_scan {
+        scan.mode = "all".into();
+        scan.reason = Some("a full scan was asked for".into());
+    } else if !settled {
+        scan.mode = "all".into();
+        scan.reason = Some(format!(
+            "a session of the token was active in the last {STATS_IDLE_FLUSH}, so table counters may lag"
+        ));
+    } else if stats_reset(&old_cat, &new_cat) {
+        scan.mode = "all".into();
+        scan.reason = Some("table counters went backwards (statistics were reset)".into());
+    }
+    let lim = Limits {
+        samples: opts.samples,
+    };
+    let mut tables: Vec<TableDiff> = Vec::new();
+    let mut patches: BTreeMap<u32, TablePatch> = BTreeMap::new();
+    for (oid, t) in &new_cat.tables {
+        if t.relkind != "r" {
+            continue; // partitioned parents hold no rows; their partitions are scanned
+        }
+        let scan_it = match old_cat.tables.get(oid) {
+            None => true,
+            Some(o) => {
+                scan.mode == "all" || o.counters != t.counters || o.relfilenode != t.relfilenode
+            }
+        };
+        if !scan_it {
+            continue;
+        }
+        scan.tables_scanned += 1;
+        new.exec("SAVEPOINT sandpit_table").await?;
+        old.exec("SAVEPOINT sandpit_table").await?;
+        let res = if old_cat.tables.contains_key(oid) {
+            data::compare(&mut old, &mut new, &old_cat, &new_cat, *oid, lim).await
+        } else {
+            data::new_table(&mut new, t, lim).await
+        };
+        match res {
+            Ok((d, p, read)) => {
+                new.exec("RELEASE SAVEPOINT sandpit_table").await?;
+                old.exec("RELEASE SAVEPOINT sandpit_table").await?;
+                scan.rows_read += read;
+                if d.has_changes() {
+                    tables.push(d);
+                    patches.insert(*oid, p);
+                }
+            }
+            Err(e) => {
+                new.exec("ROLLBACK TO SAVEPOINT sandpit_table").await?;
+                old.exec("ROLLBACK TO SAVEPOINT sandpit_table").await?;
+                tracing::warn!(table = %t.qname(), error = %e, "review could not compare a table");
+                tables.push(TableDiff {
+                    table: t.qname(),
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+    let _ = new.rollback().await;
+    let _ = old.rollback().await;
+
+    let mut notes = sd.notes.clone();
+    if tables.iter().any(|t| t.error.is_some()) {
+        notes.push("some tables could not be compared; the patch does not cover them".into());
+    }
+    let patch = render_patch(&sd.stmts, &patches, &new_cat, token, task);
+    Ok(Review {
+        token: token.to_string(),
+        task: task.to_string(),
+        generated_at: now_rfc3339(),
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        scan,
+        schema: sd.changes,
+        sequences: sd.sequences,
+        data: tables,
+        statements: Default::default(),
+        notes,
+        patch,
+    })
+}
+
+/// Current time, RFC 3339.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// Opens the scratch snapshot once no other session can hold unpublished counters: every
+/// other client session has ended or been idle longer than the stats flush interval.
+/// Returns whether that happened within `timeout` (the transaction is open either way).
+async fn settle(side: &Side, timeout: Duration) -> Result<bool, ConnError> {
+    let deadline = Instant::now() + timeout;
+    // Checked after the snapshot is taken, so anything the snapshot sees was committed by a
+    // session this check covers.
+    let q = format!(
+        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a \
+         WHERE a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid() \
+         AND a.datname = pg_catalog.current_database() \
+         AND (a.state IS DISTINCT FROM 'idle' \
+              OR a.state_change > pg_catalog.clock_timestamp() - interval '{STATS_IDLE_FLUSH}')"
+    );
+    loop {
+        side.begin().await?;
+        let busy = side
+            .rows(&q)
+            .await?
+            .first()
+            .and_then(|r| r[0].as_deref())
+            .and_then(|s| s.parse::<i64>().ok())
+            .unwrap_or(1);
+        // An exiting backend publishes its counters (a before_shmem_exit hook) before it
+        // leaves pg_stat_activity (an on_shmem_exit hook), so "gone" means "published".
+        if busy == 0 {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        side.rollback().await?;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Counters only grow; lower counters in the scratch database mean they were reset.
+fn stats_reset(old: &Catalog, new: &Catalog) -> bool {
+    new.tables.iter().any(|(oid, t)| {
+        old.tables
+            .get(oid)
+            .map(|o| (0..3).any(|i| t.counters[i] < o.counters[i]))
+            .unwrap_or(false)
+    })
+}
+
+/// Tables in parents-before-children order of their foreign keys (cycles broken arbitrarily).
+fn fk_order(cat: &Catalog, tables: &BTreeSet<u32>) -> Vec<u32> {
+    let mut parents: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for k in cat.constraints.values().filter(|k| k.flag == "f") {
+        if let Ok(p) = k.extra.parse::<u32>() {
+            if p != k.table {
+                parents.entry(k.table).or_default().push(p);
+            }
+        }
+    }
+    fn visit(
+        t: u32,
+        parents: &BTreeMap<u32, Vec<u32>>,
+        seen: &mut BTreeSet<u32>,
+        out: &mut Vec<u32>,
+    ) {
+        if !seen.insert(t) {
+            return;
+        }
+        for p in parents.get(&t).into_iter().flatten() {
+            visit(*p, parents, seen, out);
+        }
+        out.push(t);
+    }
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for t in tables {
+        visit(*t, &parents, &mut seen, &mut out);
+    }
+    out.retain(|t| tables.contains(t));
+    out
+}
+
+fn render_patch(
+    stmts: &schema::Stmts,
+    tables: &BTreeMap<u32, TablePatch>,
+    cat: &Catalog,
+    token: &str,
+    task: &str,
+) -> String {
+    let mut stmts = stmts.clone();
+    stmts.sort_by_key(|(o, _)| *o);
+    let mut out = format!(
+        "-- sandpit review patch: token {token}, task {task}, generated {}.\n\
+         -- Applied to a fresh fork of the golden it reproduces the scratch database for what the\n\
+         -- diff covers. sandpit never applies it. Triggers of the golden fire while it runs.\n\
+         BEGIN;\n",
+        now_rfc3339()
+    );
+    // Not search_path: every name in the patch is qualified, and the golden's own functions
+    // and triggers, which may run while it applies, expect the database's usual path.
+    for (k, v) in SESSION_SETTINGS.iter().filter(|(k, _)| *k != "search_path") {
+        out.push_str(&format!("SET LOCAL {k} = {v};\n"));
+    }
+    out.push_str("SET LOCAL check_function_bodies = off;\nSET CONSTRAINTS ALL DEFERRED;\n");
+    let before: Vec<&String> = stmts
+        .iter()
+        .filter(|(o, _)| *o < order::DATA)
+        .map(|(_, s)| s)
+        .collect();
+    let after: Vec<&String> = stmts
+        .iter()
+        .filter(|(o, _)| *o > order::DATA)
+        .map(|(_, s)| s)
+        .collect();
+    if !before.is_empty() {
+        out.push_str("\n-- schema changes\n");
+        for s in before {
+            out.push_str(s);
+            out.push('\n');
+        }
+    }
+    let set: BTreeSet<u32> = tables.keys().copied().collect();
+    let ordered = fk_order(cat, &set);
+    let section = |out: &mut String,
+                   title: &str,
+                   pick: &dyn Fn(&TablePatch) -> &Vec<String>,
+                   oids: &mut dyn Iterator<Item = &u32>| {
+        let mut first = true;
+        for oid in oids {
+            let Some(p) = tables.get(oid) else { continue };
+            for s in pick(p) {
+                if first {
+                    out.push_str(&format!("\n-- {title}\n"));
+                    first = false;
+                }
+                out.push_str(s);
+                out.push('\n');
+            }
+        }
+    };
+    section(
+        &mut out,
+        "deleted rows (children first)",
+        &|p| &p.deletes,
+        &mut ordered.iter().rev(),
+    );
+    section(
+        &mut out,
+        "updated rows",
+        &|p| &p.updates,
+        &mut ordered.iter(),
+    );
+    section(
+        &mut out,
+        "inserted rows (parents first)",
+        &|p| &p.inserts,
+        &mut ordered.iter(),
+    );
+    if !after.is_empty() {
+        out.push_str("\n-- constraints, indexes, views, triggers, sequence positions\n");
+        for s in after {
+            out.push_str(s);
+            out.push('\n');
+        }
+    }
+    out.push_str("\nCOMMIT;\n");
+    out
+}

@@ -1,0 +1,372 @@
+//! Schema diff: two catalog snapshots matched by OID, turned into change records and the DDL
+//! of the patch. Each statement carries an order number so the patch runs dependents' drops
+//! before renames, creates before data, and constraints/indexes/triggers after the data.
+
+use super::catalog::{Catalog, Column, Table};
+use super::model::{Action, SchemaChange, SequenceChange};
+use super::{objects, relations};
+
+/// Patch statements with their place in the patch (see [`order`]).
+pub type Stmts = Vec<(u32, String)>;
+
+/// Order numbers: below [`order::DATA`] runs before the row changes, above it after.
+pub mod order {
+    /// CREATE SCHEMA.
+    pub const CREATE_SCHEMA: u32 = 1;
+    /// ALTER SCHEMA … RENAME.
+    pub const RENAME_SCHEMA: u32 = 2;
+    /// CREATE / ALTER EXTENSION.
+    pub const EXTENSION: u32 = 3;
+    /// CREATE TYPE / DOMAIN, ALTER TYPE … RENAME.
+    pub const TYPE: u32 = 4;
+    /// ALTER FUNCTION … RENAME.
+    pub const RENAME_FUNCTION: u32 = 5;
+    /// CREATE OR REPLACE FUNCTION.
+    pub const FUNCTION: u32 = 6;
+    /// CREATE SEQUENCE.
+    pub const CREATE_SEQUENCE: u32 = 7;
+    /// DROP VIEW.
+    pub const DROP_VIEW: u32 = 10;
+    /// DROP TRIGGER.
+    pub const DROP_TRIGGER: u32 = 11;
+    /// DROP foreign keys.
+    pub const DROP_FK: u32 = 13;
+    /// DROP other constraints.
+    pub const DROP_CONSTRAINT: u32 = 14;
+    /// DROP INDEX.
+    pub const DROP_INDEX: u32 = 15;
+    /// Table rename / set schema.
+    pub const RENAME_TABLE: u32 = 20;
+    /// Column rename.
+    pub const RENAME_COLUMN: u32 = 21;
+    /// DROP COLUMN.
+    pub const DROP_COLUMN: u32 = 22;
+    /// DROP TABLE.
+    pub const DROP_TABLE: u32 = 23;
+    /// CREATE TABLE.
+    pub const CREATE_TABLE: u32 = 24;
+    /// ADD COLUMN.
+    pub const ADD_COLUMN: u32 = 25;
+    /// ALTER COLUMN type / default / DROP NOT NULL.
+    pub const ALTER_COLUMN: u32 = 26;
+    /// Constraint, index, sequence renames.
+    pub const RENAME_OTHER: u32 = 27;
+    /// ALTER SEQUENCE parameters.
+    pub const ALTER_SEQUENCE: u32 = 30;
+    /// DROP SEQUENCE.
+    pub const DROP_SEQUENCE: u32 = 87;
+    /// DROP FUNCTION.
+    pub const DROP_FUNCTION: u32 = 88;
+    /// DROP TYPE / DOMAIN.
+    pub const DROP_TYPE: u32 = 89;
+    /// DROP EXTENSION.
+    pub const DROP_EXTENSION: u32 = 90;
+    /// DROP SCHEMA.
+    pub const DROP_SCHEMA: u32 = 91;
+    /// Row changes go here.
+    pub const DATA: u32 = 99;
+    /// SET NOT NULL.
+    pub const SET_NOT_NULL: u32 = 100;
+    /// ADD CONSTRAINT (not FK).
+    pub const ADD_CONSTRAINT: u32 = 101;
+    /// ADD CONSTRAINT … FOREIGN KEY.
+    pub const ADD_FK: u32 = 102;
+    /// CREATE INDEX.
+    pub const CREATE_INDEX: u32 = 103;
+    /// CREATE VIEW.
+    pub const CREATE_VIEW: u32 = 104;
+    /// CREATE TRIGGER.
+    pub const CREATE_TRIGGER: u32 = 105;
+    /// ALTER SEQUENCE … OWNED BY.
+    pub const OWNED_BY: u32 = 106;
+    /// setval.
+    pub const SETVAL: u32 = 107;
+}
+
+/// Result of the schema diff.
+#[derive(Debug, Default)]
+pub struct SchemaDiff {
+    /// Change records.
+    pub changes: Vec<SchemaChange>,
+    /// Sequence position changes.
+    pub sequences: Vec<SequenceChange>,
+    /// Patch statements.
+    pub stmts: Stmts,
+    /// Caveats.
+    pub notes: Vec<String>,
+}
+
+impl SchemaDiff {
+    pub(super) fn change(
+        &mut self,
+        kind: &str,
+        action: Action,
+        object: String,
+        detail: String,
+        before: Option<String>,
+        after: Option<String>,
+    ) {
+        self.changes.push(SchemaChange {
+            kind: kind.into(),
+            action,
+            object,
+            detail,
+            before,
+            after,
+        });
+    }
+
+    pub(super) fn stmt(&mut self, order: u32, sql: String) {
+        self.stmts.push((order, sql));
+    }
+}
+
+/// `schema.name` (both already quoted).
+pub(super) fn q(schema: &str, name: &str) -> String {
+    format!("{schema}.{name}")
+}
+
+/// Compare `before` (the golden) with `after` (the scratch database).
+pub fn diff(before: &Catalog, after: &Catalog) -> SchemaDiff {
+    let mut d = SchemaDiff::default();
+    objects::schemas(before, after, &mut d);
+    objects::extensions(before, after, &mut d);
+    objects::types(before, after, &mut d);
+    objects::functions(before, after, &mut d);
+    objects::sequences(before, after, &mut d);
+    tables(before, after, &mut d);
+    relations::constraints(before, after, &mut d);
+    relations::indexes(before, after, &mut d);
+    relations::views(before, after, &mut d);
+    relations::triggers(before, after, &mut d);
+    d
+}
+
+fn create_table(t: &Table) -> String {
+    let cols: Vec<String> = t
+        .columns
+        .iter()
+        .map(|c| format!("    {}", c.definition()))
+        .collect();
+    let unlogged = if t.persistence == "u" {
+        "UNLOGGED "
+    } else {
+        ""
+    };
+    format!(
+        "CREATE {unlogged}TABLE {} (\n{}\n);",
+        t.qname(),
+        cols.join(",\n")
+    )
+}
+
+fn tables(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
+    for (oid, t) in &a.tables {
+        let name = t.qname();
+        let Some(old) = b.tables.get(oid) else {
+            let cols: Vec<&str> = t.columns.iter().map(|c| c.name.as_str()).collect();
+            d.change(
+                "table",
+                Action::Added,
+                name,
+                format!("columns {}", cols.join(", ")),
+                None,
+                Some(create_table(t)),
+            );
+            d.stmt(order::CREATE_TABLE, create_table(t));
+            if t.relkind == "p" || t.is_partition {
+                d.notes.push(format!(
+                    "partitioning of {} is not reproduced by the patch",
+                    t.qname()
+                ));
+            }
+            continue;
+        };
+        if old.schema != t.schema || old.name != t.name {
+            d.change(
+                "table",
+                Action::Renamed,
+                name.clone(),
+                format!("was {}", old.qname()),
+                None,
+                None,
+            );
+            let mut cur = old.qname();
+            if old.name != t.name {
+                d.stmt(
+                    order::RENAME_TABLE,
+                    format!("ALTER TABLE {cur} RENAME TO {};", t.name),
+                );
+                cur = q(&old.schema, &t.name);
+            }
+            if old.schema != t.schema {
+                d.stmt(
+                    order::RENAME_TABLE,
+                    format!("ALTER TABLE {cur} SET SCHEMA {};", t.schema),
+                );
+            }
+        }
+        if old.persistence != t.persistence {
+            let w = if t.persistence == "u" {
+                "UNLOGGED"
+            } else {
+                "LOGGED"
+            };
+            d.change(
+                "table",
+                Action::Altered,
+                name.clone(),
+                format!("set {}", w.to_lowercase()),
+                None,
+                None,
+            );
+            d.stmt(order::ALTER_COLUMN, format!("ALTER TABLE {name} SET {w};"));
+        }
+        columns(&name, old, t, d);
+    }
+    for (oid, t) in &b.tables {
+        if !a.tables.contains_key(oid) {
+            d.change(
+                "table",
+                Action::Dropped,
+                t.qname(),
+                String::new(),
+                Some(create_table(t)),
+                None,
+            );
+            d.stmt(order::DROP_TABLE, format!("DROP TABLE {};", t.qname()));
+        }
+    }
+}
+
+fn columns(table: &str, old: &Table, new: &Table, d: &mut SchemaDiff) {
+    for c in &new.columns {
+        let obj = format!("{table}.{}", c.name);
+        let Some(o) = old.column(c.attnum) else {
+            d.change(
+                "column",
+                Action::Added,
+                obj,
+                c.definition(),
+                None,
+                Some(c.definition()),
+            );
+            let mut add = c.clone();
+            add.not_null = false;
+            d.stmt(
+                order::ADD_COLUMN,
+                format!("ALTER TABLE {table} ADD COLUMN {};", add.definition()),
+            );
+            if c.not_null {
+                d.stmt(
+                    order::SET_NOT_NULL,
+                    format!("ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL;", c.name),
+                );
+            }
+            continue;
+        };
+        if o.name != c.name {
+            d.change(
+                "column",
+                Action::Renamed,
+                obj.clone(),
+                format!("was {}", o.name),
+                None,
+                None,
+            );
+            d.stmt(
+                order::RENAME_COLUMN,
+                format!(
+                    "ALTER TABLE {table} RENAME COLUMN {} TO {};",
+                    o.name, c.name
+                ),
+            );
+        }
+        alter_column(table, &obj, o, c, d);
+    }
+    for o in &old.columns {
+        if new.column(o.attnum).is_none() {
+            d.change(
+                "column",
+                Action::Dropped,
+                format!("{table}.{}", o.name),
+                o.definition(),
+                Some(o.definition()),
+                None,
+            );
+            d.stmt(
+                order::DROP_COLUMN,
+                format!("ALTER TABLE {table} DROP COLUMN {};", o.name),
+            );
+        }
+    }
+}
+
+fn alter_column(table: &str, obj: &str, o: &Column, c: &Column, d: &mut SchemaDiff) {
+    let mut what = Vec::new();
+    let col = &c.name;
+    if o.type_name != c.type_name || o.collation != c.collation {
+        what.push(format!("type {} -> {}", o.type_name, c.type_name));
+        let coll = c
+            .collation
+            .as_ref()
+            .map(|x| format!(" COLLATE {x}"))
+            .unwrap_or_default();
+        d.stmt(
+            order::ALTER_COLUMN,
+            format!(
+                "ALTER TABLE {table} ALTER COLUMN {col} TYPE {}{coll} USING {col}::{};",
+                c.type_name, c.type_name
+            ),
+        );
+    }
+    if o.default != c.default && c.generated != "s" {
+        what.push(format!(
+            "default {} -> {}",
+            o.default.as_deref().unwrap_or("none"),
+            c.default.as_deref().unwrap_or("none")
+        ));
+        d.stmt(
+            order::ALTER_COLUMN,
+            match &c.default {
+                Some(x) => format!("ALTER TABLE {table} ALTER COLUMN {col} SET DEFAULT {x};"),
+                None => format!("ALTER TABLE {table} ALTER COLUMN {col} DROP DEFAULT;"),
+            },
+        );
+    }
+    if o.not_null != c.not_null {
+        if c.not_null {
+            what.push("set not null".into());
+            d.stmt(
+                order::SET_NOT_NULL,
+                format!("ALTER TABLE {table} ALTER COLUMN {col} SET NOT NULL;"),
+            );
+        } else {
+            what.push("drop not null".into());
+            d.stmt(
+                order::ALTER_COLUMN,
+                format!("ALTER TABLE {table} ALTER COLUMN {col} DROP NOT NULL;"),
+            );
+        }
+    }
+    if o.identity != c.identity || o.generated != c.generated {
+        what.push("identity/generation changed (not in the patch)".into());
+    }
+    if !what.is_empty() {
+        d.change(
+            "column",
+            Action::Altered,
+            obj.to_string(),
+            what.join("; "),
+            Some(o.definition()),
+            Some(c.definition()),
+        );
+    }
+}
+
+pub(super) fn table_name(cat: &Catalog, oid: u32) -> String {
+    cat.tables
+        .get(&oid)
+        .map(Table::qname)
+        .unwrap_or_else(|| format!("<table {oid}>"))
+}

@@ -1,0 +1,338 @@
+//! Reviews of tokens: taken live (API), or at the end of a token just before its backend is
+//! destroyed and kept under `<data dir>/reviews/<task>/<token>.{json,txt,sql,html}` next to
+//! the statement log, so they outlive the backend.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::diff::{self, DiffOptions};
+use super::log::{self, LoggedStatement};
+use super::model::{FailedStatement, Review, StatementSummary};
+use super::{html, render};
+use crate::lifecycle::Gateway;
+use crate::registry::TokenRecord;
+
+/// Longest statement text kept in a failure summary.
+const FAILED_TEXT_MAX: usize = 500;
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The [`Review`] as JSON.
+    Json,
+    /// For a person, plain text.
+    Text,
+    /// The SQL patch.
+    Sql,
+    /// One self-contained HTML page.
+    Html,
+}
+
+impl Format {
+    /// Parse `json|text|sql|html`.
+    pub fn parse(s: &str) -> Option<Format> {
+        match s {
+            "json" => Some(Format::Json),
+            "text" | "txt" => Some(Format::Text),
+            "sql" => Some(Format::Sql),
+            "html" => Some(Format::Html),
+            _ => None,
+        }
+    }
+
+    /// File extension of the stored file.
+    pub fn ext(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Text => "txt",
+            Format::Sql => "sql",
+            Format::Html => "html",
+        }
+    }
+
+    /// HTTP content type.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Json => "application/json",
+            Format::Text => "text/plain; charset=utf-8",
+            Format::Sql => "application/sql; charset=utf-8",
+            Format::Html => "text/html; charset=utf-8",
+        }
+    }
+}
+
+/// Errors taking a review.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error(transparent)]
+    Db(#[from] super::conn::ConnError),
+    #[error("backend: {0}")]
+    Backend(String),
+    #[error(transparent)]
+    Log(#[from] log::LogError),
+    #[error("writing review {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Directory of stored reviews: `review.dir`, else `<data dir>/reviews`.
+pub fn reviews_dir(cfg: &crate::config::Config) -> PathBuf {
+    cfg.review
+        .dir
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("reviews"))
+}
+
+/// Path of a stored review file under `dir` (see [`reviews_dir`]).
+pub fn review_path(dir: &Path, task: &str, token: &str, f: Format) -> PathBuf {
+    dir.join(task).join(format!("{token}.{}", f.ext()))
+}
+
+/// Counts by kind and the failures of a statement log.
+pub fn summarize(stmts: &[LoggedStatement]) -> StatementSummary {
+    let mut s = StatementSummary::default();
+    for st in stmts {
+        s.total += 1;
+        *s.by_kind.entry(st.statement.kind.clone()).or_insert(0) += 1;
+        match &st.outcome {
+            None => s.unfinished += 1,
+            Some(o) => {
+                if let Some(code) = &o.sqlstate {
+                    s.failed.push(FailedStatement {
+                        seq: st.statement.seq,
+                        kind: st.statement.kind.clone(),
+                        text: cap(&st.statement.text, FAILED_TEXT_MAX),
+                        sqlstate: code.clone(),
+                    });
+                }
+            }
+        }
+    }
+    s
+}
+
+/// `s` cut to at most `max` bytes on a char boundary, with an ellipsis when cut.
+pub fn cap(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+fn options(gw: &Gateway) -> DiffOptions {
+    let r = &gw.config.review;
+    DiffOptions {
+        statement_timeout: r.statement_timeout,
+        settle_timeout: r.settle_timeout,
+        samples: r.samples,
+        ..DiffOptions::default()
+    }
+}
+
+/// The token's statements, as logged.
+pub fn statements(gw: &Gateway, rec: &TokenRecord) -> Result<Vec<LoggedStatement>, ReviewError> {
+    Ok(log::read_statements(&log::log_path(
+        &gw.config.data_dir,
+        &rec.task,
+        &rec.id,
+    ))?)
+}
+
+/// Take a review now (`full_scan`: compare every table, not only touched ones). A token that
+/// never connected has no scratch database and so no changes; nothing is forked for it.
+pub async fn take(gw: &Gateway, rec: &TokenRecord, full_scan: bool) -> Result<Review, ReviewError> {
+    take_with(gw, rec, full_scan, false).await
+}
+
+async fn take_with(
+    gw: &Gateway,
+    rec: &TokenRecord,
+    full_scan: bool,
+    end_sessions: bool,
+) -> Result<Review, ReviewError> {
+    let stmts = statements(gw, rec)?;
+    let mut review = match rec.backend.as_deref() {
+        None => Review {
+            token: rec.id.clone(),
+            task: rec.task.clone(),
+            generated_at: diff::now_rfc3339(),
+            scan: super::model::ScanInfo {
+                mode: "none".into(),
+                reason: Some("the token never connected: no scratch database exists".into()),
+                ..Default::default()
+            },
+            patch: String::new(),
+            ..Default::default()
+        },
+        Some(handle) => {
+            let scratch = gw
+                .provider
+                .ensure_running(handle)
+                .await
+                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            let reference = gw
+                .provider
+                .reference()
+                .await
+                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            let opts = DiffOptions {
+                full_scan,
+                end_sessions,
+                ..options(gw)
+            };
+            diff::diff(&reference.target, &scratch.target, opts, &rec.id, &rec.task).await?
+        }
+    };
+    review.statements = summarize(&stmts);
+    metrics::histogram!("sandpit_review_seconds").record(review.duration_ms / 1000.0);
+    Ok(review)
+}
+
+/// Render a review in a format.
+pub fn render(review: &Review, stmts: &[LoggedStatement], f: Format) -> String {
+    match f {
+        Format::Json => serde_json::to_string_pretty(review).unwrap_or_default(),
+        Format::Text => render::text(review),
+        Format::Sql => review.patch.clone(),
+        Format::Html => html::page(review, stmts),
+    }
+}
+
+/// Write all four files of a review under `dir` (mode 0600: they quote data).
+pub fn write_all(
+    dir: &Path,
+    review: &Review,
+    stmts: &[LoggedStatement],
+) -> Result<(), ReviewError> {
+    for f in [Format::Json, Format::Text, Format::Sql, Format::Html] {
+        let path = review_path(dir, &review.task, &review.token, f);
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let tmp = path.with_extension(format!("{}.tmp", f.ext()));
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            file.write_all(render(review, stmts, f).as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        write().map_err(|source| ReviewError::Write {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// A stored review file under `dir`, if one was written.
+pub fn load(dir: &Path, task: &str, token: &str, f: Format) -> Option<String> {
+    std::fs::read_to_string(review_path(dir, task, token, f)).ok()
+}
+
+/// Called by the lifecycle after a fork: start the reference in the background, so the
+/// review at the end of the token does not wait for it (it is started once and kept).
+pub fn prepare(gw: &Gateway) {
+    if gw.config.review.on_end {
+        let provider = gw.provider.clone();
+        tokio::spawn(async move {
+            if let Err(e) = provider.reference().await {
+                tracing::warn!(error = %e, "starting the review reference failed");
+            }
+        });
+    }
+}
+
+/// Called by the lifecycle right before a token's backend is destroyed: take the review and
+/// store it. Failures are logged, never block the destroy.
+pub async fn on_end(gw: &Gateway, id: &str) {
+    let Some(rec) = gw.registry.get(id) else {
+        return;
+    };
+    let result = async {
+        let review = take_with(gw, &rec, false, true).await?;
+        let stmts = statements(gw, &rec)?;
+        write_all(&reviews_dir(&gw.config), &review, &stmts)?;
+        Ok::<_, ReviewError>(review)
+    }
+    .await;
+    match result {
+        Ok(r) => tracing::info!(token = %id, schema_changes = r.schema.len(),
+            tables_changed = r.data.len(), ms = r.duration_ms as u64, "review stored"),
+        Err(e) => {
+            metrics::counter!("sandpit_review_failures_total").increment(1);
+            tracing::warn!(token = %id, error = %e, "review at end of token failed")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::log::{OutcomeRecord, StatementRecord};
+
+    fn stmt(seq: u64, kind: &str, sqlstate: Option<&str>, done: bool) -> LoggedStatement {
+        LoggedStatement {
+            statement: StatementRecord {
+                seq,
+                ts: String::new(),
+                token: "t".into(),
+                task: "k".into(),
+                session: 1,
+                protocol: "simple".into(),
+                text: "x".repeat(600),
+                params: Vec::new(),
+                kind: kind.into(),
+            },
+            outcome: done.then(|| OutcomeRecord {
+                seq,
+                ts: String::new(),
+                rows: None,
+                capped: false,
+                duration_ms: 1.0,
+                sqlstate: sqlstate.map(str::to_string),
+                tag: None,
+                skipped: false,
+                denied: false,
+            }),
+        }
+    }
+
+    #[test]
+    fn summary_counts_kinds_failures_and_unfinished() {
+        let s = summarize(&[
+            stmt(1, "read", None, true),
+            stmt(2, "write", Some("23505"), true),
+            stmt(3, "write", None, false),
+        ]);
+        assert_eq!(s.total, 3);
+        assert_eq!(s.by_kind.get("write"), Some(&2));
+        assert_eq!(s.unfinished, 1);
+        assert_eq!(s.failed.len(), 1);
+        assert_eq!(s.failed[0].sqlstate, "23505");
+        assert!(s.failed[0].text.chars().count() <= FAILED_TEXT_MAX + 1);
+    }
+
+    #[test]
+    fn cap_respects_char_boundaries_and_formats_parse() {
+        assert_eq!(cap("héllo", 2), "h…");
+        assert_eq!(cap("abc", 5), "abc");
+        assert_eq!(Format::parse("html"), Some(Format::Html));
+        assert_eq!(Format::parse("yaml"), None);
+        assert_eq!(
+            crate::review::html::esc("<a href='x'>&"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;"
+        );
+    }
+}
