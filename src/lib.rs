@@ -6,6 +6,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod lifecycle;
+pub mod mcp;
 pub mod pg;
 pub mod provider;
 pub mod proxy;

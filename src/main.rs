@@ -51,6 +51,16 @@ enum Cmd {
         #[command(flatten)]
         api: ApiArgs,
     },
+    /// Serve MCP (Model Context Protocol) on stdio, bound to one token's DSN.
+    Mcp {
+        /// The token's DSN, as `token issue` prints it.
+        #[arg(long, env = "SANDPIT_DSN", hide_env_values = true)]
+        dsn: String,
+        /// Control API base URL; given, `review_changes` is offered (asked of the API's
+        /// `/mcp` with the token, never the admin key).
+        #[arg(long, env = "SANDPIT_API")]
+        api: Option<String>,
+    },
     /// What a token's agent changed: schema and data diff against the golden, or the SQL patch.
     Review {
         /// Token id.
@@ -190,6 +200,7 @@ fn main() -> Result<()> {
             let v = client(&cfg, api)?.reap(*dry_run)?;
             print(&v, api.json, cli::reap_text)
         }
+        Cmd::Mcp { dsn, api } => mcp(dsn, api.as_deref()),
         Cmd::Log { target, api } => {
             let c = client(&cfg, api)?;
             let ids: Vec<String> = if sandpit::auth::is_token_id(target) {
@@ -401,5 +412,35 @@ fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
         })
         .await
     })?;
+    Ok(())
+}
+
+fn mcp(dsn: &str, api: Option<&str>) -> Result<()> {
+    // stdout carries the protocol only; logs go to stderr, quiet unless asked for.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SANDPIT_LOG")
+        .unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let target = sandpit::mcp::sql::SqlTarget::from_dsn(dsn).context("SANDPIT_DSN / --dsn")?;
+    let server = match api {
+        None => sandpit::mcp::McpServer::new(target),
+        Some(api) => {
+            let bearer = sandpit::mcp::review::full_token_of_dsn(dsn)
+                .context("SANDPIT_DSN / --dsn does not carry a sandpit token")?;
+            let url = format!("{}/mcp", api.trim_end_matches('/'));
+            let review = sandpit::mcp::review::ReviewSource::Remote { url, bearer };
+            sandpit::mcp::McpServer::with_review(target, review)
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(sandpit::mcp::stdio::serve(
+        &server,
+        tokio::io::BufReader::new(tokio::io::stdin()),
+        tokio::io::stdout(),
+    ))?;
     Ok(())
 }

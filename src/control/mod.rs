@@ -60,6 +60,10 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tokens/{id}/diff", get(token_diff))
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/mcp",
+            get(crate::mcp::http::get).post(crate::mcp::http::post),
+        )
         .with_state(state)
 }
 

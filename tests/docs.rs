@@ -1,0 +1,259 @@
+//! Docs that must not drift from the code: docs/api.yaml against the router,
+//! docs/statement-log.md against the log records, and the README's configuration reference
+//! against config/sandpit.toml and the config struct.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use sandpit::review::log::{LogRecord, OutcomeRecord, StatementRecord};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(Path::new(ROOT).join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The text of `.route(...)` calls, parentheses matched.
+fn route_calls(src: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = src;
+    while let Some(i) = rest.find(".route(") {
+        let body = &rest[i + ".route(".len()..];
+        let mut depth = 1;
+        let mut end = body.len();
+        for (j, c) in body.char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        end = j;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push(&body[..end]);
+        rest = &body[end..];
+    }
+    out
+}
+
+/// (path, method) pairs the router serves.
+fn routes() -> BTreeSet<(String, String)> {
+    let src = read("src/control/mod.rs");
+    let mut set = BTreeSet::new();
+    for call in route_calls(&src) {
+        let path = call
+            .split('"')
+            .nth(1)
+            .unwrap_or_else(|| panic!("route without a path: {call}"));
+        let bytes = call.as_bytes();
+        for m in ["get", "post", "put", "patch", "delete"] {
+            let pat = format!("{m}(");
+            let found = call.match_indices(&pat).any(|(i, _)| {
+                i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || b"_:".contains(&bytes[i - 1]))
+            });
+            if found {
+                set.insert((path.to_string(), m.to_string()));
+            }
+        }
+    }
+    set
+}
+
+/// (path, method) pairs docs/api.yaml describes (paths at indent 2, methods at indent 4).
+fn documented() -> BTreeSet<(String, String)> {
+    let doc = read("docs/api.yaml");
+    let mut set = BTreeSet::new();
+    let mut in_paths = false;
+    let mut path = None;
+    for l in doc.lines() {
+        if !l.starts_with(' ') && !l.is_empty() {
+            in_paths = l == "paths:";
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = l.strip_prefix("  /").and_then(|p| p.strip_suffix(':')) {
+            path = Some(format!("/{p}"));
+        } else if let (Some(p), Some(m)) = (
+            &path,
+            l.strip_prefix("    ").and_then(|m| m.strip_suffix(':')),
+        ) {
+            if ["get", "post", "put", "patch", "delete"].contains(&m) {
+                set.insert((p.clone(), m.to_string()));
+            }
+        }
+    }
+    set
+}
+
+#[test]
+fn api_yaml_lists_every_route_and_no_other() {
+    let routes = routes();
+    assert!(routes.len() >= 8, "{routes:?}");
+    assert!(routes.contains(&("/mcp".into(), "post".into())));
+    let doc = documented();
+    let missing: Vec<_> = routes.difference(&doc).collect();
+    let extra: Vec<_> = doc.difference(&routes).collect();
+    assert!(
+        missing.is_empty(),
+        "routes missing from docs/api.yaml: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "docs/api.yaml describes routes the server lacks: {extra:?}"
+    );
+    assert!(read("docs/api.yaml").starts_with("openapi: 3."));
+}
+
+fn keys(rec: &LogRecord) -> BTreeSet<String> {
+    match serde_json::to_value(rec) {
+        Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Field names in the table rows of one `## heading` section of the doc.
+fn doc_fields(doc: &str, heading: &str) -> BTreeSet<String> {
+    let section = doc
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .unwrap_or_else(|| panic!("no section {heading}"));
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn statement_log_doc_covers_every_field() {
+    // Every optional field set, so every key the writer can emit is serialized.
+    let st = LogRecord::Statement(StatementRecord {
+        seq: 1,
+        ts: "2026-01-01T00:00:00Z".into(),
+        token: "sp_x".into(),
+        task: "t".into(),
+        session: 1,
+        protocol: "extended".into(),
+        text: "select $1".into(),
+        params: vec![Some("1".into()), None],
+        kind: "read".into(),
+    });
+    let out = LogRecord::Outcome(OutcomeRecord {
+        seq: 1,
+        ts: "2026-01-01T00:00:00Z".into(),
+        rows: Some(1),
+        capped: true,
+        duration_ms: 1.0,
+        sqlstate: Some("42501".into()),
+        tag: None,
+        skipped: true,
+        denied: true,
+    });
+    let doc = read("docs/statement-log.md");
+    assert_eq!(doc_fields(&doc, "`statement`"), keys(&st));
+    assert_eq!(doc_fields(&doc, "`outcome`"), keys(&out));
+}
+
+/// Keys of config/sandpit.toml, commented-out ones included, as `section.key`.
+fn example_keys() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut section = String::new();
+    for l in read("config/sandpit.toml").lines() {
+        let l = l.trim();
+        if let Some(s) = l.strip_prefix('[').and_then(|s| s.strip_suffix(']')) {
+            section = format!("{s}.");
+            continue;
+        }
+        let l = l.strip_prefix('#').map(str::trim_start).unwrap_or(l);
+        if let Some((k, _)) = l.split_once(" = ") {
+            if !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+                out.insert(format!("{section}{k}"));
+            }
+        }
+    }
+    out
+}
+
+/// The README's reference table keys.
+fn readme_keys() -> BTreeSet<String> {
+    let readme = read("README.md");
+    let table = readme
+        .split("<!-- config-reference:start -->")
+        .nth(1)
+        .and_then(|t| t.split("<!-- config-reference:end -->").next())
+        .expect("README has the config-reference markers");
+    table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The fields serde expects in a TOML table, read from its unknown-field error (so this
+/// follows the struct, not a list kept by hand). None when `prefix` is not a table.
+fn struct_fields(prefix: &str) -> Option<Vec<String>> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = dir.path().join("probe.toml");
+    std::fs::write(&p, format!("{prefix}zz_not_a_key = 1\n")).expect("write");
+    let err = sandpit::config::Config::load(Some(&p)).err()?.to_string();
+    // "unknown field `zz_not_a_key`, expected one of `a`, `b`" (or "expected `a`" for one).
+    let after = err
+        .split("unknown field `zz_not_a_key`, expected ")
+        .nth(1)?;
+    let list = after.strip_prefix("one of ").unwrap_or(after);
+    let list = list.lines().next().unwrap_or("");
+    Some(
+        list.split(',')
+            .map(|f| f.trim().trim_matches('`').to_string())
+            .filter(|f| !f.is_empty())
+            .collect(),
+    )
+}
+
+fn config_struct_keys() -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let top = struct_fields("").expect("top-level fields");
+    for f in top {
+        match struct_fields(&format!("[{f}]\n")) {
+            Some(sub) => out.extend(sub.into_iter().map(|s| format!("{f}.{s}"))),
+            None => {
+                out.insert(f);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn config_reference_matches_example_and_struct() {
+    let example = example_keys();
+    let readme = readme_keys();
+    let code = config_struct_keys();
+    assert!(code.len() >= 20, "{code:?}");
+    assert_eq!(readme, example, "README reference vs config/sandpit.toml");
+    assert_eq!(example, code, "config/sandpit.toml vs the Config struct");
+    // The example's values are the defaults it says they are.
+    let loaded = sandpit::config::Config::load(Some(&Path::new(ROOT).join("config/sandpit.toml")))
+        .expect("load example");
+    assert_eq!(
+        format!("{loaded:?}"),
+        format!("{:?}", sandpit::config::Config::default())
+    );
+}
+
+#[test]
+fn readme_names_every_mcp_tool() {
+    let readme = read("README.md");
+    for t in sandpit::mcp::TOOL_NAMES {
+        assert!(readme.contains(&format!("| `{t}` |")), "README lacks {t}");
+    }
+    assert!(read("docs/api.yaml").contains(&format!("`{}`", sandpit::mcp::TOOL_NAMES[0])));
+}
