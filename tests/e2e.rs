@@ -269,6 +269,19 @@ fn expiry_ends_a_session_mid_query_and_removes_the_backend() {
             "backend still there {:?} after expiry",
             ended.elapsed()
         );
+        // Its bytes are freed in the background, soon after.
+        let trash = g.data_dir.join("pg").join("trash");
+        let freed = wait_until(Duration::from_secs(60), || {
+            std::fs::read_dir(&trash)
+                .map(|mut d| {
+                    !d.any(|e| {
+                        e.map(|e| e.file_name().to_string_lossy().starts_with(id.as_str()))
+                            .unwrap_or(false)
+                    })
+                })
+                .unwrap_or(true)
+        });
+        assert!(freed, "destroyed instance still in {}", trash.display());
     });
 }
 

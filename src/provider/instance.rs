@@ -21,6 +21,8 @@ use crate::pg::{self as pgbin, PgBinaries};
 
 /// Name of the tag file inside an instance dir.
 const TAG_FILE: &str = "sandpit-tag.json";
+/// Where destroyed instances wait to be deleted (same filesystem, so the move is a rename).
+const TRASH_DIR: &str = "trash";
 /// Grace period for a fast shutdown before the process group is killed.
 const STOP_GRACE: Duration = Duration::from_secs(30);
 /// Grace period for an immediate shutdown.
@@ -88,6 +90,14 @@ impl InstanceProvider {
         let real_root = prepare_root(&cfg.root, &run_as)?;
         let instances = real_root.join("instances");
         make_dir(&instances, 0o711)?;
+        // Destroyed instances are renamed here and deleted in the background; whatever an
+        // earlier run left half-deleted goes now.
+        let trash = real_root.join(TRASH_DIR);
+        if trash.exists() {
+            let t = trash.clone();
+            let _ = tokio::task::spawn_blocking(move || fs::remove_dir_all(&t)).await;
+        }
+        make_dir(&trash, 0o700)?;
         let netns = cfg.netns && process::probe_netns(&bins, &run_as);
         let copy = copy::probe(&real_root);
         tracing::info!(
@@ -307,13 +317,36 @@ impl InstanceProvider {
         if inst.exists() {
             self.stop_server(handle, &inst, Signal::SIGQUIT, DESTROY_GRACE)
                 .await;
-            let dir = inst.clone();
-            tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
+            // Gone from its place at once (a rename); the bytes are freed in the background so
+            // a slow disk never holds up the end of a token.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            let doomed = self
+                .real_root
+                .join(TRASH_DIR)
+                .join(format!("{handle}.{nanos}"));
+            let dir = match fs::rename(&inst, &doomed) {
+                Ok(()) => doomed,
+                Err(_) => inst.clone(),
+            };
+            let removing = tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
-            })
-            .await
-            .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+            });
+            if inst.exists() {
+                // The rename failed: delete in place, and wait for it.
+                removing
+                    .await
+                    .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+            } else {
+                tokio::spawn(async move {
+                    if let Ok(Err(e)) = removing.await {
+                        tracing::warn!(error = %e, "removing a destroyed instance failed");
+                    }
+                });
+            }
         } else {
             self.lock_children().remove(handle);
         }
