@@ -79,6 +79,7 @@ impl ApiClient {
         max_bytes: Option<u64>,
         cap_mode: Option<&str>,
         max_connections: Option<u32>,
+        timeouts: (Option<Duration>, Option<Duration>),
         metadata: BTreeMap<String, String>,
     ) -> Result<Value, CliError> {
         let body = serde_json::json!({
@@ -88,6 +89,8 @@ impl ApiClient {
             "max_bytes": max_bytes,
             "cap_mode": cap_mode,
             "max_connections": max_connections,
+            "statement_timeout_ms": timeouts.0.map(|d| d.as_millis() as u64),
+            "idle_in_transaction_timeout_ms": timeouts.1.map(|d| d.as_millis() as u64),
             "metadata": metadata,
         });
         self.call("POST", "/v1/tokens", Some(body))

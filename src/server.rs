@@ -125,6 +125,10 @@ pub async fn run(
         max_connections: cfg.postgres.max_connections,
         run_as: cfg.postgres.run_as.clone(),
         netns: cfg.postgres.netns,
+        settings: vec![(
+            "temp_file_limit".into(),
+            cfg.postgres.temp_file_limit.clone(),
+        )],
     })
     .await?;
     tracing::info!(

@@ -43,6 +43,10 @@ pub struct IssueBody {
     pub max_connections: Option<u32>,
     /// "truncate" (default) or "error".
     pub cap_mode: Option<crate::registry::CapMode>,
+    /// Statement timeout in ms (0 = none).
+    pub statement_timeout_ms: Option<u64>,
+    /// Idle-in-transaction timeout in ms (0 = none).
+    pub idle_in_transaction_timeout_ms: Option<u64>,
     /// Metadata.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -110,6 +114,8 @@ async fn issue_token(
         max_bytes: b.max_bytes,
         max_connections: b.max_connections,
         cap_mode: b.cap_mode,
+        statement_timeout: b.statement_timeout_ms.map(Duration::from_millis),
+        idle_in_transaction_timeout: b.idle_in_transaction_timeout_ms.map(Duration::from_millis),
         metadata: b.metadata,
     };
     match s.gw.issue(req) {

@@ -71,6 +71,10 @@ pub struct IssueRequest {
     pub max_connections: Option<u32>,
     /// Truncate (default) or error when a result exceeds a cap.
     pub cap_mode: Option<CapMode>,
+    /// Statement timeout; default from config (zero = none).
+    pub statement_timeout: Option<Duration>,
+    /// Idle-in-transaction timeout; default from config (zero = none).
+    pub idle_in_transaction_timeout: Option<Duration>,
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
 }
@@ -101,6 +105,10 @@ pub struct TokenView {
     pub max_connections: u32,
     /// truncate / error.
     pub cap_mode: CapMode,
+    /// Statement timeout, ms (0 = none).
+    pub statement_timeout_ms: u64,
+    /// Idle-in-transaction timeout, ms (0 = none).
+    pub idle_in_transaction_timeout_ms: u64,
     /// Whether a backend exists now.
     pub backend: bool,
     /// Forks made for this token.
@@ -229,6 +237,10 @@ impl Gateway {
                 max_bytes,
                 max_connections,
                 cap_mode: req.cap_mode.unwrap_or_default(),
+                statement_timeout_ms: ms(req.statement_timeout.unwrap_or(d.statement_timeout)),
+                idle_in_transaction_timeout_ms: ms(req
+                    .idle_in_transaction_timeout
+                    .unwrap_or(d.idle_in_transaction_timeout)),
             },
             state: TokenState::Issued,
             verifier: Verifier::from_secret(&secret),
@@ -270,6 +282,8 @@ impl Gateway {
             max_bytes: rec.caps.max_bytes,
             max_connections: rec.caps.max_connections,
             cap_mode: rec.caps.cap_mode,
+            statement_timeout_ms: rec.caps.statement_timeout_ms,
+            idle_in_transaction_timeout_ms: rec.caps.idle_in_transaction_timeout_ms,
             backend: rec.backend.is_some(),
             fork_count: rec.fork_count,
             sessions,
@@ -434,6 +448,11 @@ impl Gateway {
             }
         }
     }
+}
+
+/// Milliseconds, saturating (Postgres takes at most i32::MAX ms).
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).min(i32::MAX as u64)
 }
 
 /// Word for a state in client messages.

@@ -44,6 +44,16 @@ impl Drop for CancelKey {
     }
 }
 
+/// Send a CancelRequest for `t` straight to its backend.
+pub async fn send(t: &CancelTarget) -> std::io::Result<()> {
+    let mut s = UnixStream::connect(&t.socket_path).await?;
+    s.write_all(&encode_cancel(t.pid, t.secret)).await?;
+    // Postgres closes the connection once it has handled the request.
+    let mut sink = [0u8; 64];
+    let _ = s.read(&mut sink).await;
+    Ok(())
+}
+
 impl CancelMap {
     /// Mint a fresh key for a session's backend.
     pub fn mint(&self, target: CancelTarget) -> CancelKey {
@@ -68,16 +78,7 @@ impl CancelMap {
             metrics::counter!("sandpit_cancel_requests_total", "result" => "unknown").increment(1);
             return false;
         };
-        let result = async {
-            let mut s = UnixStream::connect(&t.socket_path).await?;
-            s.write_all(&encode_cancel(t.pid, t.secret)).await?;
-            // Postgres closes the connection once it has handled the request.
-            let mut sink = [0u8; 64];
-            let _ = s.read(&mut sink).await;
-            Ok::<_, std::io::Error>(())
-        }
-        .await;
-        let ok = result.is_ok();
+        let ok = send(&t).await.is_ok();
         metrics::counter!("sandpit_cancel_requests_total", "result" => if ok { "forwarded" } else { "failed" }).increment(1);
         ok
     }

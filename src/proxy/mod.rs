@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cancel;
 pub mod caps;
 pub mod pipeline;
+pub mod ratelimit;
 pub mod relay;
 pub mod session;
 pub mod stream;
@@ -29,12 +30,16 @@ pub struct Proxy {
     pub tls: Option<TlsAcceptor>,
     /// Numbers sessions for the statement log.
     pub sessions: std::sync::atomic::AtomicU64,
+    /// Authentication failures per source address and token id.
+    pub auth_limiter: ratelimit::AuthLimiter,
 }
 
 impl Proxy {
     /// Build the listener state.
     pub fn new(gw: Arc<Gateway>, tls: Option<TlsAcceptor>) -> Arc<Proxy> {
+        let per_minute = gw.config.limits.auth_failures_per_minute;
         Arc::new(Proxy {
+            auth_limiter: ratelimit::AuthLimiter::new(per_minute),
             gw,
             cancel: CancelMap::default(),
             tls,

@@ -17,8 +17,13 @@ use crate::review::log::{LogRecord, OutcomeRecord, StatementRecord, TokenLog};
 use crate::wire::frame::Frame;
 use crate::wire::messages::{self, frontend, Severity};
 
-/// Most prepared statements / portals a session may keep (bounds gateway memory).
+/// Most named prepared statements / portals a session may keep (bounds gateway memory); one
+/// more is refused with SQLSTATE 53400.
 pub const MAX_TRACKED: usize = 10_000;
+/// What the backend is given instead of a refused Parse or Bind: it fails at parse time, so
+/// the backend's own error state (skip to Sync, aborted transaction) matches what the client
+/// is told.
+const REFUSED_SQL: &[u8] = b"sandpit refused this message";
 /// Longest text parameter kept in the log, in bytes.
 const PARAM_LOG_MAX: usize = 256;
 /// Binary parameters are logged as a hex prefix of this many bytes.
@@ -69,6 +74,8 @@ enum Pending {
     },
     /// The statement the gateway injected to fail a capped result in error mode.
     InjectedError,
+    /// A Parse or Bind over MAX_TRACKED, replaced by a failing Parse.
+    Refused,
     Close {
         swallow: bool,
     },
@@ -279,10 +286,11 @@ impl Pipeline {
             b'Q' => self.on_query(f),
             b'P' => {
                 if let Some((name, query)) = frontend::parse(f.body()) {
-                    if self.prepared.len() < MAX_TRACKED || self.prepared.contains_key(name) {
-                        self.prepared
-                            .insert(name.to_vec(), Arc::from(text_of(query)));
+                    if over_limit(&self.prepared, name) {
+                        return self.refuse();
                     }
+                    self.prepared
+                        .insert(name.to_vec(), Arc::from(text_of(query)));
                 }
                 self.push(f.raw, vec![Pending::Parse { swallow: false }]);
             }
@@ -298,10 +306,11 @@ impl Pipeline {
                         .iter()
                         .map(|(fmt, v)| log_param(*fmt, *v))
                         .collect();
-                    if self.portals.len() < MAX_TRACKED || self.portals.contains_key(b.portal) {
-                        self.portals
-                            .insert(b.portal.to_vec(), Portal { text, params });
+                    if over_limit(&self.portals, b.portal) {
+                        return self.refuse();
                     }
+                    self.portals
+                        .insert(b.portal.to_vec(), Portal { text, params });
                 }
                 self.push(f.raw, vec![Pending::Bind { swallow: false }]);
             }
@@ -343,6 +352,15 @@ impl Pipeline {
             // which is matched like any other).
             _ => self.push(f.raw, Vec::new()),
         }
+    }
+
+    /// Answer a Parse/Bind over the limit with 53400 through the backend's own error path.
+    fn refuse(&mut self) {
+        metrics::counter!("sandpit_tracking_limit_refusals_total").increment(1);
+        self.push(
+            frontend::build_parse(b"", REFUSED_SQL),
+            vec![Pending::Refused],
+        );
     }
 
     fn push(&mut self, bytes: Bytes, pending: Vec<Pending>) {
@@ -518,7 +536,13 @@ impl Pipeline {
                             self.log_outcome(&s, None, None, true);
                         }
                     }
-                    Some(Pending::Sync) | None => {}
+                    Some(Pending::Sync) | None => {
+                        // Protocol-level portals end with their transaction.
+                        if self.tx_status == b'I' && self.fifo.is_empty() && self.outbox.is_empty()
+                        {
+                            self.portals.clear();
+                        }
+                    }
                     Some(other) => {
                         // Out of step (should not happen): keep the entry, relay anyway.
                         tracing::warn!("ReadyForQuery while waiting for another response");
@@ -672,6 +696,8 @@ impl Pipeline {
                 // Extended protocol: the server skips everything up to the next Sync.
                 let mut first = true;
                 let mut injected = false;
+                // Only the entry at the front failed; a refusal behind it was merely skipped.
+                let refused = matches!(self.fifo.front(), Some(Pending::Refused));
                 while let Some(p) = self.fifo.front() {
                     if matches!(p, Pending::Sync) {
                         break;
@@ -699,7 +725,17 @@ impl Pipeline {
                 if self.fifo.is_empty() {
                     self.skip_until_sync = true;
                 }
-                if injected {
+                if refused {
+                    let msg = format!(
+                        "sandpit: this session already has {MAX_TRACKED} named prepared statements \
+                         or portals; close some (protocol Close) before making more"
+                    );
+                    out.extend_from_slice(&messages::error_response(
+                        Severity::Error,
+                        "53400",
+                        &msg,
+                    ));
+                } else if injected {
                     let msg = self.id.caps.error_text();
                     out.extend_from_slice(&messages::error_response(
                         Severity::Error,
@@ -713,4 +749,9 @@ impl Pipeline {
             None => out.extend_from_slice(&scrubbed),
         }
     }
+}
+
+/// A new named entry that would go past MAX_TRACKED (the unnamed one is always allowed).
+fn over_limit<V>(map: &HashMap<Vec<u8>, V>, name: &[u8]) -> bool {
+    !name.is_empty() && map.len() >= MAX_TRACKED && !map.contains_key(name)
 }
