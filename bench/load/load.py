@@ -44,7 +44,7 @@ async def task_main(i, dsn, phase, stats):
     task = f"load-{i}"
     t0 = time.monotonic()
     try:
-        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=300)
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=900)
     except Exception as e:  # noqa: BLE001 - report every failure
         stats.errors.append(f"{task}: connect: {e}")
         phase.arrived()

@@ -23,6 +23,8 @@ max_connections = 5
 [tokens]
 max_connections = 2
 TOML
+# 200 clients, 200 backend sockets and 200 statement logs: more than the usual 1024 fds.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 SANDPIT_LOG=info "$BIN" serve --log-format json --config "$DIR/sandpit.toml" --data-dir "$DIR" \
   --golden-sql "$DIR/golden.sql" --listen 127.0.0.1:0 --api-listen 127.0.0.1:0 \
   >"$DIR/out" 2>"$DIR/gateway.log" &
@@ -31,11 +33,19 @@ trap 'kill $GW 2>/dev/null; wait $GW 2>/dev/null; rm -rf "$DIR"' EXIT
 for _ in $(seq 1 1200); do grep -q "sandpit ready" "$DIR/out" 2>/dev/null && break; sleep 0.1; done
 API=$(sed -n 's/.*api=\([^ ]*\).*/\1/p' "$DIR/out")
 KEY=$(cat "$DIR/admin.key")
-mem_before=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
 status=0
 python3 bench/load/load.py --api "$API" --admin-key "$KEY" --tokens "$TOKENS" \
   --duration "$DURATION" >"$DIR/result.json" || status=$?
-mem_after=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+# Proportional set size of this run's scratch Postgres processes (shared memory counted once).
+pg_pss=0
+pg_procs=0
+for pm in $(head -qn1 "$DIR"/pg/instances/*/data/postmaster.pid 2>/dev/null); do
+  for p in "$pm" $(pgrep -P "$pm" || true); do
+    v=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)
+    pg_pss=$((pg_pss + ${v:-0}))
+    pg_procs=$((pg_procs + 1))
+  done
+done
 cat "$DIR/result.json"
 errors=$(grep -c '"level":"ERROR"' "$DIR/gateway.log" || true)
 backends=$(ls "$DIR/pg/instances" | wc -l)
@@ -43,7 +53,7 @@ rss=$(awk '/VmRSS/ {print $2}' /proc/$GW/status)
 internal=$(curl -s -H "Authorization: Bearer $KEY" "$API/metrics" \
   | grep -E '^sandpit_(log_errors_total|protocol_violations_total)' || true)
 echo "gateway ERROR lines: $errors"
-echo "scratch servers: $backends; gateway RSS: $((rss / 1024)) MiB; memory used by the run: $(((mem_before - mem_after) / 1024)) MiB"
+echo "scratch servers: $backends ($pg_procs postgres processes, PSS $((pg_pss / 1024)) MiB); gateway RSS: $((rss / 1024)) MiB"
 echo "internal-error metrics: ${internal:-none}"
 if [ "$errors" -gt 0 ]; then
   grep '"level":"ERROR"' "$DIR/gateway.log" | head -5
