@@ -505,8 +505,15 @@ async fn idle_in_transaction_timeout_ends_the_session() {
         "task": "limits-idle", "ttl_seconds": 600, "idle_in_transaction_timeout_ms": 500
     }));
     let c = connect(&dsn(&t)).await.expect("connect");
+    // Control: a token with the default (10 min) waits the same time in a transaction fine.
+    let (_d, control) = agent("limits-idle-control").await;
+    control
+        .simple_query("begin; select 1")
+        .await
+        .expect("begin");
     c.simple_query("begin; select 1").await.expect("begin");
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(one(&control, "select 2").await.as_deref(), Some("2"));
     let e = c.simple_query("select 1").await.expect_err("ended");
     eprintln!("idle in transaction: {e:?}");
     assert!(c.is_closed() || e.is_closed() || sqlstate(&e) == "25P03");
