@@ -579,3 +579,30 @@ async fn prepared_statements_beyond_the_tracking_limit_are_refused_with_53400() 
     assert_eq!(row.get::<_, &str>(0), "again");
     assert_eq!(one(&c, "select 1").await.as_deref(), Some("1"));
 }
+
+#[tokio::test]
+async fn prepared_statement_text_beyond_the_byte_limit_is_refused_with_53400() {
+    let (_t, c) = agent("limits-prepared-bytes").await;
+    let pad = "x".repeat(1024 * 1024);
+    let mut kept = Vec::new();
+    let mut refused_at = None;
+    // 32 MiB per session: the 32nd statement of 1 MiB text cannot fit.
+    for i in 0..40 {
+        match c.prepare(&format!("select {i} /* {pad} */")).await {
+            Ok(s) => kept.push(s),
+            Err(e) => {
+                assert_eq!(sqlstate(&e), "53400");
+                refused_at = Some(i);
+                break;
+            }
+        }
+    }
+    assert_eq!(refused_at, Some(31));
+    drop(kept.pop());
+    let s = c
+        .prepare(&format!("select 'fits' /* {pad} */"))
+        .await
+        .expect("room again");
+    let row = c.query_one(&s, &[]).await.expect("run");
+    assert_eq!(row.get::<_, &str>(0), "fits");
+}
