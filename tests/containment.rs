@@ -342,7 +342,7 @@ async fn every_database_name_lands_in_the_tokens_own_scratch_database() {
         .expect("secret");
     let host = base.split('@').nth(1).expect("host");
     let wrong = format!("postgresql://{}:{secret}@{host}", id(&tb));
-    let e = connect(&wrong).await.err().expect("refused");
+    let e = connect(&wrong).await.expect_err("refused");
     assert_eq!(sqlstate(&e), "28P01");
     assert_eq!(
         one(&b, "select string_agg(v, ',') from mine")
@@ -546,7 +546,7 @@ async fn max_connections_per_token() {
     }));
     let c1 = connect(&dsn(&t)).await.expect("1");
     let _c2 = connect(&dsn(&t)).await.expect("2");
-    let e = connect(&dsn(&t)).await.err().expect("third refused");
+    let e = connect(&dsn(&t)).await.expect_err("third refused");
     assert_eq!(sqlstate(&e), "53300");
     assert_eq!(one(&c1, "select 1").await.as_deref(), Some("1"));
 }
