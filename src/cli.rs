@@ -80,6 +80,7 @@ impl ApiClient {
         cap_mode: Option<&str>,
         allow: Option<Vec<String>>,
         max_connections: Option<u32>,
+        timeouts: (Option<Duration>, Option<Duration>),
         metadata: BTreeMap<String, String>,
     ) -> Result<Value, CliError> {
         let body = serde_json::json!({
@@ -90,6 +91,8 @@ impl ApiClient {
             "cap_mode": cap_mode,
             "allow": allow,
             "max_connections": max_connections,
+            "statement_timeout_ms": timeouts.0.map(|d| d.as_millis() as u64),
+            "idle_in_transaction_timeout_ms": timeouts.1.map(|d| d.as_millis() as u64),
             "metadata": metadata,
         });
         self.call("POST", "/v1/tokens", Some(body))

@@ -251,6 +251,9 @@ pub struct PostgresConfig {
     /// Stop a backend (keeping its data) after this long without a session; 0 turns it off.
     #[serde(deserialize_with = "de_duration")]
     pub idle_suspend: Duration,
+    /// `temp_file_limit` of each scratch server (superuser-only: the agent cannot raise it),
+    /// e.g. "1GB"; "-1" = none.
+    pub temp_file_limit: String,
 }
 
 impl Default for PostgresConfig {
@@ -261,6 +264,7 @@ impl Default for PostgresConfig {
             netns: true,
             max_connections: 30,
             idle_suspend: Duration::from_secs(300),
+            temp_file_limit: "1GB".into(),
         }
     }
 }
@@ -286,6 +290,9 @@ pub struct LimitsConfig {
     pub max_message: usize,
     /// Allow cleartext password auth from loopback / unix clients without TLS.
     pub cleartext_on_loopback: bool,
+    /// Failed authentications allowed per source address and per token id in a sliding
+    /// minute; past it a connection is refused (28000) without checking. 0 = no limit.
+    pub auth_failures_per_minute: u32,
 }
 
 impl Default for LimitsConfig {
@@ -295,6 +302,7 @@ impl Default for LimitsConfig {
             max_startup_packet: 10 * 1024,
             max_message: 64 * 1024 * 1024,
             cleartext_on_loopback: true,
+            auth_failures_per_minute: 20,
         }
     }
 }
@@ -319,6 +327,12 @@ pub struct TokenDefaults {
     pub max_rows_limit: u64,
     /// Highest max_bytes a token may be issued with.
     pub max_bytes_limit: u64,
+    /// `statement_timeout` of each session ("0s" = none).
+    #[serde(deserialize_with = "de_duration")]
+    pub statement_timeout: Duration,
+    /// `idle_in_transaction_session_timeout` of each session ("0s" = none).
+    #[serde(deserialize_with = "de_duration")]
+    pub idle_in_transaction_timeout: Duration,
 }
 
 impl Default for TokenDefaults {
@@ -331,6 +345,8 @@ impl Default for TokenDefaults {
             max_connections: 10,
             max_rows_limit: 100_000,
             max_bytes_limit: 64 * 1024 * 1024,
+            statement_timeout: Duration::from_secs(5 * 60),
+            idle_in_transaction_timeout: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -533,6 +549,17 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "janitor.interval",
                 message: "must be at least 1s (or \"0s\" to run only at start)".into(),
+            });
+        }
+        let tfl = &self.postgres.temp_file_limit;
+        let unit = tfl.trim_start_matches(|c: char| c.is_ascii_digit() || c == '-');
+        if tfl.is_empty()
+            || !matches!(unit, "" | "kB" | "MB" | "GB" | "TB")
+            || unit.len() == tfl.len()
+        {
+            return Err(ConfigError::Invalid {
+                key: "postgres.temp_file_limit",
+                message: format!("{tfl:?} is not a size like \"1GB\", \"500MB\" or \"-1\""),
             });
         }
         if self.tokens.ttl > self.tokens.max_ttl {

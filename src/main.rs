@@ -132,6 +132,12 @@ enum TokenCmd {
         /// Concurrent sessions for this token.
         #[arg(long)]
         max_connections: Option<u32>,
+        /// Statement timeout, e.g. 30s (0s = none).
+        #[arg(long)]
+        statement_timeout: Option<humantime::Duration>,
+        /// Idle-in-transaction timeout, e.g. 5m (0s = none).
+        #[arg(long)]
+        idle_in_transaction_timeout: Option<humantime::Duration>,
         /// Metadata key=value (repeatable).
         #[arg(long = "meta")]
         meta: Vec<String>,
@@ -266,6 +272,8 @@ fn main() -> Result<()> {
                 cap_mode,
                 allow,
                 max_connections,
+                statement_timeout,
+                idle_in_transaction_timeout,
                 meta,
                 api,
             } => {
@@ -282,6 +290,10 @@ fn main() -> Result<()> {
                     cap_mode.as_deref(),
                     allow.clone(),
                     *max_connections,
+                    (
+                        statement_timeout.map(Into::into),
+                        idle_in_transaction_timeout.map(Into::into),
+                    ),
                     metadata,
                 )?;
                 print(&v, api.json, |v| {

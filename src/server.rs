@@ -148,6 +148,10 @@ async fn build_provider(cfg: &Config, data_dir: &Path) -> Result<Arc<dyn Provide
                 max_connections: cfg.postgres.max_connections,
                 run_as: cfg.postgres.run_as.clone(),
                 netns: cfg.postgres.netns,
+                settings: vec![(
+                    "temp_file_limit".into(),
+                    cfg.postgres.temp_file_limit.clone(),
+                )],
             })
             .await?;
             tracing::info!(

@@ -45,6 +45,10 @@ pub struct IssueBody {
     pub cap_mode: Option<crate::registry::CapMode>,
     /// Seatbelt policy: allowed statement kinds.
     pub allow: Option<Vec<String>>,
+    /// Statement timeout in ms (0 = none).
+    pub statement_timeout_ms: Option<u64>,
+    /// Idle-in-transaction timeout in ms (0 = none).
+    pub idle_in_transaction_timeout_ms: Option<u64>,
     /// Metadata.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -119,6 +123,8 @@ async fn issue_token(
         max_connections: b.max_connections,
         cap_mode: b.cap_mode,
         allow: b.allow,
+        statement_timeout: b.statement_timeout_ms.map(Duration::from_millis),
+        idle_in_transaction_timeout: b.idle_in_transaction_timeout_ms.map(Duration::from_millis),
         metadata: b.metadata,
     };
     match s.gw.issue(req) {

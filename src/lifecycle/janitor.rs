@@ -397,6 +397,8 @@ mod tests {
                 max_connections: 1,
                 cap_mode: Default::default(),
                 allow: None,
+                statement_timeout_ms: 0,
+                idle_in_transaction_timeout_ms: 0,
             },
             state,
             verifier: Verifier::from_secret("s"),

@@ -75,6 +75,10 @@ pub struct IssueRequest {
     pub cap_mode: Option<CapMode>,
     /// Seatbelt policy: allowed statement kinds (None = all).
     pub allow: Option<Vec<String>>,
+    /// Statement timeout; default from config (zero = none).
+    pub statement_timeout: Option<Duration>,
+    /// Idle-in-transaction timeout; default from config (zero = none).
+    pub idle_in_transaction_timeout: Option<Duration>,
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
 }
@@ -108,6 +112,10 @@ pub struct TokenView {
     /// Allowed statement kinds, when a seatbelt policy is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow: Option<Vec<String>>,
+    /// Statement timeout, ms (0 = none).
+    pub statement_timeout_ms: u64,
+    /// Idle-in-transaction timeout, ms (0 = none).
+    pub idle_in_transaction_timeout_ms: u64,
     /// Whether a backend exists now.
     pub backend: bool,
     /// Forks made for this token.
@@ -299,6 +307,10 @@ impl Gateway {
                 max_connections,
                 cap_mode: req.cap_mode.unwrap_or_default(),
                 allow,
+                statement_timeout_ms: ms(req.statement_timeout.unwrap_or(d.statement_timeout)),
+                idle_in_transaction_timeout_ms: ms(req
+                    .idle_in_transaction_timeout
+                    .unwrap_or(d.idle_in_transaction_timeout)),
             },
             state: TokenState::Issued,
             verifier: Verifier::from_secret(&secret),
@@ -341,6 +353,8 @@ impl Gateway {
             max_connections: rec.caps.max_connections,
             cap_mode: rec.caps.cap_mode,
             allow: rec.caps.allow.clone(),
+            statement_timeout_ms: rec.caps.statement_timeout_ms,
+            idle_in_transaction_timeout_ms: rec.caps.idle_in_transaction_timeout_ms,
             backend: rec.backend.is_some(),
             fork_count: rec.fork_count,
             sessions,
@@ -571,6 +585,11 @@ impl Gateway {
             tracing::warn!(error = %e, "removing the review reference backend failed");
         }
     }
+}
+
+/// Milliseconds, saturating (Postgres takes at most i32::MAX ms).
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).min(i32::MAX as u64)
 }
 
 /// Word for a state in client messages.

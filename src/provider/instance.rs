@@ -48,6 +48,8 @@ pub struct InstanceConfig {
     pub run_as: Option<String>,
     /// Try to start each instance in an empty network namespace.
     pub netns: bool,
+    /// Extra server settings for every scratch instance (e.g. `temp_file_limit`).
+    pub settings: Vec<(String, String)>,
 }
 
 impl InstanceConfig {
@@ -60,6 +62,7 @@ impl InstanceConfig {
             max_connections: 20,
             run_as: None,
             netns: true,
+            settings: Vec::new(),
         }
     }
 }
@@ -75,6 +78,7 @@ pub struct InstanceProvider {
     instances: PathBuf,
     copy: CopyMethod,
     max_connections: u32,
+    settings: Vec<(String, String)>,
     /// Children we spawned, so exited ones are reaped; after a restart only pids are known.
     children: Mutex<HashMap<String, Child>>,
     /// Single-flight start of the reference backend.
@@ -128,6 +132,7 @@ impl InstanceProvider {
             instances,
             copy,
             max_connections: cfg.max_connections,
+            settings: cfg.settings,
             children: Mutex::new(HashMap::new()),
             reference_lock: tokio::sync::Mutex::new(()),
         };
@@ -252,6 +257,11 @@ impl InstanceProvider {
         golden::prepare_socket_dir(&sock, &self.run_as)?;
         let data = inst.join("data");
         let log = inst.join("postgres.log");
+        let extra: Vec<(&str, String)> = self
+            .settings
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         let spec = ServerSpec {
             bins: &self.bins,
             run_as: &self.run_as,
@@ -260,7 +270,7 @@ impl InstanceProvider {
             socket_dir: &sock,
             log: &log,
             max_connections: self.max_connections,
-            extra: &[],
+            extra: &extra,
         };
         let child = process::start_postgres(&spec).await?;
         self.lock_children().insert(handle.to_string(), child);

@@ -48,6 +48,37 @@ impl Drop for CancelKey {
     }
 }
 
+/// Send a CancelRequest for `t` straight to its backend.
+pub async fn send(t: &CancelTarget) -> std::io::Result<()> {
+    // Over TLS as well when the backend's sessions use it (an SSLRequest first, as libpq
+    // does), so a cancel never crosses the network in the clear where sessions do not.
+    let result = tokio::time::timeout(CANCEL_TIMEOUT, async {
+        let mut s = backend_stream::open(&t.endpoint).await?;
+        s.write_all(&encode_cancel(t.pid, t.secret)).await?;
+        s.flush().await?;
+        // Postgres closes the connection once it has handled the request.
+        let mut sink = [0u8; 64];
+        let _ = s.read(&mut sink).await;
+        if let BackendStream::Tls(_) = s {
+            let _ = s.shutdown().await;
+        }
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+    match result {
+        Ok(r) => {
+            if let Err(e) = &r {
+                tracing::warn!(error = %e, "forwarding a cancel request failed");
+            }
+            r
+        }
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "cancel request timed out",
+        )),
+    }
+}
+
 impl CancelMap {
     /// Mint a fresh key for a session's backend.
     pub fn mint(&self, target: CancelTarget) -> CancelKey {
@@ -72,25 +103,7 @@ impl CancelMap {
             metrics::counter!("sandpit_cancel_requests_total", "result" => "unknown").increment(1);
             return false;
         };
-        // Over TLS as well when the backend's sessions use it (an SSLRequest first, as libpq
-        // does), so a cancel never crosses the network in the clear where sessions do not.
-        let result = tokio::time::timeout(CANCEL_TIMEOUT, async {
-            let mut s = backend_stream::open(&t.endpoint).await?;
-            s.write_all(&encode_cancel(t.pid, t.secret)).await?;
-            s.flush().await?;
-            // Postgres closes the connection once it has handled the request.
-            let mut sink = [0u8; 64];
-            let _ = s.read(&mut sink).await;
-            if let BackendStream::Tls(_) = s {
-                let _ = s.shutdown().await;
-            }
-            Ok::<_, std::io::Error>(())
-        })
-        .await;
-        if let Ok(Err(e)) = &result {
-            tracing::warn!(error = %e, "forwarding a cancel request failed");
-        }
-        let ok = matches!(result, Ok(Ok(())));
+        let ok = send(&t).await.is_ok();
         metrics::counter!("sandpit_cancel_requests_total", "result" => if ok { "forwarded" } else { "failed" }).increment(1);
         ok
     }

@@ -7,6 +7,7 @@ pub mod cancel;
 pub mod caps;
 pub mod options;
 pub mod pipeline;
+pub mod ratelimit;
 pub mod relay;
 pub mod session;
 pub mod stream;
@@ -33,6 +34,8 @@ pub struct Proxy {
     pub sessions: std::sync::atomic::AtomicU64,
     /// The TLS certificate's tls-server-end-point data, when SCRAM-SHA-256-PLUS is offered.
     pub tls_binding: Option<Vec<u8>>,
+    /// Authentication failures per source address and token id.
+    pub auth_limiter: ratelimit::AuthLimiter,
 }
 
 impl Proxy {
@@ -42,7 +45,9 @@ impl Proxy {
             Some(t) => (Some(t.acceptor), t.binding),
             None => (None, None),
         };
+        let per_minute = gw.config.limits.auth_failures_per_minute;
         Arc::new(Proxy {
+            auth_limiter: ratelimit::AuthLimiter::new(per_minute),
             gw,
             cancel: CancelMap::default(),
             tls,

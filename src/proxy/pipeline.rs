@@ -17,8 +17,16 @@ use crate::review::log::{LogRecord, OutcomeRecord, StatementRecord, TokenLog};
 use crate::wire::frame::Frame;
 use crate::wire::messages::{self, frontend, Severity};
 
-/// Most prepared statements / portals a session may keep (bounds gateway memory).
+/// Most named prepared statements / portals a session may keep (bounds gateway memory); one
+/// more is refused with SQLSTATE 53400.
 pub const MAX_TRACKED: usize = 10_000;
+/// Most bytes of statement text and logged parameters those may hold per session (the
+/// count alone would let 10 000 huge statements pile up in the gateway).
+pub const MAX_TRACKED_BYTES: usize = 32 * 1024 * 1024;
+/// What the backend is given instead of a refused Parse or Bind: it fails at parse time, so
+/// the backend's own error state (skip to Sync, aborted transaction) matches what the client
+/// is told.
+const REFUSED_SQL: &[u8] = b"sandpit refused this message";
 /// Longest text parameter kept in the log, in bytes.
 const PARAM_LOG_MAX: usize = 256;
 /// Binary parameters are logged as a hex prefix of this many bytes.
@@ -78,6 +86,8 @@ enum Pending {
     },
     /// The statement the gateway injected to fail a capped result in error mode.
     InjectedError,
+    /// A Parse or Bind over MAX_TRACKED, replaced by a failing Parse.
+    Refused,
     Close {
         swallow: bool,
     },
@@ -111,6 +121,9 @@ pub struct Pipeline {
     outbox: VecDeque<Outgoing>,
     prepared: HashMap<Vec<u8>, Arc<str>>,
     portals: HashMap<Vec<u8>, Portal>,
+    /// Bytes held by `prepared` (names and texts) and by `portals` (names and parameters).
+    prepared_bytes: usize,
+    portal_bytes: usize,
     /// Transaction status from the last ReadyForQuery.
     pub tx_status: u8,
     /// An extended-protocol error happened and its Sync has not been forwarded yet: the
@@ -164,6 +177,8 @@ impl Pipeline {
             outbox: VecDeque::new(),
             prepared: HashMap::new(),
             portals: HashMap::new(),
+            prepared_bytes: 0,
+            portal_bytes: 0,
             tx_status: b'I',
             skip_until_sync: false,
         }
@@ -333,10 +348,18 @@ impl Pipeline {
             b'Q' => self.on_query(f),
             b'P' => {
                 if let Some((name, query)) = frontend::parse(f.body()) {
-                    if self.prepared.len() < MAX_TRACKED || self.prepared.contains_key(name) {
-                        self.prepared
-                            .insert(name.to_vec(), Arc::from(text_of(query)));
+                    let size = name.len() + query.len();
+                    let held = self.prepared_bytes + self.portal_bytes;
+                    if over_limit(&self.prepared, name, held + size) {
+                        return self.refuse();
                     }
+                    let text: Arc<str> = Arc::from(text_of(query));
+                    if let Some(old) = self.prepared.insert(name.to_vec(), text) {
+                        self.prepared_bytes =
+                            self.prepared_bytes.saturating_sub(name.len() + old.len());
+                    }
+                    self.prepared_bytes +=
+                        name.len() + self.prepared.get(name).map_or(0, |t| t.len());
                 }
                 self.push(f.raw, vec![Pending::Parse { swallow: false }]);
             }
@@ -352,10 +375,18 @@ impl Pipeline {
                         .iter()
                         .map(|(fmt, v)| log_param(*fmt, *v))
                         .collect();
-                    if self.portals.len() < MAX_TRACKED || self.portals.contains_key(b.portal) {
-                        self.portals
-                            .insert(b.portal.to_vec(), Portal { text, params });
+                    let portal = Portal { text, params };
+                    let size = portal_size(b.portal, &portal);
+                    let held = self.prepared_bytes + self.portal_bytes;
+                    if over_limit(&self.portals, b.portal, held + size) {
+                        return self.refuse();
                     }
+                    if let Some(old) = self.portals.insert(b.portal.to_vec(), portal) {
+                        self.portal_bytes = self
+                            .portal_bytes
+                            .saturating_sub(portal_size(b.portal, &old));
+                    }
+                    self.portal_bytes += size;
                 }
                 self.push(f.raw, vec![Pending::Bind { swallow: false }]);
             }
@@ -369,9 +400,13 @@ impl Pipeline {
             b'C' => {
                 if let Some((kind, name)) = frontend::target(f.body()) {
                     if kind == b'S' {
-                        self.prepared.remove(name);
-                    } else {
-                        self.portals.remove(name);
+                        if let Some(old) = self.prepared.remove(name) {
+                            self.prepared_bytes =
+                                self.prepared_bytes.saturating_sub(name.len() + old.len());
+                        }
+                    } else if let Some(old) = self.portals.remove(name) {
+                        self.portal_bytes =
+                            self.portal_bytes.saturating_sub(portal_size(name, &old));
                     }
                 }
                 self.push(f.raw, vec![Pending::Close { swallow: false }]);
@@ -401,6 +436,15 @@ impl Pipeline {
             // which is matched like any other).
             _ => self.push(f.raw, Vec::new()),
         }
+    }
+
+    /// Answer a Parse/Bind over the limit with 53400 through the backend's own error path.
+    fn refuse(&mut self) {
+        metrics::counter!("sandpit_tracking_limit_refusals_total").increment(1);
+        self.push(
+            frontend::build_parse(b"", REFUSED_SQL),
+            vec![Pending::Refused],
+        );
     }
 
     fn push(&mut self, bytes: Bytes, pending: Vec<Pending>) {
@@ -617,7 +661,14 @@ impl Pipeline {
                             self.log_outcome(&s, None, None, true);
                         }
                     }
-                    Some(Pending::Sync) | Some(Pending::Denied { .. }) | None => {}
+                    Some(Pending::Sync) | Some(Pending::Denied { .. }) | None => {
+                        // Protocol-level portals end with their transaction.
+                        if self.tx_status == b'I' && self.fifo.is_empty() && self.outbox.is_empty()
+                        {
+                            self.portals.clear();
+                            self.portal_bytes = 0;
+                        }
+                    }
                     Some(other) => {
                         // Out of step (should not happen): keep the entry, relay anyway.
                         tracing::warn!("ReadyForQuery while waiting for another response");
@@ -775,6 +826,8 @@ impl Pipeline {
                 let mut first = true;
                 let mut injected = false;
                 let mut denial = None;
+                // Only the entry at the front failed; a refusal behind it was merely skipped.
+                let refused = matches!(self.fifo.front(), Some(Pending::Refused));
                 while let Some(p) = self.fifo.front() {
                     if matches!(p, Pending::Sync) {
                         break;
@@ -811,6 +864,18 @@ impl Pipeline {
                         "42501",
                         &msg,
                     ));
+                } else if refused {
+                    let msg = format!(
+                        "sandpit: this session already holds {MAX_TRACKED} named prepared statements \
+                         or portals, or {} MiB of their text; close some (protocol Close) before \
+                         making more",
+                        MAX_TRACKED_BYTES >> 20
+                    );
+                    out.extend_from_slice(&messages::error_response(
+                        Severity::Error,
+                        "53400",
+                        &msg,
+                    ));
                 } else if injected {
                     let msg = self.id.caps.error_text();
                     out.extend_from_slice(&messages::error_response(
@@ -825,4 +890,21 @@ impl Pipeline {
             None => out.extend_from_slice(&scrubbed),
         }
     }
+}
+
+/// A named entry that would go past MAX_TRACKED entries or MAX_TRACKED_BYTES (the unnamed
+/// one is always allowed: it replaces itself and is bounded by the message size).
+fn over_limit<V>(map: &HashMap<Vec<u8>, V>, name: &[u8], bytes_after: usize) -> bool {
+    !name.is_empty()
+        && ((map.len() >= MAX_TRACKED && !map.contains_key(name))
+            || bytes_after > MAX_TRACKED_BYTES)
+}
+
+/// Bytes a tracked portal holds (its text is shared with the prepared statement).
+fn portal_size(name: &[u8], p: &Portal) -> usize {
+    name.len()
+        + p.params
+            .iter()
+            .map(|v| v.as_ref().map_or(0, String::len))
+            .sum::<usize>()
 }

@@ -17,6 +17,16 @@ const HIGH_WATER: usize = 256 * 1024;
 /// Frames handled per wake-up before yielding to the other direction.
 const BATCH: usize = 128;
 
+/// The gateway's own statement timeout: the backend is sent a CancelRequest when a request
+/// has waited this long for its ReadyForQuery. It does not depend on the session's
+/// `statement_timeout`, which the agent may change.
+pub struct Watchdog {
+    /// How long a request may run.
+    pub limit: std::time::Duration,
+    /// Where the cancel goes.
+    pub target: super::cancel::CancelTarget,
+}
+
 /// Why a relay ended.
 #[derive(Debug)]
 enum Ending {
@@ -35,6 +45,7 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     mut ended: watch::Receiver<Option<EndReason>>,
     secrets: &[String],
     mut pl: Pipeline,
+    watchdog: Option<Watchdog>,
 ) {
     let (c_stream, c_buf, c_max) = client.into_parts();
     let (c_read, mut c_write) = tokio::io::split(c_stream);
@@ -47,6 +58,11 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     let mut to_client = BytesMut::with_capacity(16 * 1024);
     let mut terminated = false;
     let mut watching = true;
+    // Requests (Query, Sync, FunctionCall) not yet answered by ReadyForQuery, and since when
+    // the oldest unanswered work has been waiting.
+    let mut unanswered: u64 = 0;
+    let mut busy_since: Option<tokio::time::Instant> = None;
+    let mut cancelled = false;
 
     let ending = 'relay: loop {
         pl.drain_outbox(&mut to_backend);
@@ -58,18 +74,43 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
         }
         let read_client = !terminated && pl.outbox_empty() && to_backend.len() < HIGH_WATER;
         let read_backend = to_client.len() < HIGH_WATER;
+        let deadline = match (&watchdog, busy_since) {
+            (Some(w), Some(t)) if !cancelled => Some(t + w.limit),
+            _ => None,
+        };
         tokio::select! {
+            _ = sleep_until(deadline), if deadline.is_some() => {
+                if let Some(w) = &watchdog {
+                    cancelled = true;
+                    metrics::counter!("sandpit_statement_timeouts_total").increment(1);
+                    tracing::info!(limit_ms = w.limit.as_millis() as u64, "statement timeout: cancelling");
+                    let msg = format!(
+                        "sandpit: the request ran longer than this token's statement_timeout ({} ms); cancelling it",
+                        w.limit.as_millis()
+                    );
+                    to_client.extend_from_slice(&messages::notice_response("WARNING", "57014", &msg));
+                    if let Err(e) = super::cancel::send(&w.target).await {
+                        tracing::warn!(error = %e, "statement timeout cancel failed");
+                    }
+                }
+            }
             changed = ended.changed(), if watching => {
                 if changed.is_err() { watching = false; }
             }
             f = c_reader.read_frame(), if read_client => match f {
                 Ok(Some(f)) => {
                     terminated = f.tag == b'X';
+                    note_client(f.tag, &mut unanswered, &mut busy_since);
                     pl.on_client(f);
                     let mut n = 1;
                     while !terminated && n < BATCH {
                         match c_reader.try_frame() {
-                            Ok(Some(f)) => { terminated = f.tag == b'X'; pl.on_client(f); n += 1; }
+                            Ok(Some(f)) => {
+                                terminated = f.tag == b'X';
+                                note_client(f.tag, &mut unanswered, &mut busy_since);
+                                pl.on_client(f);
+                                n += 1;
+                            }
                             Ok(None) => break,
                             Err(e) => break 'relay Ending::ClientProtocol(e),
                         }
@@ -80,11 +121,16 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
             },
             f = b_reader.read_frame(), if read_backend => match f {
                 Ok(Some(f)) => {
+                    note_backend(f.tag, &mut unanswered, &mut busy_since, &mut cancelled);
                     pl.on_backend(f, &mut to_client, secrets);
                     let mut n = 1;
                     while n < BATCH && to_client.len() < HIGH_WATER {
                         match b_reader.try_frame() {
-                            Ok(Some(f)) => { pl.on_backend(f, &mut to_client, secrets); n += 1; }
+                            Ok(Some(f)) => {
+                                note_backend(f.tag, &mut unanswered, &mut busy_since, &mut cancelled);
+                                pl.on_backend(f, &mut to_client, secrets);
+                                n += 1;
+                            }
                             Ok(None) => break,
                             Err(e) => break 'relay Ending::BackendProtocol(e),
                         }
@@ -146,4 +192,38 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     let _ = c_write.flush().await;
     let _ = c_write.shutdown().await;
     let _ = b_write.shutdown().await;
+}
+
+/// A client message starts the clock if nothing was running; Query, Sync and FunctionCall
+/// each owe one ReadyForQuery.
+fn note_client(tag: u8, unanswered: &mut u64, busy_since: &mut Option<tokio::time::Instant>) {
+    if matches!(tag, b'X' | b'd' | b'c' | b'f') {
+        return; // Terminate and COPY data are not requests
+    }
+    if matches!(tag, b'Q' | b'S' | b'F') {
+        *unanswered += 1;
+    }
+    busy_since.get_or_insert_with(tokio::time::Instant::now);
+}
+
+/// ReadyForQuery answers one request; the clock restarts for the next one, if any.
+fn note_backend(
+    tag: u8,
+    unanswered: &mut u64,
+    busy_since: &mut Option<tokio::time::Instant>,
+    cancelled: &mut bool,
+) {
+    if tag != b'Z' {
+        return;
+    }
+    *unanswered = unanswered.saturating_sub(1);
+    *cancelled = false;
+    *busy_since = (*unanswered > 0).then(tokio::time::Instant::now);
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }

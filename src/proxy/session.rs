@@ -13,6 +13,7 @@ use super::backend::{self, BackendError};
 use super::cancel::CancelTarget;
 use super::caps::CapPolicy;
 use super::pipeline::{Pipeline, SessionIdentity};
+use super::ratelimit::Key;
 use super::relay;
 use super::stream::ClientStream;
 use super::Proxy;
@@ -103,6 +104,22 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         }
     }
 
+    // Over the failure limit for this address or token: refuse without checking anything.
+    let mut limit_keys = vec![Key::Addr(peer.ip())];
+    if crate::auth::token::is_token_id(&user) {
+        limit_keys.push(Key::Token(user.clone()));
+    }
+    if proxy.auth_limiter.limited(&limit_keys) {
+        metrics::counter!("sandpit_auth_rate_limited_total").increment(1);
+        tracing::info!("authentication refused: too many failures");
+        return fatal(
+            client.get_mut(),
+            "28000",
+            "too many authentication failures, try later",
+        )
+        .await;
+    }
+
     let authed = tokio::time::timeout(
         limits.startup_timeout,
         authenticate(
@@ -124,6 +141,9 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         Ok(Err(e)) => {
             metrics::counter!("sandpit_auth_failures_total", "reason" => e.reason()).increment(1);
             tracing::info!(reason = e.reason(), "authentication failed");
+            if matches!(e, AuthError::UnknownToken(_) | AuthError::WrongSecret(_)) {
+                proxy.auth_limiter.failed(&limit_keys);
+            }
             if !matches!(e, AuthError::Lost) {
                 fatal(client.get_mut(), e.sqlstate(), &e.to_string()).await;
             }
@@ -173,12 +193,25 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         }
     };
 
-    let params: Vec<(&str, &[u8])> = startup
+    let timeouts = [
+        (
+            "statement_timeout",
+            rec.caps.statement_timeout_ms.to_string(),
+        ),
+        (
+            "idle_in_transaction_session_timeout",
+            rec.caps.idle_in_transaction_timeout_ms.to_string(),
+        ),
+    ];
+    let mut params: Vec<(&str, &[u8])> = startup
         .params
         .iter()
         .filter(|(k, _)| !RESERVED_PARAMS.contains(&k.as_str()) && !k.starts_with("_pq_."))
+        .filter(|(k, _)| !timeouts.iter().any(|(t, _)| k.eq_ignore_ascii_case(t)))
         .map(|(k, v)| (k.as_str(), v.as_slice()))
         .collect();
+    // The token's limits come last, after the client's own `options`.
+    params.extend(timeouts.iter().map(|(k, v)| (*k, v.as_bytes())));
     let max_message = limits.max_message;
     let conn = match backend::connect(&backend.target, &params, max_message).await {
         Ok(c) => c,
@@ -207,10 +240,16 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         )
         .await;
     };
-    let key = proxy.cancel.mint(CancelTarget {
+    let target = CancelTarget {
         endpoint: backend.target.endpoint.clone(),
         pid: real_pid,
         secret: real_secret,
+    };
+    let key = proxy.cancel.mint(target.clone());
+    // The gateway's own statement timeout, a second after the backend's would have fired.
+    let watchdog = (rec.caps.statement_timeout_ms > 0).then(|| relay::Watchdog {
+        limit: std::time::Duration::from_millis(rec.caps.statement_timeout_ms + 1000),
+        target,
     });
 
     let mut hello = BytesMut::new();
@@ -257,7 +296,15 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         },
         allow: rec.caps.allow.clone(),
     });
-    relay::run(client, conn.reader, ended, proxy.gw.secrets(), pipeline).await;
+    relay::run(
+        client,
+        conn.reader,
+        ended,
+        proxy.gw.secrets(),
+        pipeline,
+        watchdog,
+    )
+    .await;
     tracing::info!("session ended");
 }
 

@@ -74,6 +74,12 @@ pub struct Caps {
     /// whenever this is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow: Option<Vec<String>>,
+    /// `statement_timeout` of each session, ms (0 = none). Also enforced by the gateway.
+    #[serde(default)]
+    pub statement_timeout_ms: u64,
+    /// `idle_in_transaction_session_timeout` of each session, ms (0 = none).
+    #[serde(default)]
+    pub idle_in_transaction_timeout_ms: u64,
 }
 
 /// Everything the gateway knows about one token. The secret itself is never stored.
