@@ -213,6 +213,10 @@ def pgbench(env, sz):
             log(f"pgbench {mode} {name}: {res[name][0]:.0f} tps")
         s, b, d = res["sandpit"][0], res["pgbouncer"][0], res["direct"][0]
         first = mode == "simple"
+        if first:  # what TLS costs (bench/pgbench.sh measured this before)
+            tls = run_pgbench(env, t["dsn"] + "?sslmode=require", mode, clients, secs)[0]
+            rows.append(Row(f"pgbench -S -M simple through sandpit over TLS (sslmode=require) ÷ without",
+                            f"{tls:.0f} tps, {tls / s:.2f}", "printed", ""))
         rows.append(Row(f"pgbench -S -M {mode}, {clients} clients, {secs} s: tps sandpit (log on) / PgBouncer / direct",
                         f"{s:.0f} / {b:.0f} / {d:.0f}", "", ""))
         rows.append(Row(f"… latency median / p99, ms: sandpit · PgBouncer · direct",
