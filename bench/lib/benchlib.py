@@ -75,6 +75,7 @@ class Env:
         self.xfs = None
         self.xfs_error = None
         self.fs = fs_type(self.dir)
+        self.load_start = open("/proc/loadavg").read().split()[0]
 
     # -- processes -------------------------------------------------------------
     def server_cmd(self, argv):

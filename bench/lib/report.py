@@ -37,6 +37,8 @@ def machine(env, root):
                                           if env.xfs else ""),
         f"- PostgreSQL {(_sh(['psql', '--version']).split() + ['?'] * 3)[2]}, "
         f"{_sh(['pgbouncer', '--version']).splitlines()[0] if _sh(['pgbouncer', '--version']) else 'no PgBouncer'}",
+        f"- load average (1 min) at start / end: {env.load_start} / {open('/proc/loadavg').read().split()[0]} "
+        "(the machine is shared; other work was running)",
         "- cores: " + (f"servers (gateway, every Postgres it starts, PgBouncer) pinned to CPU "
                        f"{env.server_cpus}, clients (pgbench, psql, the Python driver) to CPU {env.client_cpus} "
                        "with `taskset`" if env.server_cpus else "one core: clients and servers share it"),
