@@ -15,6 +15,14 @@ def _sh(argv, cwd=None):
         return "?"
 
 
+def commit_at_start(root):
+    """HEAD when the run starts, marked when code (not the docs) has uncommitted changes."""
+    commit = _sh(["git", "rev-parse", "--short", "HEAD"], cwd=root)
+    changed = _sh(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                   ":!docs", ":!README.md"], cwd=root)
+    return commit + (" (+ uncommitted changes)" if changed else "")
+
+
 def machine(env, root):
     mem = "?"
     for ln in open("/proc/meminfo"):
@@ -25,9 +33,7 @@ def machine(env, root):
         if ln.startswith("model name"):
             cpu = ln.split(":", 1)[1].strip()
             break
-    commit = _sh(["git", "rev-parse", "--short", "HEAD"], cwd=root)
-    if _sh(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root):
-        commit += " (+ uncommitted changes)"
+    commit = env.commit
     fs = [env.fs]
     return [
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
