@@ -210,8 +210,16 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         .filter(|(k, _)| !timeouts.iter().any(|(t, _)| k.eq_ignore_ascii_case(t)))
         .map(|(k, v)| (k.as_str(), v.as_slice()))
         .collect();
-    // The token's limits come last, after the client's own `options`.
-    params.extend(timeouts.iter().map(|(k, v)| (*k, v.as_bytes())));
+    // The token's limits are the session defaults unless the client's own `options` set
+    // them (the agent can SET them anyway); the gateway's watchdog enforces the token's
+    // statement timeout whatever the session says.
+    let client_options = startup.get("options").unwrap_or("").to_ascii_lowercase();
+    params.extend(
+        timeouts
+            .iter()
+            .filter(|(k, _)| !client_options.contains(k))
+            .map(|(k, v)| (*k, v.as_bytes())),
+    );
     let max_message = limits.max_message;
     let conn = match backend::connect(&backend.target, &params, max_message).await {
         Ok(c) => c,

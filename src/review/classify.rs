@@ -46,21 +46,92 @@ impl Kind {
 const CACHE_MAX: usize = 10_000;
 const PARSE_MAX: usize = 64 * 1024;
 
-/// Classify one statement (cached by its exact text).
+/// Classify one statement (cached by its text with literal values blanked, so statements
+/// that differ only in their constants parse once).
 pub fn classify(text: &str) -> Kind {
     static CACHE: OnceLock<DashMap<String, Kind>> = OnceLock::new();
     let cache = CACHE.get_or_init(DashMap::new);
-    if let Some(k) = cache.get(text) {
+    if text.len() > 4096 {
+        return classify_uncached(text);
+    }
+    let key = literal_shape(text);
+    let key = key.as_deref().unwrap_or(text);
+    if let Some(k) = cache.get(key) {
         return *k;
     }
     let k = classify_uncached(text);
     if cache.len() >= CACHE_MAX {
         cache.clear(); // crude but bounded; statement texts repeat in bursts
     }
-    if text.len() <= 4096 {
-        cache.insert(text.to_string(), k);
-    }
+    cache.insert(key.to_string(), k);
     k
+}
+
+/// The text with every plain string literal replaced by `''` and every number by `0`; the
+/// kind of a statement never depends on those values. None (use the exact text) when the
+/// text has anything a simple scan could misread as a literal boundary: backslashes (E''
+/// strings), dollar quoting, comments, or no literal at all.
+fn literal_shape(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    if text.contains("--") || text.contains("/*") || b.contains(&b'\\') {
+        return None;
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut changed = false;
+    let mut i = 0;
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
+    while i < b.len() {
+        let c = b[i];
+        if c == b'$' {
+            if !b.get(i + 1).is_some_and(u8::is_ascii_digit) {
+                return None; // dollar quoting
+            }
+            // A parameter ($1): keep it and its digits.
+            let end = i + 1 + b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
+            out.push_str(&text[i..end]);
+            i = end;
+        } else if c == b'\'' {
+            let mut j = i + 1;
+            loop {
+                match b.get(j) {
+                    None => return None, // unterminated: leave it to the parser
+                    Some(b'\'') if b.get(j + 1) == Some(&b'\'') => j += 2,
+                    Some(b'\'') => break,
+                    Some(_) => j += 1,
+                }
+            }
+            out.push_str("''");
+            changed = true;
+            i = j + 1;
+        } else if c == b'"' {
+            let end = i + 1 + b[i + 1..].iter().position(|&c| c == b'"')? + 1;
+            out.push_str(&text[i..end]);
+            i = end;
+        } else if c.is_ascii_digit() && (i == 0 || !ident(b[i - 1])) {
+            let end = i + b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
+            out.push('0');
+            changed = true;
+            i = end;
+        } else {
+            // Copy up to the next byte that may start a literal; every stop is an ASCII
+            // byte, so both slice ends are char boundaries.
+            let mut end = i + 1;
+            while end < b.len() {
+                let c = b[end];
+                if c == b'$'
+                    || c == b'\''
+                    || c == b'"'
+                    || (c.is_ascii_digit() && !ident(b[end - 1]))
+                {
+                    break;
+                }
+                end += 1;
+            }
+            out.push_str(&text[i..end]);
+            i = end;
+        }
+    }
+    changed.then_some(out)
 }
 
 fn classify_uncached(text: &str) -> Kind {
@@ -430,6 +501,33 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn literal_shapes() {
+        let s = |t: &str| literal_shape(t);
+        assert_eq!(
+            s("SELECT abalance FROM t1 WHERE aid = 12345;").as_deref(),
+            Some("SELECT abalance FROM t1 WHERE aid = 0;")
+        );
+        assert_eq!(
+            s("update t set v = 'it''s' where id=7").as_deref(),
+            Some("update t set v = '' where id=0")
+        );
+        assert_eq!(s("select $1, \"c 9\"").as_deref(), None); // nothing to blank
+        assert_eq!(s("select x2 from y where z = $1").as_deref(), None);
+        for t in [
+            "select $$a$$",
+            "select E'\\'' ; drop table t'",
+            "select 1 -- 'x",
+            "select '1",
+        ] {
+            assert_eq!(s(t), None, "{t}");
+        }
+        // Same shape, same kind; different shapes stay apart.
+        assert_eq!(classify("select * from t where id = 1"), Kind::Read);
+        assert_eq!(classify("delete from t where id = 1"), Kind::Write);
+        assert_eq!(classify("select * from t where id = 2"), Kind::Read);
+    }
 
     #[test]
     fn kinds() {

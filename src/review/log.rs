@@ -138,7 +138,9 @@ impl TokenLog {
 
     /// Append one record as one line.
     pub fn append(&self, rec: &LogRecord) -> Result<(), LogError> {
-        let mut line = serde_json::to_vec(rec).map_err(|e| LogError::Io {
+        // Sized for a typical record up front: growing from empty reallocates several times.
+        let mut line = Vec::with_capacity(384);
+        serde_json::to_writer(&mut line, rec).map_err(|e| LogError::Io {
             path: self.path.clone(),
             source: e.into(),
         })?;

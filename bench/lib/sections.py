@@ -1,0 +1,361 @@
+"""The benchmark sections. Each returns report rows; figures are printed, not asserted."""
+import os
+import subprocess
+import threading
+import time
+
+import psycopg
+
+import benchlib as bl
+from benchlib import Row, log, med_p99, pct
+
+# One gateway on the machine's own file system, shared by the sections that don't need a
+# special golden or file system; restarted with each section's config (tokens survive).
+_shared = {}
+# PgBouncer keeps its 16 server connections while sandpit's 16 run: room for both.
+MAIN = "[pool]\nsize = 0\n[postgres]\nmax_connections = 64\n"
+
+
+def shared(env, config=""):
+    g = _shared.get("gw")
+    if g is None:
+        sql = bl.golden_sql(os.path.join(env.dir, "small.sql"), rows=20000)
+        g = bl.Gateway(env, "main", os.path.join(env.dir, "main"), sql, config)
+        _shared["gw"] = g
+        _shared["config"] = config
+    elif _shared["config"] != config:
+        g.restart(config)
+        _shared["config"] = config
+    return g
+
+
+def _cold_runs(g, runs, label):
+    times = []
+    for i in range(runs):
+        t = g.issue(f"cold-{label}-{i}")
+        times.append(bl.first_query(t["dsn_plain"]))
+        g.revoke(t["id"])
+    return times
+
+
+def warm(env, sz):
+    """First query of a new token when a warm pool fork is ready."""
+    env.pin_self_to_clients()
+    g = shared(env, "[pool]\nsize = 2\n")
+    times = []
+    for i in range(sz["runs"]):
+        deadline = time.time() + 120
+        while (g.metric("sandpit_pool_ready") or 0) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        t = g.issue(f"warm-{i}")
+        times.append(bl.first_query(t["dsn_plain"]))
+        g.revoke(t["id"])
+    return [Row("first query of a new token, warm pool (connect + SCRAM + `select 1`)",
+                med_p99(times), "≤ 15 ms median", verdict(pct(times, 50) <= 15))]
+
+
+def cold(env, sz):
+    """Cold fork: small and big golden on a loop-mounted XFS (reflink), big on a plain copy."""
+    env.pin_self_to_clients()
+    rows = []
+    big_sql = bl.golden_sql(os.path.join(env.dir, "big.sql"), mb=sz["big_mb"])
+    small_sql = bl.golden_sql(os.path.join(env.dir, "small.sql"), rows=sz["small_rows"])
+    try:
+        xdir = env.xfs_dir(8 if sz["big_mb"] >= 1024 else 4)
+    except bl.Skip as e:
+        rows.append(Row("first query of a new token, cold fork, XFS reflink", "not run",
+                        "≤ 100 ms median; big ÷ small ≤ 1.3", f"skipped: {e}"))
+        xdir = None
+    if xdir:
+        gs = bl.Gateway(env, "xfs-small", os.path.join(xdir, "small"), small_sql, "[pool]\nsize = 0\n")
+        small = _cold_runs(gs, sz["runs"], "xs")
+        small_mb, method_s = gs.golden_size_mb(), gs.copy_method()
+        gs.stop()
+        t0 = time.time()
+        gb = bl.Gateway(env, "xfs-big", os.path.join(xdir, "big"), big_sql, "[pool]\nsize = 0\n")
+        log(f"big golden built in {time.time() - t0:.0f} s")
+        big = _cold_runs(gb, sz["runs"], "xb")
+        big_mb, method_b = gb.golden_size_mb(), gb.copy_method()
+        gb.stop()
+        ratio = pct(big, 50) / pct(small, 50)
+        rows.append(Row(f"first query of a new token, cold fork, golden {big_mb} MB, XFS ({method_b})",
+                        med_p99(big), "≤ 100 ms median", verdict(pct(big, 50) <= 100)))
+        rows.append(Row(f"same, golden {small_mb} MB, XFS ({method_s})", med_p99(small), "", ""))
+        rows.append(Row(f"{big_mb} MB ÷ {small_mb} MB (medians)", f"{ratio:.2f}", "≤ 1.3",
+                        verdict(ratio <= 1.3)))
+    gp = bl.Gateway(env, "copy-big", os.path.join(env.dir, "copy-big"), big_sql, "[pool]\nsize = 0\n")
+    fs = bl.fs_type(gp.data_dir)
+    plain = _cold_runs(gp, sz["copy_runs"], "pb")
+    big_mb, method = gp.golden_size_mb(), gp.copy_method()
+    gp.stop()
+    g = shared(env, MAIN)
+    small_plain = _cold_runs(g, sz["runs"], "ps")
+    rows.append(Row(f"same, golden {big_mb} MB, {fs} ({method})", med_p99(plain), "printed", ""))
+    rows.append(Row(f"same, golden {g.golden_size_mb()} MB, {fs} ({g.copy_method()})",
+                    med_p99(small_plain), "printed", ""))
+    return rows
+
+
+def verdict(ok):
+    return "met" if ok else "**missed**"
+
+
+def _scratch_with_pgbench(env, sz, clients, config):
+    g = shared(env, config)
+    t = g.issue("pgbench", max_connections=clients + 8)
+    bl.first_query(t["dsn_plain"])
+    subprocess.run(env.client_cmd([pgbin("pgbench"), "-i", "-q", "-s", str(sz["pg_scale"]), t["dsn_plain"]]),
+                   check=True, capture_output=True)
+    return g, t
+
+
+def pgbin(name):
+    out = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True)
+    for d in ([out.stdout.strip()] if out.returncode == 0 else []) + sorted(
+            [f"/usr/lib/postgresql/{v}/bin" for v in os.listdir("/usr/lib/postgresql")], reverse=True):
+        if os.path.exists(os.path.join(d, name)):
+            return os.path.join(d, name)
+    return name
+
+
+def pgbouncer(env, sock, port):
+    """PgBouncer (Debian's) as the `sandpit` user, session mode, SCRAM to clients, peer auth
+    to the scratch server through an extra pg_ident line (sandpit -> agent)."""
+    d = os.path.join(env.dir, "pgbouncer")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "userlist.txt"), "w") as f:
+        f.write('"bench" "bench-secret"\n')
+    with open(os.path.join(d, "pgbouncer.ini"), "w") as f:
+        f.write(f"""[databases]
+bench = host={sock} port=5432 user=agent dbname=sandpit
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = {d}/userlist.txt
+pool_mode = session
+max_client_conn = 200
+default_pool_size = 64
+logfile = {d}/pgbouncer.log
+pidfile = {d}/pgbouncer.pid
+""")
+    subprocess.run(["chown", "-R", "sandpit", d], check=True)
+    p = subprocess.Popen(env.server_cmd(["runuser", "-u", "sandpit", "--", "pgbouncer", f"{d}/pgbouncer.ini"]),
+                         stdout=subprocess.DEVNULL, stderr=open(os.path.join(d, "stderr"), "w"))
+    env.procs.append(p)
+    for _ in range(200):
+        try:
+            psycopg.connect(f"host=127.0.0.1 port={port} user=bench password=bench-secret dbname=bench "
+                            "sslmode=disable").close()
+            return p
+        except psycopg.OperationalError:
+            time.sleep(0.05)
+    raise RuntimeError("pgbouncer did not come up: " + open(os.path.join(d, "stderr")).read()[-300:])
+
+
+def free_port():
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_pgbench(env, dsn, mode, clients, secs):
+    """tps and per-transaction latency (median, p99 over a 10% sample) of one run."""
+    prefix = os.path.join(env.dir, f"pgb-{time.time_ns()}")
+    r = subprocess.run(env.client_cmd([pgbin("pgbench"), "-n", "-S", "-M", mode, "-c", str(clients), "-j", "2",
+                                       "-T", str(secs), "-l", "--sampling-rate", "0.1", "--log-prefix", prefix, dsn]),
+                       capture_output=True, text=True)
+    tps = None
+    for ln in r.stdout.splitlines():
+        if ln.startswith("tps = "):
+            tps = float(ln.split()[2])
+        if ln.startswith("number of failed transactions:") and not ln.split(":")[1].strip().startswith("0"):
+            raise RuntimeError(f"pgbench failures: {ln}")
+    if r.returncode != 0 or tps is None:
+        raise RuntimeError(f"pgbench failed: {r.stderr[-300:]}")
+    lat = []
+    d = os.path.dirname(prefix)
+    for name in os.listdir(d):
+        if name.startswith(os.path.basename(prefix)):
+            with open(os.path.join(d, name)) as f:
+                lat += [int(ln.split()[2]) / 1000 for ln in f if ln.strip()]
+            os.unlink(os.path.join(d, name))
+    return tps, lat
+
+
+def pgbench(env, sz):
+    """pgbench -S through sandpit (log on) vs PgBouncer vs direct, same scratch server."""
+    if not env.root:
+        raise bl.Skip("not root: the direct and PgBouncer paths need the scratch socket")
+    clients, secs = 16, sz["pg_secs"]
+    g, t = _scratch_with_pgbench(env, sz, clients, MAIN)
+    pid, sock = g.postmaster(t["id"])
+    with open(os.path.join(g.instance_dir(t["id"]), "pg_ident.conf"), "a") as f:
+        f.write("sandpit sandpit agent\n")
+    os.kill(pid, 1)  # SIGHUP: reload pg_ident
+    time.sleep(0.3)
+    port = free_port()
+    bouncer = pgbouncer(env, sock, port)
+    targets = {
+        "direct": f"host={sock} port=5432 user=agent dbname=sandpit",
+        "pgbouncer": f"host=127.0.0.1 port={port} user=bench password=bench-secret dbname=bench sslmode=disable",
+        "sandpit": t["dsn_plain"],
+    }
+    rows = []
+    for mode in ["simple", "extended", "prepared"]:
+        res = {}
+        for name, dsn in targets.items():  # interleaved, same server, same data
+            res[name] = run_pgbench(env, dsn, mode, clients, secs)
+            log(f"pgbench {mode} {name}: {res[name][0]:.0f} tps")
+        s, b, d = res["sandpit"][0], res["pgbouncer"][0], res["direct"][0]
+        first = mode == "simple"
+        rows.append(Row(f"pgbench -S -M {mode}, {clients} clients, {secs} s: tps sandpit (log on) / PgBouncer / direct",
+                        f"{s:.0f} / {b:.0f} / {d:.0f}", "", ""))
+        rows.append(Row(f"… latency median / p99, ms: sandpit · PgBouncer · direct",
+                        " · ".join(f"{pct(res[n][1], 50):.2f} / {pct(res[n][1], 99):.2f}"
+                                   for n in ["sandpit", "pgbouncer", "direct"]), "", ""))
+        rows.append(Row(f"… sandpit ÷ PgBouncer ({mode})", f"{s / b:.2f}", "≥ 1.0" if first else "printed",
+                        verdict(s / b >= 1.0) if first else ""))
+        rows.append(Row(f"… sandpit ÷ direct ({mode})", f"{s / d:.2f}", "≥ 0.85" if first else "printed",
+                        verdict(s / d >= 0.85) if first else ""))
+    # What TLS costs (bench/pgbench.sh measured this before).
+    tls = run_pgbench(env, t["dsn"] + "?sslmode=require", "simple", clients, secs)[0]
+    s = float(rows[0].measured.split(" / ")[0])
+    rows.append(Row("pgbench -S -M simple through sandpit over TLS (sslmode=require): tps, ÷ without TLS",
+                    f"{tls:.0f}, {tls / s:.2f}", "printed", ""))
+    bouncer.terminate()
+    bouncer.wait(10)
+    g.revoke(t["id"])
+    return rows
+
+
+def caps(env, sz):
+    """Capped SELECT * over N rows through sandpit vs LIMIT 200 straight to the scratch server."""
+    if not env.root:
+        raise bl.Skip("not root: the direct path needs the scratch socket")
+    g = shared(env, MAIN)
+    t = g.issue("caps")
+    n = sz["cap_rows"]
+    psql = pgbin("psql")
+    subprocess.run([psql, t["dsn_plain"], "-Xq", "-c",
+                    f"create table ten as select g as id, md5(g::text) as v from generate_series(1, {n}) g",
+                    "-c", "vacuum analyze ten"], check=True, capture_output=True)
+    _, sock = g.postmaster(t["id"])
+    direct = f"host={sock} port=5432 user=agent dbname=sandpit"
+    via, lim = [], []
+    for _ in range(sz["cap_runs"]):
+        for dsn, q, acc in [(t["dsn_plain"], "select * from ten", via), (direct, "select * from ten limit 200", lim)]:
+            t0 = time.perf_counter()
+            subprocess.run(env.client_cmd([psql, dsn, "-XAtq", "-c", q]), check=True, capture_output=True)
+            acc.append((time.perf_counter() - t0) * 1000)
+    g.revoke(t["id"])
+    ratio = pct(via, 50) / pct(lim, 50)
+    return [Row(f"capped `select *` over {n:,} rows through sandpit (psql wall time)", med_p99(via), "", ""),
+            Row("`select * … limit 200` direct to the scratch server", med_p99(lim), "", ""),
+            Row("capped ÷ LIMIT 200 direct (medians)", f"{ratio:.2f}", "≤ 2.0", verdict(ratio <= 2.0))]
+
+
+def rss(env, sz):
+    """Gateway RSS per idle relayed session: N sessions to one token."""
+    n = sz["idle"]
+    env.pin_self_to_clients()
+    g = shared(env, f"[pool]\nsize = 0\n[postgres]\nmax_connections = {n + 10}\n")
+    t = g.issue("rss", max_connections=n + 2)
+    conns = [psycopg.connect(t["dsn_plain"], autocommit=True)]
+    conns[0].execute("select 1")
+    time.sleep(1)
+    before = g.rss_kib()
+    try:
+        for _ in range(n):
+            c = psycopg.connect(t["dsn_plain"], autocommit=True)
+            c.execute("select 1")
+            conns.append(c)
+        time.sleep(1)
+        after = g.rss_kib()
+    finally:
+        for c in conns:
+            c.close()
+    g.revoke(t["id"])
+    per = (after - before) / n
+    return [Row(f"gateway RSS per idle relayed session ({n} sessions, SCRAM, no TLS)",
+                f"{per:.1f} KiB ({before / 1024:.0f} → {after / 1024:.0f} MiB)", "≤ 100 KiB", verdict(per <= 100))]
+
+
+def burst(env, sz):
+    """N tokens connecting for the first time at the same moment (N cold forks)."""
+    n = sz["burst"]
+    env.pin_self_to_clients()
+    try:  # forks are reflinks where the deployment would put them; else plain copies
+        xdir = env.xfs_dir(8 if sz["big_mb"] >= 1024 else 4)
+        sql = bl.golden_sql(os.path.join(env.dir, "small.sql"), rows=sz["small_rows"])
+        g = bl.Gateway(env, "xfs-burst", os.path.join(xdir, "small"), sql, MAIN)
+    except bl.Skip:
+        g = shared(env, MAIN)
+    toks = [g.issue(f"burst-{i}") for i in range(n)]
+    res = [None] * n
+    gate = threading.Barrier(n)
+
+    def one(i):
+        gate.wait()
+        try:
+            res[i] = bl.first_query(toks[i]["dsn_plain"])
+        except Exception as e:  # counted as a failure in the table
+            res[i] = e
+    th = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    for tk in toks:
+        g.revoke(tk["id"])
+    ok = [r for r in res if isinstance(r, float)]
+    errs = [r for r in res if not isinstance(r, float)]
+    if errs:
+        log(f"burst errors: {errs[:3]}")
+    p99 = pct(ok, 99) if ok else float("inf")
+    method, fs = g.copy_method(), bl.fs_type(g.data_dir)
+    if g is not _shared.get("gw"):
+        g.stop()
+    return [Row(f"{n} tokens first-connecting at once (each a cold fork, {fs}, {method})",
+                f"{len(ok)}/{n} ok; " + (med_p99(ok) if ok else "-"), "all succeed; p99 ≤ 3 s",
+                verdict(not errs and p99 <= 3000))]
+
+
+def expiry(env, sz):
+    """From TTL expiry to the scratch postmaster gone from the process table."""
+    g = shared(env, MAIN)
+    lags, dirs = [], []
+    for i in range(sz["expiry_runs"]):
+        t = g.issue(f"expiry-{i}", ttl=3)
+        due = time.time() + 3  # the token was issued before this: the real lag is smaller
+        c = psycopg.connect(t["dsn_plain"], autocommit=True)
+        c.execute("select 1")
+        pid, _ = g.postmaster(t["id"])
+        inst = os.path.dirname(g.instance_dir(t["id"]))
+        gone = dgone = None
+        while time.time() < due + 30 and (gone is None or dgone is None):
+            now = time.time()
+            if gone is None and not alive(pid):
+                gone = now
+            if dgone is None and not os.path.exists(inst):
+                dgone = now
+            time.sleep(0.002)
+        c.close()
+        lags.append(((gone or now) - due) * 1000)
+        dirs.append(((dgone or now) - due) * 1000)
+    return [Row("backend gone after expiry (postmaster out of the process table)", med_p99(lags, fmt="{:.0f}"),
+                "≤ 1 s", verdict(pct(lags, 50) <= 1000)),
+            Row("… and its data directory removed", med_p99(dirs, fmt="{:.0f}"), "", "")]
+
+
+def alive(pid):
+    """A zombie (exited, not yet reaped) counts as gone: it holds no memory or socket."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
