@@ -54,19 +54,7 @@ impl ApiClient {
                 status: 200,
                 message: e.to_string(),
             }),
-            Err(ureq::Error::Status(status, r)) => {
-                let v: Value = r.into_json().unwrap_or(Value::Null);
-                let message = v
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("(no message)")
-                    .to_string();
-                Err(CliError::Api { status, message })
-            }
-            Err(e) => Err(CliError::Unreachable {
-                api: self.base.clone(),
-                message: e.to_string(),
-            }),
+            Err(e) => Err(self.failure(e)),
         }
     }
 
@@ -148,19 +136,26 @@ impl ApiClient {
                 })?;
                 Ok(body)
             }
-            Err(ureq::Error::Status(status, r)) => {
+            Err(e) => Err(self.failure(e)),
+        }
+    }
+
+    /// An error status (with the API's own message) or an unreachable API.
+    fn failure(&self, e: ureq::Error) -> CliError {
+        match e {
+            ureq::Error::Status(status, r) => {
                 let v: Value = r.into_json().unwrap_or(Value::Null);
                 let message = v
                     .get("error")
                     .and_then(Value::as_str)
                     .unwrap_or("(no message)")
                     .to_string();
-                Err(CliError::Api { status, message })
+                CliError::Api { status, message }
             }
-            Err(e) => Err(CliError::Unreachable {
+            e => CliError::Unreachable {
                 api: self.base.clone(),
                 message: e.to_string(),
-            }),
+            },
         }
     }
 

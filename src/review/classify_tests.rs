@@ -1,0 +1,98 @@
+//! Tests of `classify`.
+use super::*;
+
+#[test]
+fn literal_shapes() {
+    let s = |t: &str| literal_shape(t);
+    assert_eq!(
+        s("SELECT abalance FROM t1 WHERE aid = 12345;").as_deref(),
+        Some("SELECT abalance FROM t1 WHERE aid = 0;")
+    );
+    assert_eq!(
+        s("update t set v = 'it''s' where id=7").as_deref(),
+        Some("update t set v = '' where id=0")
+    );
+    assert_eq!(s("select $1, \"c 9\"").as_deref(), None); // nothing to blank
+    assert_eq!(s("select x2 from y where z = $1").as_deref(), None);
+    for t in [
+        "select $$a$$",
+        "select E'\\'' ; drop table t'",
+        "select 1 -- 'x",
+        "select '1",
+    ] {
+        assert_eq!(s(t), None, "{t}");
+    }
+    // Same shape, same kind; different shapes stay apart.
+    assert_eq!(classify("select * from t where id = 1"), Kind::Read);
+    assert_eq!(classify("delete from t where id = 1"), Kind::Write);
+    assert_eq!(classify("select * from t where id = 2"), Kind::Read);
+}
+
+#[test]
+fn kinds() {
+    assert_eq!(classify("select * from orders"), Kind::Read);
+    assert_eq!(
+        classify("DELETE FROM orders WHERE status = 'pending' OR TRUE"),
+        Kind::Write
+    );
+    assert_eq!(
+        classify("with d as (delete from t returning *) select * from d"),
+        Kind::Write
+    );
+    assert_eq!(classify("create table t(x int)"), Kind::Ddl);
+    assert_eq!(classify("alter table t add column y int"), Kind::Ddl);
+    assert_eq!(classify("begin"), Kind::Transaction);
+    assert_eq!(classify("commit"), Kind::Transaction);
+    assert_eq!(classify("grant select on t to public"), Kind::Privilege);
+    assert_eq!(classify("set search_path = x"), Kind::Utility);
+    assert_eq!(classify("vacuum t"), Kind::Utility);
+    assert_eq!(classify("alter system set fsync = off"), Kind::Utility);
+    assert_eq!(classify("do $$ begin perform 1; end $$"), Kind::Unparsed);
+    assert_eq!(classify("copy t to stdout"), Kind::Read);
+    assert_eq!(classify("copy t from stdin"), Kind::Write);
+    assert_eq!(classify("select 1 into t2"), Kind::Ddl);
+    assert_eq!(classify("set role postgres"), Kind::Privilege);
+    assert_eq!(classify("gibberish words"), Kind::Unparsed);
+}
+
+#[test]
+fn rows() {
+    assert!(may_return_rows("select 1"));
+    assert!(may_return_rows("  /* hi */ (select 1)"));
+    assert!(may_return_rows("fetch all from c"));
+    assert!(may_return_rows("insert into t values (1) returning x"));
+    assert!(!may_return_rows("insert into t values (1)"));
+    assert!(!may_return_rows("create table t(x int)"));
+    assert!(may_return_rows("explain select 1"));
+}
+
+#[test]
+fn splitting() {
+    assert_eq!(
+        split("select 1; select 2").unwrap(),
+        vec!["select 1", "select 2"]
+    );
+    assert_eq!(
+        split("select ';'; select $$;$$; select $a$ $$; $a$")
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(
+        split("select 1 -- ; \n; select /* ; /* ; */ */ 2;")
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        split("select \"a;b\" from t; ;;").unwrap(),
+        vec!["select \"a;b\" from t"]
+    );
+    assert_eq!(split("select E'\\';'; select 2").unwrap().len(), 2);
+    assert_eq!(split("select $1; select 2").unwrap().len(), 2);
+    assert!(split("select 'open").is_none());
+    assert!(
+        split("create function f() returns int language sql begin atomic select 1; end").is_none()
+    );
+    assert_eq!(split("").unwrap().len(), 0);
+}
