@@ -59,10 +59,18 @@ pub fn resolve(run_as: Option<&str>) -> Result<RunAs, ProviderError> {
     let user = match lookup(name)? {
         Some(u) => u,
         None => {
-            create_system_user(name)?;
-            lookup(name)?.ok_or_else(|| {
-                ProviderError::Other(format!("user {name} still missing after useradd"))
-            })?
+            // Gateways starting together must not run useradd at the same time: a concurrent
+            // useradd rewrites /etc/passwd while another process's initdb looks its uid up.
+            let _lock = UseraddLock::acquire()?;
+            match lookup(name)? {
+                Some(u) => u,
+                None => {
+                    create_system_user(name)?;
+                    lookup(name)?.ok_or_else(|| {
+                        ProviderError::Other(format!("user {name} still missing after useradd"))
+                    })?
+                }
+            }
         }
     };
     if user.uid.is_root() {
@@ -76,6 +84,39 @@ pub fn resolve(run_as: Option<&str>) -> Result<RunAs, ProviderError> {
         gid: user.gid.as_raw(),
         switch: true,
     })
+}
+
+/// An exclusive lock held (by flock) across looking up and creating the system user.
+struct UseraddLock {
+    // Held only to keep the flock until drop.
+    _file: std::fs::File,
+}
+
+impl UseraddLock {
+    const PATH: &'static str = "/run/lock/sandpit-useradd.lock";
+    const FALLBACK: &'static str = "/tmp/sandpit-useradd.lock";
+
+    fn acquire() -> Result<UseraddLock, ProviderError> {
+        let open = |p: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(p)
+        };
+        let file = open(Self::PATH)
+            .or_else(|_| open(Self::FALLBACK))
+            .map_err(|e| ProviderError::Other(format!("opening the useradd lock: {e}")))?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: flock on a file descriptor we own; released when the file is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(ProviderError::Other(format!(
+                "locking the useradd lock: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(UseraddLock { _file: file })
+    }
 }
 
 fn lookup(name: &str) -> Result<Option<User>, ProviderError> {
