@@ -160,6 +160,27 @@ async fn spine(g: &Gateway, probe: &impl Probe) {
     assert_eq!(sqlstate(&ra.expect_err("a was cancelled")), "57014");
     qb.await.expect("join b").expect("b was not cancelled");
 
+    // The review reads this provider's backend and its reference (a pristine fork) as
+    // non-superusers: what task 1 did, nothing else.
+    let (status, r) = g.raw_call("GET", &format!("/v1/tokens/{}/diff", id(&t1)), None);
+    assert_eq!(status, 200, "{r}");
+    let created: Vec<&str> = r["schema"]
+        .as_array()
+        .expect("schema")
+        .iter()
+        .filter(|c| c["action"] == "added" && c["kind"] == "table")
+        .filter_map(|c| c["object"].as_str())
+        .collect();
+    assert_eq!(created, ["public.notes"], "{r:#}");
+    let items = r["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .find(|t| t["table"] == "public.items")
+        .unwrap_or_else(|| panic!("no items in {r:#}"));
+    assert_eq!(items["deleted"], 1000, "{r:#}");
+    assert_eq!(items["inserted"], 0, "{r:#}");
+
     // Revoke ends a running statement with 57P01 and destroys the backend.
     let victim = connect(&dsn(&t1)).await.expect("t1 again");
     let q = tokio::spawn(async move { victim.simple_query("select pg_sleep(30)").await });
@@ -400,7 +421,18 @@ async fn remote_specifics(g: &Gateway, srv: &remote_server::RemoteServer) {
     // The janitor's view: list() by the owner label, tags from the metadata.
     let p = RemoteProvider::new(p_config(srv)).expect("remote provider");
     let listed = p.list().await.expect("list");
-    assert_eq!(listed.len(), srv.sandboxes().len());
+    // The review's reference sandbox is the gateway's own, not a token's: never listed.
+    let references = srv
+        .sandboxes()
+        .iter()
+        .filter(|sb| {
+            sb.metadata
+                .get("sandpit.token")
+                .is_some_and(|t| t.starts_with("sandpit-review-reference"))
+        })
+        .count();
+    assert_eq!(references, 1);
+    assert_eq!(listed.len(), srv.sandboxes().len() - references);
     assert!(listed.iter().all(|(_, tag)| tag.is_some()), "{listed:?}");
     let p_other = RemoteProvider::new(RemoteConfig {
         owner: "someone-else".into(),

@@ -59,7 +59,15 @@ pub struct RemoteProvider {
     cfg: RemoteConfig,
     require: Option<Arc<rustls::ClientConfig>>,
     verify: Option<Arc<rustls::ClientConfig>>,
+    /// Sandbox id of the review reference (a pristine fork), once made.
+    reference: tokio::sync::Mutex<Option<String>>,
 }
+
+/// Token label of review reference sandboxes: never a token id, so `list()` leaves them out
+/// and the janitor never reaps them; their TTL bounds a leaked one.
+const REFERENCE_LABEL: &str = "sandpit-review-reference";
+/// How long the service keeps a reference sandbox; a review after that forks a new one.
+const REFERENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 fn remote(e: impl std::fmt::Display) -> ProviderError {
     ProviderError::Remote(e.to_string())
@@ -99,7 +107,42 @@ impl RemoteProvider {
             cfg,
             require,
             verify,
+            reference: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// The reference sandbox: the one made earlier while the service still has it, else a
+    /// new fork of the golden.
+    async fn reference_inner(&self) -> Result<Backend, ProviderError> {
+        let mut current = self.reference.lock().await;
+        if let Some(id) = current.as_deref() {
+            match self.ensure_running(id).await {
+                Ok(mut b) => {
+                    b.method = "reference".into();
+                    return Ok(b);
+                }
+                Err(ProviderError::NotFound(_)) => *current = None,
+                Err(e) => return Err(e),
+            }
+        }
+        let expires = OffsetDateTime::now_utc() + REFERENCE_TTL;
+        let tag = BackendTag {
+            // Unique per fork: the label doubles as the create's idempotency key, and a key
+            // the service remembers would hand back the reference it has since deleted.
+            token_id: format!(
+                "{REFERENCE_LABEL}-{}",
+                OffsetDateTime::now_utc().unix_timestamp_nanos()
+            ),
+            task: "sandpit review reference".into(),
+            expires_at: expires
+                .format(&time::format_description::well_known::Rfc3339)
+                .map_err(|e| remote(format!("formatting the reference expiry: {e}")))?,
+            gateway_id: String::new(),
+        };
+        let mut b = self.fork(&tag).await?;
+        *current = Some(b.handle.clone());
+        b.method = "reference".into();
+        Ok(b)
     }
 
     /// One exchange, no retries.
@@ -468,6 +511,10 @@ impl Provider for RemoteProvider {
             for sb in list.map(|l| l.sandboxes).unwrap_or_default() {
                 if !api::valid_id(&sb.id)
                     || sb.metadata.get(api::META_OWNER) != Some(&self.cfg.owner)
+                    || sb
+                        .metadata
+                        .get(api::META_TOKEN)
+                        .is_some_and(|t| t.starts_with(REFERENCE_LABEL))
                 {
                     continue;
                 }
@@ -495,6 +542,19 @@ impl Provider for RemoteProvider {
 
     fn secrets(&self) -> Vec<String> {
         vec![self.base.clone()]
+    }
+
+    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+        Box::pin(self.reference_inner())
+    }
+
+    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        Box::pin(async move {
+            match self.reference.lock().await.take() {
+                Some(id) => self.delete(&id).await,
+                None => Ok(()),
+            }
+        })
     }
 }
 

@@ -63,6 +63,11 @@ pub struct TemplateProvider {
     owner: String,
     key: Vec<u8>,
     secrets: Vec<String>,
+    /// Name of the reference database (a pristine fork that reviews compare against), derived
+    /// from the golden's identity so a changed golden gets a new one.
+    reference: String,
+    /// Single-flight creation of the reference database.
+    reference_lock: tokio::sync::Mutex<()>,
 }
 
 type HmacSha256 = Hmac<Sha256>;
@@ -171,6 +176,8 @@ impl TemplateProvider {
             owner: String::new(),
             key,
             secrets,
+            reference: String::new(),
+            reference_lock: tokio::sync::Mutex::new(()),
         };
         let c = p.connect(None).await?;
         p.owner = match &cfg.golden_sql {
@@ -188,6 +195,7 @@ impl TemplateProvider {
             }
         };
         p.check_owner_shared_objects(&c).await?;
+        p.reference = p.reference_name(&c).await?;
         let busy: i64 = c
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
@@ -486,6 +494,60 @@ impl TemplateProvider {
         Ok(())
     }
 
+    /// `sp_ref_<hash>` of the golden's name, oid and comment: a rebuilt golden (new oid or
+    /// comment) gets a reference of its own. Never shaped like a token id, so the janitor
+    /// leaves it alone.
+    async fn reference_name(&self, c: &Client) -> Result<String, ProviderError> {
+        let row = c
+            .query_one(
+                "SELECT oid::text, coalesce(shobj_description(oid, 'pg_database'), '') \
+                 FROM pg_database WHERE datname = $1",
+                &[&self.golden],
+            )
+            .await
+            .map_err(|e| pg_err("reading the golden's identity", e))?;
+        let (oid, comment): (String, String) = (row.get(0), row.get(1));
+        let mut h = Sha256::new();
+        for part in [self.golden.as_str(), &oid, &comment] {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        Ok(format!("sp_ref_{}", &hex::encode(h.finalize())[..16]))
+    }
+
+    /// The reference database, forked from the golden on first use and then kept. Replicas
+    /// sharing a server share it: one that finds it made by another uses it.
+    async fn reference_inner(&self) -> Result<Backend, ProviderError> {
+        let _guard = self.reference_lock.lock().await;
+        let r = self.reference.as_str();
+        let c = self.connect(None).await?;
+        let exists = c
+            .query_opt(
+                "SELECT 1 FROM pg_database d JOIN pg_roles r ON r.rolname = d.datname \
+                 WHERE d.datname = $1 AND d.datallowconn",
+                &[&r],
+            )
+            .await
+            .map_err(|e| pg_err("looking up the reference database", e))?
+            .is_some();
+        if !exists {
+            // A half-made one (a fork cut off midway) is dropped and made again.
+            self.destroy_inner(r).await?;
+            let tag = BackendTag {
+                token_id: r.to_string(),
+                task: "sandpit review reference".into(),
+                expires_at: String::new(),
+                gateway_id: String::new(),
+            };
+            if let Err(e) = self.fork_inner(&tag).await {
+                let _ = self.destroy_inner(r).await;
+                return Err(e);
+            }
+            tracing::info!(reference = r, "review reference database forked");
+        }
+        Ok(self.backend(r, "reference"))
+    }
+
     async fn destroy_inner(&self, h: &str) -> Result<(), ProviderError> {
         validate_handle(h)?;
         let q = quote_ident(h);
@@ -582,6 +644,17 @@ impl Provider for TemplateProvider {
 
     fn secrets(&self) -> Vec<String> {
         self.secrets.clone()
+    }
+
+    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+        Box::pin(self.reference_inner())
+    }
+
+    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let _guard = self.reference_lock.lock().await;
+            self.destroy_inner(&self.reference).await
+        })
     }
 }
 

@@ -1,14 +1,14 @@
-//! Review connections: as the agent role (never a superuser), over the backend's unix socket,
-//! with a locked-down session (catalog-only search path, fixed output formats, no row
+//! Review connections: as the agent role (never a superuser), over the same kind of socket
+//! the relay uses, with a locked-down session (catalog-only search path, fixed output formats, no row
 //! security, timeouts) inside one read-only repeatable-read transaction.
 
 use std::collections::VecDeque;
-use std::path::Path;
 use std::time::Duration;
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::provider::BackendTarget;
+use crate::proxy::backend_stream;
 
 /// A row as text output (None is NULL).
 pub type TextRow = Vec<Option<String>>;
@@ -62,44 +62,42 @@ pub struct Timeouts {
 }
 
 impl Side {
-    /// Connect as `target.user` over the unix socket and lock the session down.
+    /// Connect as `target.user` (never a superuser) and lock the session down.
     pub async fn connect(
         name: &'static str,
         target: &BackendTarget,
         t: Timeouts,
     ) -> Result<Side, ConnError> {
-        // Reviews read over the backend's unix socket (the instance provider); TCP backends
-        // (template, remote) are not reviewed yet.
-        let Some(socket_path) = target.socket_path() else {
-            return Err(ConnError::Connect {
-                side: name,
-                message: "review supports unix-socket backends (the instance provider) only".into(),
-            });
-        };
-        let dir = socket_path.parent().unwrap_or(Path::new("/")).to_path_buf();
-        let port = socket_path
-            .file_name()
-            .and_then(|f| f.to_str())
-            .and_then(|f| f.rsplit('.').next())
-            .and_then(|p| p.parse::<u16>().ok())
-            .unwrap_or(5432);
-        let mut cfg = tokio_postgres::Config::new();
-        cfg.host_path(dir)
-            .port(port)
-            .user(&target.user)
-            .dbname(&target.database)
-            .application_name("sandpit-review")
-            .connect_timeout(Duration::from_secs(10));
-        if let Some(p) = &target.password {
-            cfg.password(p.as_bytes());
-        }
-        let (client, conn) =
-            cfg.connect(tokio_postgres::NoTls)
+        // Our own socket (unix, TCP, or TLS after an SSLRequest, as the endpoint says), so a
+        // review reaches every backend the relay reaches, with the same TLS checks.
+        let stream =
+            backend_stream::open(&target.endpoint)
                 .await
                 .map_err(|e| ConnError::Connect {
                     side: name,
-                    message: describe(&e),
+                    message: e.to_string(),
                 })?;
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.user(&target.user)
+            .dbname(&target.database)
+            .application_name("sandpit-review")
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
+        if let Some(p) = &target.password {
+            cfg.password(p.as_bytes());
+        }
+        let (client, conn) = tokio::time::timeout(
+            Duration::from_secs(10),
+            cfg.connect_raw(stream, tokio_postgres::NoTls),
+        )
+        .await
+        .map_err(|_| ConnError::Connect {
+            side: name,
+            message: "login timed out".into(),
+        })?
+        .map_err(|e| ConnError::Connect {
+            side: name,
+            message: describe(&e),
+        })?;
         tokio::spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "review connection ended");
