@@ -303,6 +303,7 @@ impl RemoteProvider {
             },
             method: method.to_string(),
             netns: false,
+            golden: None,
         })
     }
 

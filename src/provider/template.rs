@@ -244,6 +244,7 @@ impl TemplateProvider {
             },
             method: method.to_string(),
             netns: false,
+            golden: None,
         }
     }
 
