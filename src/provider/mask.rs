@@ -712,9 +712,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.columns.len(), 5);
-        assert_eq!(r.columns[0].0.schema.as_deref(), Some("public"));
-        assert_eq!(r.columns[0].2, Rule::Email);
-        assert_eq!(r.columns[3].2, Rule::Constant("basic".into()));
+        let rule = |k: &str| r.columns.iter().find(|c| c.3 == k).expect(k).clone();
+        let email = rule("public.customers.email");
+        assert_eq!(email.0.schema.as_deref(), Some("public"));
+        assert_eq!(
+            (email.0.table.as_str(), email.1.as_str()),
+            ("customers", "email")
+        );
+        assert_eq!(email.2, Rule::Email);
+        assert_eq!(rule("customers.id").0.schema, None);
+        assert_eq!(rule("customers.tier").2, Rule::Constant("basic".into()));
+        assert_eq!(
+            rule("orders.total").2,
+            Rule::Sql("round(total * 0.9, 2)".into())
+        );
         assert_eq!(r.samples[0].1, 10.0);
     }
 
