@@ -29,8 +29,9 @@ impl ApiClient {
     /// `base` like `http://127.0.0.1:6433`.
     pub fn new(base: &str, key: Option<String>) -> Result<ApiClient, CliError> {
         let key = key.ok_or(CliError::NoAdminKey)?;
+        // Long enough for a golden build from a live database, which answers when done.
         let agent = ureq::AgentBuilder::new()
-            .timeout(Duration::from_secs(120))
+            .timeout(Duration::from_secs(3600))
             .build();
         Ok(ApiClient {
             base: base.trim_end_matches('/').to_string(),
@@ -159,6 +160,21 @@ impl ApiClient {
         }
     }
 
+    /// GET /v1/goldens.
+    pub fn goldens(&self) -> Result<Value, CliError> {
+        self.call("GET", "/v1/goldens", None)
+    }
+
+    /// POST /v1/goldens: build a version from a live database.
+    pub fn build_golden(&self, body: Value) -> Result<Value, CliError> {
+        self.call("POST", "/v1/goldens", Some(body))
+    }
+
+    /// POST /v1/goldens/{id}/use.
+    pub fn use_golden(&self, id: &str) -> Result<Value, CliError> {
+        self.call("POST", &format!("/v1/goldens/{}/use", encode(id)), None)
+    }
+
     /// POST /v1/reap: one janitor pass.
     pub fn reap(&self, dry_run: bool) -> Result<Value, CliError> {
         self.call("POST", &format!("/v1/reap?dry_run={dry_run}"), None)
@@ -265,6 +281,24 @@ pub fn reap_text(v: &Value) -> String {
         out.push(format!("error  {}", e.as_str().unwrap_or("-")));
     }
     out.join("\n")
+}
+
+/// One line per golden version for `golden list`.
+pub fn golden_line(v: &Value) -> String {
+    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+    format!(
+        "{}{:<24} {:<4} forks {:<3} {}  {}",
+        if v.get("active").and_then(Value::as_bool) == Some(true) {
+            "* "
+        } else {
+            "  "
+        },
+        s("id"),
+        s("kind"),
+        v.get("forks").and_then(Value::as_u64).unwrap_or(0),
+        s("created_at"),
+        s("source")
+    )
 }
 
 /// One line per logged statement for `sandpit log`.

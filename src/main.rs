@@ -61,6 +61,12 @@ enum Cmd {
         #[arg(long, env = "SANDPIT_API")]
         api: Option<String>,
     },
+    /// Golden versions: build one from a live database (masked), list them, switch new
+    /// tokens to one.
+    Golden {
+        #[command(subcommand)]
+        cmd: GoldenCmd,
+    },
     /// What a token's agent changed: schema and data diff against the golden, or the SQL patch.
     Review {
         /// Token id.
@@ -165,6 +171,42 @@ enum TokenCmd {
     },
 }
 
+#[derive(Subcommand)]
+enum GoldenCmd {
+    /// Build a new golden version from a live database (read only), masked by a rules file.
+    Build {
+        /// Source DSN; prefer the environment variable, which stays off the command line.
+        #[arg(long, env = "SANDPIT_GOLDEN_SOURCE_DSN", hide_env_values = true)]
+        from_dsn: String,
+        /// Copy only this schema (repeatable; default all).
+        #[arg(long = "schema")]
+        schemas: Vec<String>,
+        /// Leave this table out (repeatable; pg_dump pattern).
+        #[arg(long = "exclude-table")]
+        exclude_tables: Vec<String>,
+        /// Masking rules (TOML: [columns] "table.column" = "RULE", [tables] "t" = "sample:N").
+        #[arg(long)]
+        mask: Option<PathBuf>,
+        /// Use the new version for new tokens right away.
+        #[arg(long = "use")]
+        activate: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// List golden versions (`*` marks the one new tokens get).
+    List {
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// New tokens get this version from now on; existing forks keep theirs.
+    Use {
+        /// Version id, as `golden list` shows it.
+        version: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
 fn load_config(cli: &Cli) -> Result<Config> {
     let mut cfg = Config::load(cli.config.as_deref())?;
     cfg.apply_env(|k| std::env::var(k).ok())?;
@@ -207,6 +249,7 @@ fn main() -> Result<()> {
             print(&v, api.json, cli::reap_text)
         }
         Cmd::Mcp { dsn, api } => mcp(dsn, api.as_deref()),
+        Cmd::Golden { cmd } => golden(&cfg, cmd),
         Cmd::Log { target, api } => {
             let c = client(&cfg, api)?;
             let ids: Vec<String> = if sandpit::auth::is_token_id(target) {
@@ -327,6 +370,65 @@ fn main() -> Result<()> {
                 })
             }
         },
+    }
+}
+
+fn golden(cfg: &Config, cmd: &GoldenCmd) -> Result<()> {
+    match cmd {
+        GoldenCmd::Build {
+            from_dsn,
+            schemas,
+            exclude_tables,
+            mask,
+            activate,
+            api,
+        } => {
+            let mask = match mask {
+                Some(p) => Some(
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("reading masking rules {}", p.display()))?,
+                ),
+                None => None,
+            };
+            let body = serde_json::json!({
+                "from_dsn": from_dsn,
+                "schemas": schemas,
+                "exclude_tables": exclude_tables,
+                "mask": mask,
+                "activate": activate,
+            });
+            let v = client(cfg, api)?.build_golden(body)?;
+            print(&v, api.json, |v| {
+                format!(
+                    "built golden {}{}",
+                    v.get("id").and_then(|d| d.as_str()).unwrap_or("-"),
+                    if *activate {
+                        " (in use for new tokens)"
+                    } else {
+                        ""
+                    }
+                )
+            })
+        }
+        GoldenCmd::List { api } => {
+            let v = client(cfg, api)?.goldens()?;
+            print(&v, api.json, |v| {
+                v.as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(cli::golden_line)
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                    .unwrap_or_default()
+            })
+        }
+        GoldenCmd::Use { version, api } => {
+            let v = client(cfg, api)?.use_golden(version)?;
+            print(&v, api.json, |_| {
+                format!("golden {version} in use for new tokens")
+            })
+        }
     }
 }
 

@@ -681,10 +681,13 @@ fn reference_backend_is_not_a_token_backend() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     assert!(names.iter().all(|n| n.starts_with("sp_")), "{names:?}");
+    // One reference per golden version: `reference/<version>/`, here the token's own.
+    let version = g.show(&id)["golden"].as_str().expect("golden").to_string();
     let pid_file = g
         .data_dir
         .join("pg")
         .join("reference")
+        .join(&version)
         .join("data")
         .join("postmaster.pid");
     assert!(pid_file.is_file(), "reference backend should be running");

@@ -8,13 +8,15 @@ use std::time::Duration;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::lifecycle::{janitor, EndReason, Gateway, IssueRequest, LifecycleError};
+
+mod goldens;
 
 /// State of the API server.
 #[derive(Clone)]
@@ -60,6 +62,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
         .route("/v1/reap", axum::routing::post(reap))
+        .route("/v1/goldens", get(goldens::list).post(goldens::build))
+        .route("/v1/goldens/{id}/use", post(goldens::use_version))
         .route("/v1/tokens/{id}/statements", get(token_statements))
         .route("/v1/tokens/{id}/diff", get(token_diff))
         .route("/metrics", get(metrics_text))
@@ -71,11 +75,13 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
-fn error(status: StatusCode, msg: impl Into<String>) -> Response {
+pub(crate) fn error(status: StatusCode, msg: impl Into<String>) -> Response {
     (status, Json(serde_json::json!({ "error": msg.into() }))).into_response()
 }
 
-fn check_auth(state: &ApiState, headers: &HeaderMap) -> Result<(), Response> {
+// The error is the response itself, built once per refused request.
+#[allow(clippy::result_large_err)]
+pub(crate) fn check_auth(state: &ApiState, headers: &HeaderMap) -> Result<(), Response> {
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -403,6 +403,7 @@ mod tests {
             state,
             verifier: Verifier::from_secret("s"),
             backend: backend.map(str::to_string),
+            golden: None,
             fork_count: 0,
             ended_at: None,
         }

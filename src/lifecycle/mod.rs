@@ -120,6 +120,9 @@ pub struct TokenView {
     pub backend: bool,
     /// Forks made for this token.
     pub fork_count: u64,
+    /// Golden version its backend was copied from (instance provider), once forked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub golden: Option<String>,
     /// Sessions open now.
     pub sessions: u32,
 }
@@ -316,6 +319,7 @@ impl Gateway {
             verifier: Verifier::from_secret(&secret),
             backend: None,
             fork_count: 0,
+            golden: None,
             ended_at: None,
         };
         self.registry.insert(rec.clone())?;
@@ -357,6 +361,7 @@ impl Gateway {
             idle_in_transaction_timeout_ms: rec.caps.idle_in_transaction_timeout_ms,
             backend: rec.backend.is_some(),
             fork_count: rec.fork_count,
+            golden: rec.golden.clone(),
             sessions,
         }
     }
@@ -448,14 +453,16 @@ impl Gateway {
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
         let took = started.elapsed();
-        crate::review::store::prepare(self);
+        crate::review::store::prepare(self, b.golden.clone());
         metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
             .record(took.as_secs_f64());
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
         let handle = b.handle.clone();
+        let golden = b.golden.clone();
         self.registry.update(id, |r| {
             r.backend = Some(handle);
+            r.golden = golden;
             r.fork_count += 1;
             r.state = TokenState::Live;
         })?;

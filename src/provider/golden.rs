@@ -95,8 +95,8 @@ pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<(PathBuf, bool), ProviderErro
         .join(format!("{name}.building-{}", std::process::id()));
     let started = Instant::now();
     tracing::info!(sql = %ctx.sql_path.display(), "building golden snapshot (first start or golden SQL changed)");
-    match build(ctx, &tmp).await {
-        Ok(()) => {
+    match build(ctx, &tmp, Load::Sql(ctx.sql_path)).await {
+        Ok(_) => {
             fs::rename(&tmp, &dir)?;
             sync_dir(ctx.root);
             tracing::info!(golden = %dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "golden built");
@@ -124,7 +124,20 @@ fn remove_stale(root: &Path, keep: &str) {
     }
 }
 
-async fn build(ctx: &GoldenCtx<'_>, tmp: &Path) -> Result<(), ProviderError> {
+/// What fills a new golden's `sandpit` database.
+pub enum Load<'a> {
+    /// Run a SQL file as the agent.
+    Sql(&'a Path),
+    /// Copy (and mask) a live database.
+    Live(&'a crate::provider::golden_build::LiveSpec),
+}
+
+/// Builds a stopped, cleanly shut down golden in `tmp` (its data dir is `tmp/data`).
+pub async fn build(
+    ctx: &GoldenCtx<'_>,
+    tmp: &Path,
+    what: Load<'_>,
+) -> Result<Option<crate::provider::golden_build::BuildReport>, ProviderError> {
     if tmp.exists() {
         fs::remove_dir_all(tmp)?;
     }
@@ -141,7 +154,12 @@ async fn build(ctx: &GoldenCtx<'_>, tmp: &Path) -> Result<(), ProviderError> {
     prepare_socket_dir(&sock, ctx.run_as)?;
     let log = tmp.join("build.log");
     // Small WAL floor during the build so the final checkpoint leaves few segments to copy.
-    let extra = [("min_wal_size", "2MB".to_string())];
+    // No recycling: a recycled segment keeps the bytes of the records it held before, and
+    // those may be values a masked build removed.
+    let extra = [
+        ("min_wal_size", "2MB".to_string()),
+        ("wal_recycle", "off".to_string()),
+    ];
     let spec = ServerSpec {
         bins: ctx.bins,
         run_as: ctx.run_as,
@@ -154,7 +172,12 @@ async fn build(ctx: &GoldenCtx<'_>, tmp: &Path) -> Result<(), ProviderError> {
     };
     let mut child = process::start_postgres(&spec).await?;
     let pid = child.id().map(|p| p as i32).unwrap_or(0);
-    let result = load(ctx, &sock).await;
+    let result = match what {
+        Load::Sql(path) => load(ctx, &sock, path).await.map(|()| None),
+        Load::Live(spec) => crate::provider::golden_build::load(ctx, &sock, spec)
+            .await
+            .map(Some),
+    };
     if result.is_err() {
         process::stop_postmaster(
             pid,
@@ -170,6 +193,7 @@ async fn build(ctx: &GoldenCtx<'_>, tmp: &Path) -> Result<(), ProviderError> {
     process::signal(pid, Signal::SIGINT);
     let status = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
     let _ = remove_socket_dir(&sock, tmp);
+    let report = result?;
     match status {
         Ok(Ok(s)) if s.success() => {}
         other => {
@@ -181,10 +205,14 @@ async fn build(ctx: &GoldenCtx<'_>, tmp: &Path) -> Result<(), ProviderError> {
         }
     }
     trim_wal(ctx.bins, &data).await?;
+    if report.is_some() {
+        // Server messages of a masked build may quote original values (a failed constraint).
+        let _ = fs::remove_file(&log);
+    }
     // fsync was off while building: flush everything before declaring the golden done.
     sync_dir(tmp);
     fs::write(tmp.join(READY_MARKER), format!("{GOLDEN_FORMAT}\n"))?;
-    Ok(())
+    Ok(report)
 }
 
 /// After a clean shutdown only the segment holding the shutdown checkpoint is needed; the
@@ -294,8 +322,8 @@ fn write_config(ctx: &GoldenCtx<'_>, data: &Path) -> Result<(), ProviderError> {
     Ok(())
 }
 
-/// Roles, database, then the golden SQL as the agent (so the agent owns exactly its objects).
-async fn load(ctx: &GoldenCtx<'_>, sock: &Path) -> Result<(), ProviderError> {
+/// The agent role and its database, owning schema `public`.
+pub async fn create_roles(ctx: &GoldenCtx<'_>, sock: &Path) -> Result<(), ProviderError> {
     let create_role =
         format!("CREATE ROLE {AGENT} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION");
     let create_db = format!("CREATE DATABASE {DATABASE} OWNER {AGENT}");
@@ -325,8 +353,13 @@ async fn load(ctx: &GoldenCtx<'_>, sock: &Path) -> Result<(), ProviderError> {
         DATABASE,
         &["-c", &format!("ALTER SCHEMA public OWNER TO {AGENT}")],
     )
-    .await?;
-    let file = ctx.sql_path.to_string_lossy().to_string();
+    .await
+}
+
+/// Roles, database, then the golden SQL as the agent (so the agent owns exactly its objects).
+async fn load(ctx: &GoldenCtx<'_>, sock: &Path, sql_path: &Path) -> Result<(), ProviderError> {
+    create_roles(ctx, sock).await?;
+    let file = sql_path.to_string_lossy().to_string();
     psql(&ctx.bins.psql, sock, AGENT, DATABASE, &["-f", &file]).await?;
     // Hint bits and visibility map set once here, instead of dirtying pages in every fork.
     psql(
@@ -337,19 +370,23 @@ async fn load(ctx: &GoldenCtx<'_>, sock: &Path) -> Result<(), ProviderError> {
         &["-c", "VACUUM ANALYZE"],
     )
     .await?;
-    psql(
-        &ctx.bins.psql,
-        sock,
-        SUPERUSER,
-        "postgres",
-        &["-c", "CHECKPOINT", "-c", "CHECKPOINT"],
-    )
-    .await?;
+    psql(&ctx.bins.psql, sock, SUPERUSER, "postgres", &CHECKPOINTS).await?;
     Ok(())
 }
 
+/// Ends the build's WAL: a switch to a fresh segment, then checkpoints, so the one segment
+/// kept by [`trim_wal`] holds no record of the load.
+pub const CHECKPOINTS: [&str; 6] = [
+    "-c",
+    "SELECT pg_switch_wal()",
+    "-c",
+    "CHECKPOINT",
+    "-c",
+    "CHECKPOINT",
+];
+
 /// Runs `psql` as the gateway's OS user against the socket in `sock`.
-async fn psql(
+pub async fn psql(
     bin: &Path,
     sock: &Path,
     user: &str,
@@ -386,7 +423,8 @@ async fn psql(
     Ok(())
 }
 
-fn tail(s: &str) -> String {
+/// The last 2000 bytes of a message.
+pub fn tail(s: &str) -> String {
     let s = s.trim();
     let start = s.len().saturating_sub(2000);
     let start = (start..=s.len())

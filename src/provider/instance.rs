@@ -14,6 +14,8 @@ use tokio::process::Child;
 
 use super::copy::{self, CopyMethod};
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
+use super::golden_build::LiveSpec;
+use super::versions::{self, Golden, GoldenInfo};
 use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
 use crate::pg::process::{self, ServerSpec};
 use crate::pg::user::{self, RunAs};
@@ -30,8 +32,10 @@ const DESTROY_GRACE: Duration = Duration::from_secs(5);
 /// Directory (under the real root, outside `instances/`, so `list()` never sees it) of the
 /// reference backend: a pristine fork of the golden that review diffs compare against.
 const REFERENCE_DIR: &str = "reference";
-/// Key of the reference server in the children map (token handles start with `sp_`).
+/// Key prefix of reference servers in the children map (token handles start with `sp_`).
 const REFERENCE_KEY: &str = "reference";
+/// File in an instance dir naming the golden version it was copied from.
+pub(super) const GOLDEN_FILE: &str = "golden-version";
 
 /// Settings of the `instance` provider.
 #[derive(Debug, Clone)]
@@ -69,15 +73,24 @@ impl InstanceConfig {
 
 /// Forks are separate Postgres servers on copies of a stopped golden data directory.
 pub struct InstanceProvider {
-    bins: PgBinaries,
-    run_as: RunAs,
-    netns: bool,
+    pub(super) bins: PgBinaries,
+    pub(super) run_as: RunAs,
+    pub(super) netns: bool,
     root: PathBuf,
-    real_root: PathBuf,
-    golden_dir: PathBuf,
-    instances: PathBuf,
+    pub(super) real_root: PathBuf,
+    /// The golden built from the configured SQL file (always kept).
+    pub(super) base: Golden,
+    /// The golden new forks copy.
+    pub(super) active: std::sync::RwLock<Golden>,
+    /// Held (shared) while a golden is being copied, (exclusive) while unused versions are
+    /// removed, so a version is never removed under a copy.
+    pub(super) versions_gate: tokio::sync::RwLock<()>,
+    /// One build from a live database at a time.
+    pub(super) build_lock: tokio::sync::Mutex<()>,
+    pub(super) gateway_user: String,
+    pub(super) instances: PathBuf,
     copy: CopyMethod,
-    max_connections: u32,
+    pub(super) max_connections: u32,
     settings: Vec<(String, String)>,
     /// Children we spawned, so exited ones are reaped; after a restart only pids are known.
     children: Mutex<HashMap<String, Child>>,
@@ -122,13 +135,21 @@ impl InstanceProvider {
             max_connections: cfg.max_connections,
         };
         let (golden_dir, _built) = golden::ensure(&ctx).await?;
+        let base = Golden::base(golden_dir);
+        versions::remove_unfinished(&real_root);
+        let active = versions::active_at_start(&real_root, &base);
+        tracing::info!(golden = %active.id, "active golden");
         let provider = InstanceProvider {
             bins,
             run_as,
             netns,
             root: cfg.root,
             real_root,
-            golden_dir,
+            base,
+            active: std::sync::RwLock::new(active),
+            versions_gate: tokio::sync::RwLock::new(()),
+            build_lock: tokio::sync::Mutex::new(()),
+            gateway_user,
             instances,
             copy,
             max_connections: cfg.max_connections,
@@ -137,18 +158,45 @@ impl InstanceProvider {
             reference_lock: tokio::sync::Mutex::new(()),
         };
         // A reference left by a crashed gateway may be a fork of an older golden: start afresh.
-        provider.remove_reference().await?;
+        provider.remove_references().await?;
+        // Versions whose last fork ended while the gateway was down.
+        provider.collect_versions().await;
         Ok(provider)
     }
 
-    /// Stops the reference server (if any) and removes its files.
-    async fn remove_reference(&self) -> Result<(), ProviderError> {
-        let inst = self.real_root.join(REFERENCE_DIR);
-        let sock = golden::socket_dir_for(&inst);
-        if inst.exists() {
-            self.stop_server(REFERENCE_KEY, &inst, Signal::SIGQUIT, DESTROY_GRACE)
+    /// Stops every reference server and removes their files (also the single `reference/`
+    /// of older gateways).
+    pub(super) async fn remove_references(&self) -> Result<(), ProviderError> {
+        let dir = self.real_root.join(REFERENCE_DIR);
+        if dir.join("data").exists() {
+            self.remove_reference_at(REFERENCE_KEY, &dir).await?;
+        }
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let id = e.file_name().to_string_lossy().to_string();
+                if validate_handle(&id).is_ok() && e.path().is_dir() {
+                    self.remove_reference(&id).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops the reference server of golden `id` (if any) and removes its files.
+    pub(super) async fn remove_reference(&self, id: &str) -> Result<(), ProviderError> {
+        let inst = self.real_root.join(REFERENCE_DIR).join(id);
+        self.remove_reference_at(&format!("{REFERENCE_KEY}-{id}"), &inst)
+            .await
+    }
+
+    async fn remove_reference_at(&self, key: &str, inst: &Path) -> Result<(), ProviderError> {
+        let sock = golden::socket_dir_for(inst);
+        if inst.join("data").exists() {
+            self.stop_server(key, inst, Signal::SIGQUIT, DESTROY_GRACE)
                 .await;
-            let dir = inst.clone();
+        }
+        if inst.exists() {
+            let dir = inst.to_path_buf();
             tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
                 _ => Ok(()),
@@ -156,18 +204,26 @@ impl InstanceProvider {
             .await
             .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
         }
-        golden::remove_socket_dir(&sock, &inst)?;
+        golden::remove_socket_dir(&sock, inst)?;
         Ok(())
     }
 
-    /// The running reference backend, forked from the golden on first use.
-    async fn reference_inner(&self) -> Result<Backend, ProviderError> {
+    /// The running reference backend of golden `version` (the active one when None),
+    /// forked from that golden on first use.
+    async fn reference_inner(&self, version: Option<&str>) -> Result<Backend, ProviderError> {
         let _guard = self.reference_lock.lock().await;
-        let inst = self.real_root.join(REFERENCE_DIR);
+        let _gate = self.versions_gate.read().await;
+        let golden = match version {
+            None => self.active_golden_now(),
+            Some(id) => self.find_golden(id)?,
+        };
+        let key = format!("{REFERENCE_KEY}-{}", golden.id);
+        make_dir(&self.real_root.join(REFERENCE_DIR), 0o711)?;
+        let inst = self.real_root.join(REFERENCE_DIR).join(&golden.id);
         let data = inst.join("data");
         let sock = golden::socket_dir_for(&inst);
         let backend = Backend {
-            handle: REFERENCE_KEY.to_string(),
+            handle: key.clone(),
             target: BackendTarget {
                 endpoint: Endpoint::unix(process::socket_path(&sock)),
                 user: AGENT.to_string(),
@@ -176,6 +232,7 @@ impl InstanceProvider {
             },
             method: "reference".to_string(),
             netns: self.netns,
+            golden: Some(golden.id.clone()),
         };
         if let Some(pf) = process::read_pid_file(&data) {
             if process::is_postmaster_of(pf.pid, &data)
@@ -187,16 +244,16 @@ impl InstanceProvider {
         }
         // Missing, stopped or half-started: nobody ever writes to it, so a fresh copy is
         // always equivalent and simpler than recovering the old one.
-        self.remove_reference().await?;
+        self.remove_reference(&golden.id).await?;
         let t0 = Instant::now();
         make_dir(&inst, 0o711)?;
-        let src = self.golden_dir.join("data");
+        let src = golden.dir.join("data");
         let (method, owner) = (self.copy, self.run_as.clone());
         tokio::task::spawn_blocking(move || copy::copy_tree(&src, &data, method, &owner))
             .await
             .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
-        if let Err(e) = self.start(REFERENCE_KEY, &inst).await {
-            let _ = self.remove_reference().await;
+        if let Err(e) = self.start(&key, &inst).await {
+            let _ = self.remove_reference(&golden.id).await;
             return Err(e);
         }
         tracing::info!(
@@ -216,9 +273,9 @@ impl InstanceProvider {
         SUPERUSER
     }
 
-    /// Directory of the current golden (its data dir is `<golden_dir>/data`).
+    /// Directory of the golden built from the SQL file (its data dir is `<golden_dir>/data`).
     pub fn golden_dir(&self) -> &Path {
-        &self.golden_dir
+        &self.base.dir
     }
 
     /// The real directory everything lives in (the configured root, or its fallback target).
@@ -248,6 +305,7 @@ impl InstanceProvider {
             },
             method: method.to_string(),
             netns: self.netns,
+            golden: versions::instance_golden(&inst),
         }
     }
 
@@ -283,7 +341,13 @@ impl InstanceProvider {
     }
 
     /// Stops whatever postmaster runs for `inst` with `sig`, waiting up to `grace`.
-    async fn stop_server(&self, handle: &str, inst: &Path, sig: Signal, grace: Duration) {
+    pub(super) async fn stop_server(
+        &self,
+        handle: &str,
+        inst: &Path,
+        sig: Signal,
+        grace: Duration,
+    ) {
         let data = inst.join("data");
         let mut child = self.lock_children().remove(handle);
         let child_pid = child.as_ref().and_then(|c| c.id()).map(|p| p as i32);
@@ -300,12 +364,19 @@ impl InstanceProvider {
 
     async fn fork_inner(&self, tag: &BackendTag, inst: &Path) -> Result<(), ProviderError> {
         let t0 = Instant::now();
-        let src = self.golden_dir.join("data");
-        let dst = inst.join("data");
-        let (method, owner) = (self.copy, self.run_as.clone());
-        tokio::task::spawn_blocking(move || copy::copy_tree(&src, &dst, method, &owner))
-            .await
-            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+        {
+            // The version is named before the gate is released, so it is never removed
+            // under this instance.
+            let _gate = self.versions_gate.read().await;
+            let golden = self.active_golden_now();
+            fs::write(inst.join(GOLDEN_FILE), &golden.id)?;
+            let src = golden.dir.join("data");
+            let dst = inst.join("data");
+            let (method, owner) = (self.copy, self.run_as.clone());
+            tokio::task::spawn_blocking(move || copy::copy_tree(&src, &dst, method, &owner))
+                .await
+                .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+        }
         let json =
             serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
         let mut f = fs::OpenOptions::new()
@@ -362,6 +433,7 @@ impl InstanceProvider {
         }
         golden::remove_socket_dir(&sock, &inst)?;
         tracing::debug!(handle, "instance destroyed");
+        self.collect_versions().await;
         Ok(())
     }
 
@@ -524,15 +596,37 @@ impl Provider for InstanceProvider {
         })
     }
 
-    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
-        Box::pin(self.reference_inner())
+    fn reference<'a>(
+        &'a self,
+        golden: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(self.reference_inner(golden))
     }
 
     fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
         Box::pin(async move {
             let _guard = self.reference_lock.lock().await;
-            self.remove_reference().await
+            self.remove_references().await
         })
+    }
+
+    fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
+        Box::pin(async move { self.list_goldens().await })
+    }
+
+    fn build_golden<'a>(
+        &'a self,
+        spec: &'a LiveSpec,
+    ) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
+        Box::pin(self.build_version(spec))
+    }
+
+    fn use_golden<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
+        Box::pin(self.use_version(id))
+    }
+
+    fn active_golden(&self) -> Option<String> {
+        Some(self.active_golden_now().id)
     }
 
     fn secrets(&self) -> Vec<String> {
@@ -552,7 +646,7 @@ impl Provider for InstanceProvider {
 }
 
 /// Handles become directory names: only a conservative alphabet, no path tricks.
-fn validate_handle(handle: &str) -> Result<(), ProviderError> {
+pub(super) fn validate_handle(handle: &str) -> Result<(), ProviderError> {
     let ok = !handle.is_empty()
         && handle.len() <= 64
         && !handle.starts_with('.')
@@ -568,7 +662,7 @@ fn validate_handle(handle: &str) -> Result<(), ProviderError> {
     }
 }
 
-fn make_dir(dir: &Path, mode: u32) -> Result<(), ProviderError> {
+pub(super) fn make_dir(dir: &Path, mode: u32) -> Result<(), ProviderError> {
     match fs::DirBuilder::new().mode(mode).create(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}

@@ -3,12 +3,15 @@
 
 pub mod copy;
 pub mod golden;
+pub mod golden_build;
 pub mod instance;
+pub mod mask;
 pub mod pool;
 pub mod remote;
 pub mod remote_api;
 pub mod template;
 pub mod tls;
+pub mod versions;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -112,6 +115,8 @@ pub struct Backend {
     pub method: String,
     /// Whether the backend runs in an empty network namespace.
     pub netns: bool,
+    /// Golden version it was copied from, for providers that keep versions.
+    pub golden: Option<String>,
 }
 
 /// Errors from a provider.
@@ -137,6 +142,18 @@ pub enum ProviderError {
     /// The admin connection of the template provider failed.
     #[error("template server: {0}")]
     Template(String),
+    /// The request itself is wrong (bad masking rules, bad DSN).
+    #[error("{0}")]
+    Invalid(String),
+    /// The provider cannot do this.
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+fn versions_unsupported<T>(name: &str) -> Result<T, ProviderError> {
+    Err(ProviderError::Unsupported(format!(
+        "golden versions and golden build are supported with the instance provider, not {name}"
+    )))
 }
 
 /// A source of scratch databases.
@@ -173,9 +190,14 @@ pub trait Provider: Send + Sync + 'static {
     /// (so a janitor cannot mistake it for a token's backend), replaced when the golden
     /// changes and removed by [`release_reference`].
     ///
+    /// `golden` names the version the scratch database was copied from (None: the active).
+    ///
     /// [`list`]: Provider::list
     /// [`release_reference`]: Provider::release_reference
-    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+    fn reference<'a>(
+        &'a self,
+        _golden: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async {
             Err(ProviderError::Other(format!(
                 "provider {} has no reference backend",
@@ -186,5 +208,27 @@ pub trait Provider: Send + Sync + 'static {
     /// Stop and remove the reference backend, if one runs (gateway shutdown). Idempotent.
     fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
         Box::pin(async { Ok(()) })
+    }
+    /// The golden versions, oldest first.
+    fn goldens(&self) -> BoxFuture<'_, Result<Vec<versions::GoldenInfo>, ProviderError>> {
+        Box::pin(async { versions_unsupported(self.name()) })
+    }
+    /// Build a new golden version from a live database (not yet used for new forks).
+    fn build_golden<'a>(
+        &'a self,
+        _spec: &'a golden_build::LiveSpec,
+    ) -> BoxFuture<'a, Result<versions::GoldenInfo, ProviderError>> {
+        Box::pin(async { versions_unsupported(self.name()) })
+    }
+    /// Make a version the one new forks copy; existing forks keep theirs.
+    fn use_golden<'a>(
+        &'a self,
+        _id: &'a str,
+    ) -> BoxFuture<'a, Result<versions::GoldenInfo, ProviderError>> {
+        Box::pin(async { versions_unsupported(self.name()) })
+    }
+    /// The version new forks copy, for providers that keep versions.
+    fn active_golden(&self) -> Option<String> {
+        None
     }
 }

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
+use super::golden_build::LiveSpec;
+use super::versions::GoldenInfo;
 use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 
 /// Prefix of the token id in the tag of an unclaimed pool member.
@@ -105,6 +107,12 @@ impl WarmPool {
                     .unwrap_or_else(|p| p.into_inner())
                     .retain(|h| h != &handle);
                 match forked {
+                    Ok(b) if b.golden != pool.inner.active_golden() => {
+                        // The golden changed while it was copied: not worth offering.
+                        if let Err(e) = pool.inner.destroy(&b.handle).await {
+                            tracing::warn!(handle = %b.handle, error = %e, "destroying a stale pool member failed");
+                        }
+                    }
                     Ok(b) => {
                         warm_up(&b).await;
                         pool.lock_ready().push_back(b);
@@ -156,7 +164,19 @@ impl Provider for WarmPool {
 
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
-            let claimed = self.lock_ready().pop_front();
+            let active = self.inner.active_golden();
+            let claimed = loop {
+                let next = self.lock_ready().pop_front();
+                match next {
+                    // A member of an older golden (the switch raced its claim): never handed out.
+                    Some(b) if b.golden != active => {
+                        if let Err(e) = self.inner.destroy(&b.handle).await {
+                            tracing::warn!(handle = %b.handle, error = %e, "destroying a stale pool member failed");
+                        }
+                    }
+                    other => break other,
+                }
+            };
             self.refill.notify_one();
             if let Some(mut b) = claimed {
                 metrics::gauge!("sandpit_pool_ready").set(self.ready() as f64);
@@ -213,8 +233,49 @@ impl Provider for WarmPool {
         self.inner.retag(handle, tag)
     }
 
-    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
-        self.inner.reference()
+    fn reference<'a>(
+        &'a self,
+        golden: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        self.inner.reference(golden)
+    }
+
+    fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
+        self.inner.goldens()
+    }
+
+    fn build_golden<'a>(
+        &'a self,
+        spec: &'a LiveSpec,
+    ) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
+        self.inner.build_golden(spec)
+    }
+
+    fn use_golden<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
+        Box::pin(async move {
+            let info = self.inner.use_golden(id).await?;
+            // Members of the old golden go; the refill copies the new one.
+            let stale: Vec<Backend> = {
+                let mut ready = self.lock_ready();
+                let (keep, stale): (Vec<Backend>, Vec<Backend>) = ready
+                    .drain(..)
+                    .partition(|b| b.golden.as_deref() == Some(info.id.as_str()));
+                *ready = keep.into();
+                stale
+            };
+            for b in stale {
+                if let Err(e) = self.inner.destroy(&b.handle).await {
+                    tracing::warn!(handle = %b.handle, error = %e, "destroying a stale pool member failed");
+                }
+            }
+            metrics::gauge!("sandpit_pool_ready").set(self.ready() as f64);
+            self.refill.notify_one();
+            Ok(info)
+        })
+    }
+
+    fn active_golden(&self) -> Option<String> {
+        self.inner.active_golden()
     }
 
     fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {

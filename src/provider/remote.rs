@@ -346,6 +346,7 @@ impl RemoteProvider {
             },
             method: method.to_string(),
             netns: false,
+            golden: None,
         })
     }
 
@@ -544,7 +545,11 @@ impl Provider for RemoteProvider {
         vec![self.base.clone()]
     }
 
-    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+    // One golden, no versions (golden builds are instance-only): one reference.
+    fn reference<'a>(
+        &'a self,
+        _golden: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(self.reference_inner())
     }
 

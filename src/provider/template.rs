@@ -252,6 +252,7 @@ impl TemplateProvider {
             },
             method: method.to_string(),
             netns: false,
+            golden: None,
         }
     }
 
@@ -646,7 +647,11 @@ impl Provider for TemplateProvider {
         self.secrets.clone()
     }
 
-    fn reference(&self) -> BoxFuture<'_, Result<Backend, ProviderError>> {
+    // One golden, no versions (golden builds are instance-only): one reference.
+    fn reference<'a>(
+        &'a self,
+        _golden: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(self.reference_inner())
     }
 

@@ -107,6 +107,9 @@ pub struct TokenRecord {
     pub backend: Option<String>,
     /// How many times a backend was forked for it (1 at most, unless its backend vanished).
     pub fork_count: u64,
+    /// Golden version its backend was copied from (providers with versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden: Option<String>,
     /// When it was expired or revoked.
     #[serde(with = "time::serde::rfc3339::option", default)]
     pub ended_at: Option<OffsetDateTime>,

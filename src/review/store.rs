@@ -179,7 +179,7 @@ async fn take_with(
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
             let reference = gw
                 .provider
-                .reference()
+                .reference(rec.golden.as_deref())
                 .await
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
             let opts = DiffOptions {
@@ -243,11 +243,11 @@ pub fn load(dir: &Path, task: &str, token: &str, f: Format) -> Option<String> {
 
 /// Called by the lifecycle after a fork: start the reference in the background, so the
 /// review at the end of the token does not wait for it (it is started once and kept).
-pub fn prepare(gw: &Gateway) {
+pub fn prepare(gw: &Gateway, golden: Option<String>) {
     if gw.config.review.on_end {
         let provider = gw.provider.clone();
         tokio::spawn(async move {
-            if let Err(e) = provider.reference().await {
+            if let Err(e) = provider.reference(golden.as_deref()).await {
                 tracing::warn!(error = %e, "starting the review reference failed");
             }
         });

@@ -142,6 +142,12 @@ impl SharedPg {
         )
     }
 
+    /// The server's log file (stderr of the postmaster).
+    #[allow(dead_code)]
+    pub fn log_path(&self) -> PathBuf {
+        self._tmp.path().join("postgres.log")
+    }
+
     /// An admin session over the unix socket, for the test's own checks.
     pub async fn admin(&self, db: &str) -> tokio_postgres::Client {
         let (c, conn) = tokio_postgres::Config::new()

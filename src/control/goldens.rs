@@ -1,0 +1,123 @@
+//! `/v1/goldens`: list golden versions, build one from a live database, switch new tokens
+//! to one. The source DSN is taken from the request body only; it is never logged or
+//! echoed (errors and listings show it without its password).
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+
+use super::{check_auth, error, ApiState};
+use crate::provider::golden_build::{LiveSpec, SourceDsn};
+use crate::provider::mask::MaskRules;
+use crate::provider::ProviderError;
+
+/// Body of `POST /v1/goldens`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildBody {
+    /// DSN of the source database (read only, in one read-only transaction).
+    pub from_dsn: String,
+    /// Only these schemas (all when empty).
+    #[serde(default)]
+    pub schemas: Vec<String>,
+    /// Tables left out (`pg_dump --exclude-table` patterns).
+    #[serde(default)]
+    pub exclude_tables: Vec<String>,
+    /// Masking rules, the text of a TOML rules file.
+    #[serde(default)]
+    pub mask: Option<String>,
+    /// Use the new version for new tokens right away.
+    #[serde(default)]
+    pub activate: bool,
+}
+
+fn provider_error(e: ProviderError) -> Response {
+    match e {
+        ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
+        ProviderError::NotFound(m) => error(StatusCode::NOT_FOUND, format!("unknown {m}")),
+        ProviderError::Unsupported(m) => error(StatusCode::NOT_IMPLEMENTED, m),
+        other => {
+            tracing::error!(error = %other, "golden request failed");
+            error(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())
+        }
+    }
+}
+
+/// `GET /v1/goldens`.
+pub async fn list(State(s): State<ApiState>, headers: HeaderMap) -> Response {
+    if let Err(r) = check_auth(&s, &headers) {
+        return r;
+    }
+    match s.gw.provider.goldens().await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => provider_error(e),
+    }
+}
+
+/// `POST /v1/goldens`: builds (and with `activate`, uses) a new version; answers when done.
+pub async fn build(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Json<BuildBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    if let Err(r) = check_auth(&s, &headers) {
+        return r;
+    }
+    let Json(b) = match body {
+        // The rejection text may quote the body: say only what kind of problem it was.
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "body must be JSON {{\"from_dsn\", \"schemas\", \"exclude_tables\", \"mask\", \"activate\"}} ({})",
+                    e.status()
+                ),
+            )
+        }
+        Ok(b) => b,
+    };
+    let source = match SourceDsn::parse(&b.from_dsn) {
+        Ok(s) => s,
+        Err(e) => return provider_error(e),
+    };
+    let mask = match b.mask.as_deref().map(MaskRules::parse).transpose() {
+        Ok(m) => m.unwrap_or_default(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let spec = LiveSpec {
+        source,
+        schemas: b.schemas,
+        exclude_tables: b.exclude_tables,
+        mask,
+    };
+    let built = match s.gw.provider.build_golden(&spec).await {
+        Ok(g) => g,
+        Err(e) => return provider_error(e),
+    };
+    let info = if b.activate {
+        match s.gw.provider.use_golden(&built.id).await {
+            Ok(g) => g,
+            Err(e) => return provider_error(e),
+        }
+    } else {
+        built
+    };
+    (StatusCode::CREATED, Json(info)).into_response()
+}
+
+/// `POST /v1/goldens/{id}/use`: new tokens' forks copy this version from now on.
+pub async fn use_version(
+    State(s): State<ApiState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = check_auth(&s, &headers) {
+        return r;
+    }
+    match s.gw.provider.use_golden(&id).await {
+        Ok(g) => Json(g).into_response(),
+        Err(e) => provider_error(e),
+    }
+}

@@ -1,0 +1,313 @@
+//! Filling a golden from a live database: `pg_dump` of the source (its own read-only,
+//! repeatable-read transaction) piped straight into `psql` as the agent in the staging
+//! cluster, then masking and sampling, then `VACUUM FULL` so no original value is left in
+//! dead tuples. The source's password only ever travels in the child's environment.
+
+use std::path::Path;
+use std::process::Stdio;
+
+use serde::Serialize;
+
+use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
+use super::mask::{self, MaskReport, MaskRules};
+use super::ProviderError;
+use crate::pg::process;
+
+/// A source database, parsed from a DSN (URL or `key=value` form).
+#[derive(Clone)]
+pub struct SourceDsn {
+    hosts: Vec<String>,
+    ports: Vec<u16>,
+    user: Option<String>,
+    password: Option<String>,
+    dbname: Option<String>,
+    sslmode: &'static str,
+}
+
+impl std::fmt::Debug for SourceDsn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.write_str(&self.describe())
+    }
+}
+
+impl SourceDsn {
+    /// Parses a libpq-style DSN.
+    pub fn parse(dsn: &str) -> Result<SourceDsn, ProviderError> {
+        let cfg: tokio_postgres::Config = dsn.parse().map_err(|e| {
+            // The parser's message never quotes the password; the DSN itself is not echoed.
+            ProviderError::Invalid(format!("from_dsn is not a valid PostgreSQL DSN: {e}"))
+        })?;
+        let hosts: Vec<String> = cfg
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(s) => s.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .collect();
+        if hosts.is_empty() {
+            return Err(ProviderError::Invalid("from_dsn names no host".to_string()));
+        }
+        let sslmode = match cfg.get_ssl_mode() {
+            tokio_postgres::config::SslMode::Disable => "disable",
+            tokio_postgres::config::SslMode::Require => "require",
+            _ => "prefer",
+        };
+        Ok(SourceDsn {
+            hosts,
+            ports: cfg.get_ports().to_vec(),
+            user: cfg.get_user().map(str::to_string),
+            password: cfg
+                .get_password()
+                .map(|p| String::from_utf8_lossy(p).into_owned()),
+            dbname: cfg.get_dbname().map(str::to_string),
+            sslmode,
+        })
+    }
+
+    /// `postgresql://user@host:port/db`, without the password: safe to store and show.
+    pub fn describe(&self) -> String {
+        let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
+        format!(
+            "postgresql://{}{}{}/{}",
+            self.user
+                .as_deref()
+                .map(|u| format!("{u}@"))
+                .unwrap_or_default(),
+            self.hosts.join(","),
+            if ports.is_empty() {
+                String::new()
+            } else {
+                format!(":{}", ports.join(","))
+            },
+            self.dbname.as_deref().unwrap_or("")
+        )
+    }
+
+    /// The password, so callers can check it went nowhere.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// libpq environment for `pg_dump`: nothing on its command line, which others can read.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("PGHOST", self.hosts.join(",")),
+            ("PGSSLMODE", self.sslmode.to_string()),
+            ("PGAPPNAME", "sandpit golden build".to_string()),
+            ("PGCONNECT_TIMEOUT", "10".to_string()),
+        ];
+        if !self.ports.is_empty() {
+            let p: Vec<String> = self.ports.iter().map(u16::to_string).collect();
+            env.push(("PGPORT", p.join(",")));
+        }
+        if let Some(u) = &self.user {
+            env.push(("PGUSER", u.clone()));
+        }
+        if let Some(d) = &self.dbname {
+            env.push(("PGDATABASE", d.clone()));
+        }
+        if let Some(p) = &self.password {
+            env.push(("PGPASSWORD", p.clone()));
+        }
+        env
+    }
+}
+
+/// What to copy from the source and how to mask it.
+#[derive(Debug, Clone)]
+pub struct LiveSpec {
+    /// The source.
+    pub source: SourceDsn,
+    /// Only these schemas (all when empty).
+    pub schemas: Vec<String>,
+    /// Tables left out (`pg_dump --exclude-table` patterns).
+    pub exclude_tables: Vec<String>,
+    /// Masking and sampling rules.
+    pub mask: MaskRules,
+}
+
+/// What a build from a live database did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BuildReport {
+    /// Tables in the golden.
+    pub tables: u64,
+    /// Masking and sampling.
+    #[serde(flatten)]
+    pub mask: MaskReport,
+}
+
+fn name_ok(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 200 && !s.contains('\0') && !s.starts_with('-')
+}
+
+/// Dump, restore, mask, vacuum, checkpoint; the server in `sock` is a fresh staging cluster.
+pub async fn load(
+    ctx: &GoldenCtx<'_>,
+    sock: &Path,
+    spec: &LiveSpec,
+) -> Result<BuildReport, ProviderError> {
+    for s in spec.schemas.iter().chain(&spec.exclude_tables) {
+        if !name_ok(s) {
+            return Err(ProviderError::Invalid(format!(
+                "schema or table pattern {s:?} is not allowed"
+            )));
+        }
+    }
+    golden::create_roles(ctx, sock).await?;
+    copy_source(ctx, sock, spec).await?;
+    let mut client = superuser_client(sock).await?;
+    let tables: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+               AND n.nspname NOT LIKE 'pg\\_toast%'",
+            &[],
+        )
+        .await
+        .map_err(|e| ProviderError::Golden(format!("counting tables: {e}")))?
+        .get(0);
+    let mask = mask::apply(&mut client, &spec.mask)
+        .await
+        .map_err(|e| match e {
+            mask::MaskError::Invalid(_) => ProviderError::Invalid(e.to_string()),
+            mask::MaskError::Apply(_) => ProviderError::Golden(e.to_string()),
+        })?;
+    // Rewrites every table and index: the rows before masking and sampling become
+    // unreachable files that are truncated at once, not dead tuples in live pages.
+    client
+        .batch_execute("VACUUM (FULL, ANALYZE)")
+        .await
+        .map_err(|e| ProviderError::Golden(format!("VACUUM FULL: {e}")))?;
+    drop(client);
+    golden::psql(
+        &ctx.bins.psql,
+        sock,
+        SUPERUSER,
+        "postgres",
+        &golden::CHECKPOINTS,
+    )
+    .await?;
+    Ok(BuildReport {
+        tables: tables as u64,
+        mask,
+    })
+}
+
+async fn superuser_client(sock: &Path) -> Result<tokio_postgres::Client, ProviderError> {
+    let (client, conn) = tokio_postgres::Config::new()
+        .host_path(sock)
+        .port(process::PORT)
+        .user(SUPERUSER)
+        .dbname(DATABASE)
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| ProviderError::Golden(format!("connecting to the staging copy: {e}")))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(client)
+}
+
+/// `pg_dump` of the source into `psql` as the agent, one transaction, nothing on disk
+/// between them. pg_dump reads inside `BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY`
+/// (it sets that itself), so the source only ever sees reads.
+async fn copy_source(
+    ctx: &GoldenCtx<'_>,
+    sock: &Path,
+    spec: &LiveSpec,
+) -> Result<(), ProviderError> {
+    let mut dump = tokio::process::Command::new(ctx.bins.bin_dir.join("pg_dump"));
+    dump.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .envs(spec.source.env())
+        .args([
+            "--format=plain",
+            "--no-owner",
+            "--no-privileges",
+            "--no-tablespaces",
+            "--no-publications",
+            "--no-subscriptions",
+            "--no-security-labels",
+            "--no-comments",
+        ]);
+    for s in &spec.schemas {
+        dump.arg(format!("--schema={s}"));
+    }
+    for t in &spec.exclude_tables {
+        dump.arg(format!("--exclude-table={t}"));
+    }
+    let mut dump = dump
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| ProviderError::Golden(format!("running pg_dump: {e}")))?;
+    let Some(out) = dump.stdout.take() else {
+        return Err(ProviderError::Golden("pg_dump has no stdout".into()));
+    };
+    let out: Stdio = out
+        .try_into()
+        .map_err(|e| ProviderError::Golden(format!("piping pg_dump: {e}")))?;
+    let restore = tokio::process::Command::new(&ctx.bins.psql)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "--single-transaction",
+            "-p",
+            &process::PORT.to_string(),
+        ])
+        .arg("-h")
+        .arg(sock)
+        .args(["-U", AGENT, "-d", DATABASE])
+        .stdin(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+    let (dumped, restored) = tokio::join!(dump.wait_with_output(), restore.wait_with_output());
+    let dumped = dumped.map_err(|e| ProviderError::Golden(format!("pg_dump: {e}")))?;
+    let restored = restored.map_err(|e| ProviderError::Golden(format!("psql: {e}")))?;
+    // A failed restore breaks pg_dump's pipe too: its own message is the cause.
+    if !restored.status.success() {
+        return Err(ProviderError::Golden(format!(
+            "restoring the dump as {AGENT} failed: {}",
+            golden::tail(&String::from_utf8_lossy(&restored.stderr))
+        )));
+    }
+    if !dumped.status.success() {
+        return Err(ProviderError::Golden(format!(
+            "pg_dump of {} failed: {}",
+            spec.source.describe(),
+            golden::tail(&String::from_utf8_lossy(&dumped.stderr))
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn describe_leaves_the_password_out() {
+        let d =
+            SourceDsn::parse("postgresql://alice:s3cr3t-pw@db.example:5433/shop?sslmode=require")
+                .unwrap();
+        assert_eq!(d.describe(), "postgresql://alice@db.example:5433/shop");
+        assert!(!format!("{d:?}").contains("s3cr3t"));
+        assert_eq!(d.password(), Some("s3cr3t-pw"));
+        let env = d.env();
+        assert!(env.contains(&("PGSSLMODE", "require".into())));
+        let kv = SourceDsn::parse("host=127.0.0.1 port=5 user=u password=p dbname=d").unwrap();
+        assert_eq!(kv.describe(), "postgresql://u@127.0.0.1:5/d");
+        assert!(SourceDsn::parse("not a dsn at all ===").is_err());
+    }
+}
