@@ -44,6 +44,9 @@ pub struct TemplateConfig {
     pub ca_file: Option<PathBuf>,
     /// File holding the key task-role passwords are derived from (created, mode 0600).
     pub key_file: PathBuf,
+    /// The key itself, hex, when replicas share it (from the shared registry); `key_file`
+    /// is then not used.
+    pub shared_key: Option<String>,
 }
 
 /// What a scratch database's comment holds.
@@ -162,7 +165,10 @@ impl TemplateProvider {
             None => return Err(tpl("template.admin_dsn names no host")),
         };
         let admin_db = admin.get_dbname().unwrap_or(&user).to_string();
-        let key = load_key(&cfg.key_file)?;
+        let key = match &cfg.shared_key {
+            Some(k) => hex::decode(k).map_err(|e| tpl(format!("shared template key: {e}")))?,
+            None => load_key(&cfg.key_file)?,
+        };
         let mut p = TemplateProvider {
             admin,
             admin_db,
