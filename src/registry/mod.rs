@@ -164,19 +164,20 @@ impl Registry {
     }
 
     /// Connect to the shared registry, create its tables if needed, load every token, and
-    /// follow changes made by other replicas (LISTEN/NOTIFY, and a full re-read every
-    /// `refresh`). Changed records are offered once through [`Registry::take_changes`].
+    /// follow changes made by other replicas (LISTEN/NOTIFY, and a re-read of the rows
+    /// changed since the last one every `refresh`). Changed records are offered once through [`Registry::take_changes`].
     pub async fn open_postgres(
         cfg: &PgRegistryConfig,
         refresh: Duration,
     ) -> Result<Registry, RegistryError> {
         let store = Arc::new(PgStore::open(cfg).await?);
         let cache = Arc::new(DashMap::new());
-        for rec in store.list().await? {
+        let (all, since) = store.changed_since(None).await?;
+        for rec in all {
             cache.insert(rec.id.clone(), rec);
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let follower = tokio::spawn(follow(store.clone(), cache.clone(), tx, refresh));
+        let follower = tokio::spawn(follow(store.clone(), cache.clone(), tx, refresh, since));
         Ok(Registry {
             cache,
             store: Store::Postgres(store),
@@ -321,31 +322,27 @@ fn absorb(cache: &DashMap<String, TokenRecord>, rec: TokenRecord) -> Option<Toke
 }
 
 /// Keeps memory in step with the shared store: a re-read of the token named by each
-/// notification, and of everything at (re)connect and every `refresh`.
+/// notification, and of what changed since the last re-read at (re)connect and every
+/// `refresh`.
 async fn follow(
     store: Arc<PgStore>,
     cache: Arc<DashMap<String, TokenRecord>>,
     tx: mpsc::UnboundedSender<TokenRecord>,
     refresh: Duration,
+    since: OffsetDateTime,
 ) {
-    let refresh_all = || async {
-        match store.list().await {
-            Ok(all) => {
-                for rec in all {
-                    if let Some(r) = absorb(&cache, rec) {
-                        let _ = tx.send(r);
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "re-reading the token registry failed"),
-        }
+    let mut f = Follower {
+        store,
+        cache,
+        tx,
+        since: Some(since),
     };
     loop {
-        match store.listen().await {
+        match f.store.listen().await {
             Ok((_client, mut ids)) => {
                 tracing::debug!("following the shared token registry");
                 // Anything missed while not listening.
-                refresh_all().await;
+                f.refresh().await;
                 let mut tick = tokio::time::interval(refresh.max(Duration::from_millis(100)));
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 tick.tick().await;
@@ -353,17 +350,9 @@ async fn follow(
                     tokio::select! {
                         id = ids.recv() => {
                             let Some(id) = id else { break };
-                            match store.get(&id).await {
-                                Ok(Some(rec)) => {
-                                    if let Some(r) = absorb(&cache, rec) {
-                                        let _ = tx.send(r);
-                                    }
-                                }
-                                Ok(None) => {}
-                                Err(e) => tracing::warn!(token = %id, error = %e, "reading a changed token failed"),
-                            }
+                            f.reread(&id).await;
                         }
-                        _ = tick.tick() => refresh_all().await,
+                        _ = tick.tick() => f.refresh().await,
                     }
                 }
                 tracing::warn!("lost the registry change feed; reconnecting");
@@ -372,6 +361,40 @@ async fn follow(
         }
         metrics::counter!("sandpit_registry_reconnects_total").increment(1);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        refresh_all().await;
+    }
+}
+
+struct Follower {
+    store: Arc<PgStore>,
+    cache: Arc<DashMap<String, TokenRecord>>,
+    tx: mpsc::UnboundedSender<TokenRecord>,
+    since: Option<OffsetDateTime>,
+}
+
+impl Follower {
+    fn offer(&self, rec: TokenRecord) {
+        if let Some(r) = absorb(&self.cache, rec) {
+            let _ = self.tx.send(r);
+        }
+    }
+
+    async fn reread(&self, id: &str) {
+        match self.store.get(id).await {
+            Ok(Some(rec)) => self.offer(rec),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(token = %id, error = %e, "reading a changed token failed"),
+        }
+    }
+
+    async fn refresh(&mut self) {
+        match self.store.changed_since(self.since).await {
+            Ok((recs, now)) => {
+                for rec in recs {
+                    self.offer(rec);
+                }
+                self.since = Some(now);
+            }
+            Err(e) => tracing::warn!(error = %e, "re-reading the token registry failed"),
+        }
     }
 }

@@ -8,6 +8,7 @@
 use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
+use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tokio_postgres::config::Host;
 use tokio_postgres::tls::NoTlsStream;
@@ -31,6 +32,7 @@ CREATE TABLE IF NOT EXISTS sandpit_tokens (
     state text NOT NULL,
     record jsonb NOT NULL,
     updated_at timestamptz NOT NULL DEFAULT now());
+CREATE INDEX IF NOT EXISTS sandpit_tokens_updated_at ON sandpit_tokens (updated_at);
 CREATE TABLE IF NOT EXISTS sandpit_settings (name text PRIMARY KEY, value text NOT NULL);
 CREATE TABLE IF NOT EXISTS sandpit_cancel_keys (
     pid int4 NOT NULL,
@@ -307,6 +309,41 @@ impl PgStore {
                 decode(&id, r.get(1))
             })
             .collect()
+    }
+
+    /// Tokens changed since `since` (all when None), and the server's time before the read:
+    /// the `since` of the next call. A minute's margin covers transactions that began before
+    /// that time and committed after the read (updates are single short transactions).
+    pub async fn changed_since(
+        &self,
+        since: Option<OffsetDateTime>,
+    ) -> Result<(Vec<TokenRecord>, OffsetDateTime), RegistryError> {
+        let c = self.client().await?;
+        let now: OffsetDateTime = c
+            .query_one("SELECT now()", &[])
+            .await
+            .map_err(|e| db("reading the server time", e))?
+            .get(0);
+        let rows = match since {
+            None => c.query("SELECT id, record FROM sandpit_tokens", &[]).await,
+            Some(t) => {
+                let from = t - time::Duration::minutes(1);
+                c.query(
+                    "SELECT id, record FROM sandpit_tokens WHERE updated_at >= $1",
+                    &[&from],
+                )
+                .await
+            }
+        }
+        .map_err(|e| db("listing tokens", e))?;
+        let recs = rows
+            .into_iter()
+            .map(|r| {
+                let id: String = r.get(0);
+                decode(&id, r.get(1))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((recs, now))
     }
 
     /// Read-modify-write of one token in a transaction holding its row lock, so concurrent
