@@ -67,33 +67,6 @@ pub struct Config {
     pub registry: RegistrySection,
 }
 
-/// `[registry]`: the token store. Unset `url` = files in the data dir (one gateway);
-/// a `postgresql://` URL = tables in that database, shared by every replica using it.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RegistrySection {
-    /// `postgresql://user:password@host:port/database` of the shared registry.
-    pub url: Option<String>,
-    /// TLS to the registry server: "disable", "require", "verify-full"; default: the URL's.
-    pub sslmode: Option<String>,
-    /// CA certificate file to verify the registry server with.
-    pub ca_file: Option<PathBuf>,
-    /// Full re-read of the shared registry, the fallback to LISTEN/NOTIFY.
-    #[serde(deserialize_with = "de_duration")]
-    pub refresh_interval: Duration,
-}
-
-impl Default for RegistrySection {
-    fn default() -> Self {
-        RegistrySection {
-            url: None,
-            sslmode: None,
-            ca_file: None,
-            refresh_interval: Duration::from_secs(5),
-        }
-    }
-}
-
 /// Warm pool settings.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -413,7 +386,7 @@ impl Default for ReviewConfig {
     }
 }
 
-fn check_sslmode(key: &'static str, v: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_sslmode(key: &'static str, v: &str) -> Result<(), ConfigError> {
     if crate::provider::tls::SslMode::parse(v).is_none() {
         return Err(ConfigError::Invalid {
             key,
@@ -604,42 +577,6 @@ impl Config {
         Ok(())
     }
 
-    /// A shared registry needs backends every replica can reach, and no per-replica pool.
-    fn validate_shared_registry(&self, url: &str) -> Result<(), ConfigError> {
-        if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
-            return Err(ConfigError::Invalid {
-                key: "registry.url",
-                message: "must be a postgresql:// URL (leave it unset for the file registry)"
-                    .into(),
-            });
-        }
-        if let Some(m) = &self.registry.sslmode {
-            check_sslmode("registry.sslmode", m)?;
-        }
-        if self.provider == "instance" {
-            return Err(ConfigError::Invalid {
-                key: "registry.url",
-                message: "a shared registry needs provider \"template\" or \"remote\": \
-                          \"instance\" backends listen on unix sockets in one machine's data dir, \
-                          which other replicas cannot reach"
-                    .into(),
-            });
-        }
-        if self.pool.size > 0 {
-            return Err(ConfigError::Invalid {
-                key: "pool.size",
-                message: "the warm pool is per gateway and not supported with a shared registry; set it to 0".into(),
-            });
-        }
-        if self.registry.refresh_interval < Duration::from_millis(100) {
-            return Err(ConfigError::Invalid {
-                key: "registry.refresh_interval",
-                message: "must be at least 100ms".into(),
-            });
-        }
-        Ok(())
-    }
-
     /// Host for DSNs.
     pub fn dsn_host(&self) -> String {
         match &self.public_host {
@@ -649,6 +586,10 @@ impl Config {
         }
     }
 }
+
+#[path = "config_registry.rs"]
+mod registry_section;
+pub use registry_section::RegistrySection;
 
 #[cfg(test)]
 #[path = "config_tests.rs"]
