@@ -127,6 +127,24 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         assert!(dbs.iter().all(|d| d == &id(&race)), "{dbs:?}");
         assert_eq!(b.show(&id(&race))["fork_count"], 1, "{}", b.show(&id(&race)));
 
+        // Printed, not asserted: connect + one query through each replica (each session
+        // start records a cancel key in the shared registry).
+        for (name, g) in [("A", &a), ("B", &b)] {
+            let d = dsn_on(&race, g);
+            let mut ms = Vec::new();
+            for _ in 0..15 {
+                let t0 = std::time::Instant::now();
+                database_of(&d).await;
+                ms.push(t0.elapsed().as_secs_f64() * 1000.0);
+            }
+            ms.sort_by(f64::total_cmp);
+            eprintln!(
+                "replica {name}: connect + query median {:.1} ms, max {:.1} ms",
+                ms[ms.len() / 2],
+                ms[ms.len() - 1]
+            );
+        }
+
         // A CancelRequest for a session on A, sent to B, cancels the query on A.
         let victim = connect(&on_a).await.expect("session on A");
         let cancel = victim.cancel_token();
@@ -215,4 +233,32 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
             metric(&a, "sandpit_destroys_total") + metric(&b, "sandpit_destroys_total");
         assert_eq!(destroys, 2.0, "each backend destroyed once");
     });
+}
+
+#[test]
+fn shared_registry_with_the_instance_provider_is_refused_at_start() {
+    let tmp = common::tempdir();
+    let cfg = tmp.path().join("sandpit.toml");
+    std::fs::write(
+        &cfg,
+        "[registry]\nurl = \"postgresql://sandpit@127.0.0.1:1/sandpit_registry\"\n",
+    )
+    .expect("write config");
+    let data = tmp.path().join("data");
+    let (code, _, err) = common::run_sandpit(
+        &[
+            "serve",
+            "--config",
+            &cfg.to_string_lossy(),
+            "--data-dir",
+            &data.to_string_lossy(),
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("registry.url") && err.contains("instance"),
+        "{err}"
+    );
+    assert!(!data.exists(), "nothing started: {err}");
 }
