@@ -63,6 +63,8 @@ pub struct Config {
     pub pool: PoolConfig,
     /// Review diffs against the golden.
     pub review: ReviewConfig,
+    /// Where tokens are kept: the data dir (default) or a Postgres database replicas share.
+    pub registry: RegistrySection,
 }
 
 /// Warm pool settings.
@@ -125,6 +127,7 @@ impl Default for Config {
             log: LogConfig::default(),
             pool: PoolConfig::default(),
             review: ReviewConfig::default(),
+            registry: RegistrySection::default(),
         }
     }
 }
@@ -383,7 +386,7 @@ impl Default for ReviewConfig {
     }
 }
 
-fn check_sslmode(key: &'static str, v: &str) -> Result<(), ConfigError> {
+pub(crate) fn check_sslmode(key: &'static str, v: &str) -> Result<(), ConfigError> {
     if crate::provider::tls::SslMode::parse(v).is_none() {
         return Err(ConfigError::Invalid {
             key,
@@ -562,6 +565,9 @@ impl Config {
                 message: format!("{tfl:?} is not a size like \"1GB\", \"500MB\" or \"-1\""),
             });
         }
+        if let Some(url) = &self.registry.url {
+            self.validate_shared_registry(url)?;
+        }
         if self.tokens.ttl > self.tokens.max_ttl {
             return Err(ConfigError::Invalid {
                 key: "tokens.ttl",
@@ -580,6 +586,10 @@ impl Config {
         }
     }
 }
+
+#[path = "config_registry.rs"]
+mod registry_section;
+pub use registry_section::RegistrySection;
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

@@ -100,3 +100,32 @@ fn env_overrides_and_their_errors_name_the_variable() {
         .to_string();
     assert!(e.contains("intervall"), "{e}");
 }
+
+#[test]
+fn shared_registry_needs_network_backends_and_no_pool() {
+    let tpl = "provider = \"template\"\n[template]\nadmin_dsn = \"postgresql://a@h/db\"\n";
+    let url = "[registry]\nurl = \"postgresql://r@h/reg\"\n";
+    // The default provider keeps backends on this machine's unix sockets: refused.
+    let c: Config = toml::from_str(url).unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("registry.url") && e.contains("instance"), "{e}");
+    let c: Config = toml::from_str(&format!("{tpl}{url}")).unwrap();
+    c.validate().unwrap();
+    let c: Config = toml::from_str(&format!("{tpl}[pool]\nsize = 2\n{url}")).unwrap();
+    assert!(c.validate().unwrap_err().to_string().contains("pool.size"));
+    let c: Config =
+        toml::from_str(&format!("{tpl}[registry]\nurl = \"mysql://r@h/reg\"\n")).unwrap();
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("registry.url"));
+    let c: Config = toml::from_str(&format!("{tpl}{url}sslmode = \"prefer\"\n")).unwrap();
+    assert!(c
+        .validate()
+        .unwrap_err()
+        .to_string()
+        .contains("registry.sslmode"));
+    // The file registry stays the default.
+    assert!(Config::default().registry.url.is_none());
+}

@@ -18,6 +18,7 @@ use crate::provider::template::{TemplateConfig, TemplateProvider};
 use crate::provider::tls::SslMode;
 use crate::provider::Provider;
 use crate::proxy::{tls, Proxy};
+use crate::registry::postgres::PgRegistryConfig;
 use crate::registry::Registry;
 
 /// The demo golden shipped with the binary, used when no golden SQL is configured.
@@ -87,7 +88,11 @@ fn prepare_data_dir(dir: &Path) -> Result<(), ServeError> {
 }
 
 /// The provider the config names, ready to fork.
-async fn build_provider(cfg: &Config, data_dir: &Path) -> Result<Arc<dyn Provider>, ServeError> {
+async fn build_provider(
+    cfg: &Config,
+    data_dir: &Path,
+    shared_key: Option<String>,
+) -> Result<Arc<dyn Provider>, ServeError> {
     let mode = |m: &str| SslMode::parse(m).unwrap_or(SslMode::Require);
     match cfg.provider.as_str() {
         "template" => {
@@ -100,6 +105,7 @@ async fn build_provider(cfg: &Config, data_dir: &Path) -> Result<Arc<dyn Provide
                 sslmode: t.sslmode.as_deref().map(mode),
                 ca_file: t.ca_file.clone(),
                 key_file: data_dir.join("template.key"),
+                shared_key,
             })
             .await?;
             Ok(Arc::new(p))
@@ -187,8 +193,32 @@ pub async fn run(
         })?
         .unwrap_or_default();
 
-    let provider = build_provider(&cfg, &data_dir).await?;
-    let registry = Registry::open(&data_dir.join("tokens"))?;
+    // The registry first: with a shared one, the template provider's key lives in it.
+    let registry = match &cfg.registry.url {
+        None => Registry::open(&data_dir.join("tokens"))?,
+        Some(url) => {
+            let mode = |m: &str| SslMode::parse(m).unwrap_or(SslMode::Require);
+            Registry::open_postgres(
+                &PgRegistryConfig {
+                    url: url.clone(),
+                    sslmode: cfg.registry.sslmode.as_deref().map(mode),
+                    ca_file: cfg.registry.ca_file.clone(),
+                },
+                cfg.registry.refresh_interval,
+            )
+            .await?
+        }
+    };
+    let shared_key = match registry.shared() {
+        // Every replica derives the same task-role passwords, so any of them can log in to
+        // a scratch database another one forked.
+        Some(s) => Some(
+            s.setting_or_init("template_key", &hex::encode(rand::random::<[u8; 32]>()))
+                .await?,
+        ),
+        None => None,
+    };
+    let provider = build_provider(&cfg, &data_dir, shared_key).await?;
     let tls = tls::acceptor(
         &cfg.tls,
         &data_dir,
@@ -220,10 +250,25 @@ pub async fn run(
             source,
         })?;
 
-    let gateway_id = janitor::gateway_id(&data_dir).map_err(|source| ServeError::DataDir {
+    let replica_id = janitor::gateway_id(&data_dir).map_err(|source| ServeError::DataDir {
         path: data_dir.join(janitor::GATEWAY_ID_FILE),
         source,
     })?;
+    // Replicas sharing a registry are one gateway to the janitor: they tag backends alike,
+    // so any of them may reap what a token of the registry no longer needs.
+    let gateway_id = match registry.shared() {
+        Some(s) => {
+            let removed = s.cancel_purge(Some(&replica_id)).await?;
+            if removed > 0 {
+                tracing::info!(
+                    removed,
+                    "cancel keys left by this replica's last run removed"
+                );
+            }
+            s.setting_or_init("gateway_id", &replica_id).await?
+        }
+        None => replica_id.clone(),
+    };
     let mut cfg = cfg;
     cfg.data_dir = data_dir;
     cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
@@ -237,6 +282,7 @@ pub async fn run(
         None => provider,
     };
     let gw = Gateway::with_id(cfg, registry, provider, gateway_id);
+    let follower = gw.follow_replicas();
     gw.resume().await;
     // Before `ready`: whatever an earlier (killed) run left behind is settled first.
     match janitor::run_pass(&gw, false).await {
@@ -280,7 +326,7 @@ pub async fn run(
         })
     });
 
-    let proxy = Proxy::new(gw.clone(), tls);
+    let proxy = Proxy::new(gw.clone(), tls, replica_id);
     let pg_task = tokio::spawn(proxy.serve(pg_listener, stop.clone()));
     let api = control::router(ApiState {
         gw: gw.clone(),
@@ -335,6 +381,9 @@ pub async fn run(
         p.drain().await;
     }
     syncer.abort();
+    if let Some(f) = follower {
+        f.abort();
+    }
     if let Some(s) = suspender {
         s.abort();
     }

@@ -299,6 +299,7 @@ async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
         sslmode: Some(mode),
         ca_file: ca,
         key_file: key.path().join("k"),
+        shared_key: None,
     };
     let p = TemplateProvider::new(cfg(
         SslMode::VerifyFull,

@@ -133,7 +133,7 @@ async fn issue_token(
         idle_in_transaction_timeout: b.idle_in_transaction_timeout_ms.map(Duration::from_millis),
         metadata: b.metadata,
     };
-    match s.gw.issue(req) {
+    match s.gw.issue(req).await {
         Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),
         Err(e) => lifecycle_error(e),
     }
@@ -143,7 +143,12 @@ async fn list_tokens(State(s): State<ApiState>, headers: HeaderMap) -> Response 
     if let Err(r) = check_auth(&s, &headers) {
         return r;
     }
-    let views: Vec<_> = s.gw.registry.list().iter().map(|r| s.gw.view(r)).collect();
+    // Read afresh: with a shared registry, tokens of every replica.
+    let records = match s.gw.registry.list_fresh().await {
+        Ok(r) => r,
+        Err(e) => return lifecycle_error(e.into()),
+    };
+    let views: Vec<_> = records.iter().map(|r| s.gw.view(r)).collect();
     Json(views).into_response()
 }
 
@@ -155,9 +160,10 @@ async fn show_token(
     if let Err(r) = check_auth(&s, &headers) {
         return r;
     }
-    match s.gw.registry.get(&id) {
-        Some(r) => Json(s.gw.view(&r)).into_response(),
-        None => error(StatusCode::NOT_FOUND, format!("unknown token {id}")),
+    match s.gw.registry.fresh(&id).await {
+        Ok(Some(r)) => Json(s.gw.view(&r)).into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, format!("unknown token {id}")),
+        Err(e) => lifecycle_error(e.into()),
     }
 }
 

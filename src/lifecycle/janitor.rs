@@ -8,7 +8,7 @@
 //! change for a known token is made holding that token's backend mutex, the one a fork holds
 //! from start to registry record, so a fork in progress is never raced.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -159,6 +159,15 @@ pub fn refresh_gauges(gw: &Gateway) {
 /// one backend are recorded and the pass goes on.
 pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, LifecycleError> {
     let _one_at_a_time = gw.janitor_lock.lock().await;
+    // And one at a time across replicas sharing a registry.
+    let _across = gw.registry.lock("janitor").await?;
+    let records: HashMap<String, TokenRecord> = gw
+        .registry
+        .list_fresh()
+        .await?
+        .into_iter()
+        .map(|r| (r.id.clone(), r))
+        .collect();
     let listed = gw.provider.list().await?;
     let now = OffsetDateTime::now_utc();
     let mut report = ReapReport {
@@ -185,7 +194,7 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             });
             continue;
         }
-        let rec = gw.registry.get(&tag.token_id);
+        let rec = records.get(&tag.token_id).cloned();
         let foreign = !tag.gateway_id.is_empty() && tag.gateway_id != gw.gateway_id;
         if rec.is_none() && foreign {
             report.skipped.push(Skipped {
@@ -219,7 +228,7 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         }
     }
 
-    for rec in gw.registry.list() {
+    for rec in records.values() {
         let Some(h) = rec.backend.as_deref() else {
             continue;
         };
@@ -243,6 +252,12 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
     }
 
     if !dry_run {
+        if let Some(shared) = gw.registry.shared() {
+            // Cancel keys of sessions whose token has ended.
+            if let Err(e) = shared.cancel_purge(None).await {
+                report.errors.push(format!("cancel keys: {e}"));
+            }
+        }
         metrics::counter!("sandpit_janitor_runs_total").increment(1);
         if !report.errors.is_empty() {
             metrics::counter!("sandpit_janitor_errors_total").increment(report.errors.len() as u64);
@@ -295,7 +310,8 @@ async fn reap_one(
     }
     let expired_unmarked = gw
         .registry
-        .get(token)
+        .fresh(token)
+        .await?
         .is_some_and(|r| r.state.is_usable() && r.expires_at <= OffsetDateTime::now_utc());
     if expired_unmarked && !dry_run {
         // Ending it like its timer would also ends its sessions with the reason.
@@ -303,7 +319,8 @@ async fn reap_one(
     }
     let rt = gw.runtime(token);
     let mut slot = rt.backend.lock().await;
-    let rec = gw.registry.get(token);
+    let _across = gw.registry.lock_token(token).await?;
+    let rec = gw.registry.fresh(token).await?;
     let reason = match verdict(rec.as_ref(), handle, OffsetDateTime::now_utc()) {
         Verdict::Keep => return Ok(None),
         Verdict::Reap(r) => r,
@@ -311,11 +328,16 @@ async fn reap_one(
     if dry_run {
         return Ok(Some(reason));
     }
+    // Another replica may have destroyed it (ending its token) since this pass listed it:
+    // destroy only what still exists, so each backend is destroyed once.
+    if gw.registry.is_shared() && !gw.provider.list().await?.iter().any(|(h, _)| h == handle) {
+        return Ok(None);
+    }
     gw.provider.destroy(handle).await?;
     count_destroy();
     if rec.and_then(|r| r.backend).as_deref() == Some(handle) {
         slot.take();
-        gw.registry.update(token, |r| r.backend = None)?;
+        gw.registry.update(token, |r| r.backend = None).await?;
     }
     Ok(Some(reason))
 }
@@ -333,9 +355,11 @@ async fn mark_vanished(
 ) -> Result<bool, LifecycleError> {
     let rt = gw.runtime(token);
     let mut slot = rt.backend.lock().await;
+    let _across = gw.registry.lock_token(token).await?;
     let still = gw
         .registry
-        .get(token)
+        .fresh(token)
+        .await?
         .is_some_and(|r| r.backend.as_deref() == Some(handle));
     if !still {
         return Ok(false);
@@ -345,7 +369,7 @@ async fn mark_vanished(
         return Ok(false);
     }
     slot.take();
-    gw.registry.update(token, |r| r.backend = None)?;
+    gw.registry.update(token, |r| r.backend = None).await?;
     Ok(true)
 }
 

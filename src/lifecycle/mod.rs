@@ -2,6 +2,8 @@
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
 pub mod janitor;
+mod replicas;
+mod stop;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -181,6 +183,8 @@ pub struct Gateway {
     gateway_id: String,
     /// One janitor pass at a time (scheduled or asked for over the API).
     janitor_lock: Mutex<()>,
+    /// Tokens whose expiry timer runs in this process.
+    expiry_scheduled: DashMap<String, ()>,
 }
 
 fn rfc3339(t: OffsetDateTime) -> String {
@@ -211,6 +215,7 @@ impl Gateway {
             secrets,
             gateway_id,
             janitor_lock: Mutex::new(()),
+            expiry_scheduled: DashMap::new(),
         })
     }
 
@@ -241,7 +246,7 @@ impl Gateway {
     }
 
     /// Issue a token; returns its view with the DSN.
-    pub fn issue(self: &Arc<Self>, req: IssueRequest) -> Result<TokenView, LifecycleError> {
+    pub async fn issue(self: &Arc<Self>, req: IssueRequest) -> Result<TokenView, LifecycleError> {
         let d = &self.config.tokens;
         if req.task.trim().is_empty() || req.task.len() > 200 {
             return Err(LifecycleError::Invalid(
@@ -322,7 +327,7 @@ impl Gateway {
             golden: None,
             ended_at: None,
         };
-        self.registry.insert(rec.clone())?;
+        self.registry.insert(rec.clone()).await?;
         metrics::counter!("sandpit_tokens_issued_total").increment(1);
         self.schedule_expiry(&rec);
         let mut view = self.view(&rec);
@@ -367,6 +372,11 @@ impl Gateway {
     }
 
     fn schedule_expiry(self: &Arc<Self>, rec: &TokenRecord) {
+        // Once per token and process; with a shared registry every replica that knows the
+        // token runs one, and the registry's row lock lets exactly one of them end it.
+        if self.expiry_scheduled.insert(rec.id.clone(), ()).is_some() {
+            return;
+        }
         let gw = Arc::downgrade(self);
         let id = rec.id.clone();
         let left = rec.expires_at - OffsetDateTime::now_utc();
@@ -385,7 +395,14 @@ impl Gateway {
     /// the gateway was down (right here, so their backends are gone before `serve` is ready).
     pub async fn resume(self: &Arc<Self>) {
         let now = OffsetDateTime::now_utc();
-        for rec in self.registry.list() {
+        let all = match self.registry.list_fresh().await {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the registry at start failed");
+                self.registry.list()
+            }
+        };
+        for rec in all {
             if rec.state.is_usable() && rec.expires_at <= now {
                 if let Err(e) = self.end(&rec.id, EndReason::Expired).await {
                     tracing::warn!(token = %rec.id, error = %e, "expiring token at start failed");
@@ -416,13 +433,14 @@ impl Gateway {
 
     /// The running backend of a token: forked on first use (concurrent callers share one
     /// fork), restarted/adopted if the registry knows one from before.
-    pub async fn backend_for(&self, id: &str) -> Result<Backend, LifecycleError> {
+    pub async fn backend_for(self: &Arc<Self>, id: &str) -> Result<Backend, LifecycleError> {
         let rt = self.runtime(id);
         let mut slot = rt.backend.lock().await;
         // Checked under the lock, so a fork can never start after the token ended.
         let rec = self
             .registry
-            .get(id)
+            .lookup(id)
+            .await?
             .ok_or_else(|| LifecycleError::Unknown(id.into()))?;
         if !rec.state.is_usable() {
             return Err(LifecycleError::NotUsable(id.into(), state_word(rec.state)));
@@ -430,6 +448,18 @@ impl Gateway {
         if let Some(b) = slot.as_ref() {
             return Ok(b.clone());
         }
+        // Across replicas: one fork per token. The record is read again under the lock, so
+        // a backend another replica recorded meanwhile is adopted, not forked again.
+        let _across = self.registry.lock_token(id).await?;
+        let rec = self
+            .registry
+            .fresh(id)
+            .await?
+            .ok_or_else(|| LifecycleError::Unknown(id.into()))?;
+        if !rec.state.is_usable() {
+            return Err(LifecycleError::NotUsable(id.into(), state_word(rec.state)));
+        }
+        self.schedule_expiry(&rec);
         if let Some(handle) = rec.backend.as_deref() {
             match self.provider.ensure_running(handle).await {
                 Ok(b) => {
@@ -460,12 +490,17 @@ impl Gateway {
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
         let handle = b.handle.clone();
         let golden = b.golden.clone();
-        self.registry.update(id, |r| {
-            r.backend = Some(handle);
-            r.golden = golden;
-            r.fork_count += 1;
-            r.state = TokenState::Live;
-        })?;
+        self.registry
+            .update(id, |r| {
+                r.backend = Some(handle);
+                r.golden = golden;
+                r.fork_count += 1;
+                // An end that raced the fork keeps its state; its destroy comes next.
+                if r.state == TokenState::Issued {
+                    r.state = TokenState::Live;
+                }
+            })
+            .await?;
         *slot = Some(b.clone());
         Ok(b)
     }
@@ -479,13 +514,17 @@ impl Gateway {
             EndReason::Shutdown => return Ok(false),
         };
         let mut changed = false;
-        let rec = self.registry.update(id, |r| {
-            if r.state.is_usable() {
-                r.state = new_state;
-                r.ended_at = Some(OffsetDateTime::now_utc());
-                changed = true;
-            }
-        })?;
+        // Atomic across replicas: exactly one caller sees `changed` and destroys the backend.
+        let rec = self
+            .registry
+            .update(id, |r| {
+                if r.state.is_usable() {
+                    r.state = new_state;
+                    r.ended_at = Some(OffsetDateTime::now_utc());
+                    changed = true;
+                }
+            })
+            .await?;
         if rec.is_none() {
             return Err(LifecycleError::Unknown(id.into()));
         }
@@ -512,85 +551,16 @@ impl Gateway {
     async fn destroy_backend(&self, id: &str) -> Result<(), LifecycleError> {
         let rt = self.runtime(id);
         let mut slot = rt.backend.lock().await;
-        let handle = self.registry.get(id).and_then(|r| r.backend);
+        // After any fork in progress on another replica has recorded its handle.
+        let _across = self.registry.lock_token(id).await?;
+        let handle = self.registry.fresh(id).await?.and_then(|r| r.backend);
         if let Some(h) = handle {
             self.provider.destroy(&h).await?;
             metrics::counter!("sandpit_destroys_total").increment(1);
             slot.take();
-            self.registry.update(id, |r| r.backend = None)?;
+            self.registry.update(id, |r| r.backend = None).await?;
         }
         Ok(())
-    }
-
-    /// Stop (keeping their data) the backends that had no session for `idle`; the next
-    /// connection of the token starts them again. Returns how many were suspended.
-    pub async fn suspend_idle(&self, idle: std::time::Duration) -> usize {
-        let rts: Vec<(String, Arc<TokenRuntime>)> = self
-            .runtimes
-            .iter()
-            .map(|e| (e.key().clone(), e.value().clone()))
-            .collect();
-        let mut suspended = 0;
-        for (id, rt) in rts {
-            let idle_for = rt
-                .idle_since
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .elapsed();
-            if rt.sessions.load(Ordering::Acquire) > 0 || idle_for < idle {
-                continue;
-            }
-            let mut slot = rt.backend.lock().await;
-            // Checked again under the lock: a session that arrived meanwhile waits on it and
-            // will find the backend gone, and start it again.
-            if rt.sessions.load(Ordering::Acquire) > 0 {
-                continue;
-            }
-            let Some(b) = slot.take() else { continue };
-            match self.provider.stop(&b.handle).await {
-                Ok(()) => {
-                    suspended += 1;
-                    metrics::gauge!("sandpit_backends").decrement(1.0);
-                    metrics::counter!("sandpit_suspends_total").increment(1);
-                    tracing::info!(token = %id, idle_s = idle_for.as_secs(), "backend suspended while idle");
-                }
-                Err(e) => {
-                    tracing::warn!(token = %id, error = %e, "suspending idle backend failed");
-                    *slot = Some(b);
-                }
-            }
-        }
-        suspended
-    }
-
-    /// Graceful shutdown: end every session with 57P01 and stop (not destroy) every running
-    /// backend; they start again lazily on the next connection after a restart.
-    pub async fn shutdown(&self) {
-        let rts: Vec<(String, Arc<TokenRuntime>)> = self
-            .runtimes
-            .iter()
-            .map(|e| (e.key().clone(), e.value().clone()))
-            .collect();
-        for (_, rt) in &rts {
-            rt.ended.send_replace(Some(EndReason::Shutdown));
-        }
-        // In parallel: each stop waits for its server's shutdown checkpoint.
-        let mut stops = tokio::task::JoinSet::new();
-        for (id, rt) in rts {
-            let provider = self.provider.clone();
-            stops.spawn(async move {
-                let mut slot = rt.backend.lock().await;
-                if let Some(b) = slot.take() {
-                    if let Err(e) = provider.stop(&b.handle).await {
-                        tracing::warn!(token = %id, error = %e, "stopping backend failed");
-                    }
-                }
-            });
-        }
-        while stops.join_next().await.is_some() {}
-        if let Err(e) = self.provider.release_reference().await {
-            tracing::warn!(error = %e, "removing the review reference backend failed");
-        }
     }
 }
 

@@ -80,8 +80,17 @@ pub async fn post(State(s): State<ApiState>, headers: HeaderMap, body: Bytes) ->
     let Some((id, secret)) = crate::auth::parse_full_token(bearer) else {
         return unauthorized("Authorization: Bearer <token id>.<secret> required");
     };
-    let Some(rec) = s.gw.registry.get(id) else {
-        return unauthorized("unknown token");
+    let rec = match s.gw.registry.lookup(id).await {
+        Ok(Some(rec)) => rec,
+        Ok(None) => return unauthorized("unknown token"),
+        Err(e) => {
+            tracing::error!(error = %e, "mcp: registry unavailable");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "token registry unavailable",
+            )
+                .into_response();
+        }
     };
     if !rec.verifier.check_cleartext(secret) {
         return unauthorized("wrong token secret");

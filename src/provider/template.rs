@@ -23,6 +23,8 @@ use crate::proxy::backend_stream;
 
 /// Marker in the comment of a golden this provider built; bump to rebuild goldens.
 const GOLDEN_FORMAT: &str = "sandpit-template-golden-v1";
+/// Longest wait at destroy for the gateways' own sessions to leave before they are forced out.
+const SESSIONS_LEAVE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Default owner role of the objects of a golden built from SQL.
 pub const DEFAULT_GOLDEN_OWNER: &str = "sandpit_golden_owner";
 
@@ -44,6 +46,9 @@ pub struct TemplateConfig {
     pub ca_file: Option<PathBuf>,
     /// File holding the key task-role passwords are derived from (created, mode 0600).
     pub key_file: PathBuf,
+    /// The key itself, hex, when replicas share it (from the shared registry); `key_file`
+    /// is then not used.
+    pub shared_key: Option<String>,
 }
 
 /// What a scratch database's comment holds.
@@ -167,7 +172,10 @@ impl TemplateProvider {
             None => return Err(tpl("template.admin_dsn names no host")),
         };
         let admin_db = admin.get_dbname().unwrap_or(&user).to_string();
-        let key = load_key(&cfg.key_file)?;
+        let key = match &cfg.shared_key {
+            Some(k) => hex::decode(k).map_err(|e| tpl(format!("shared template key: {e}")))?,
+            None => load_key(&cfg.key_file)?,
+        };
         let mut p = TemplateProvider {
             admin,
             admin_db,
@@ -553,6 +561,24 @@ impl TemplateProvider {
         validate_handle(h)?;
         let q = quote_ident(h);
         let c = self.connect(None).await?;
+        // Gateways (this one, or replicas sharing its registry) are ending their sessions on
+        // it with the token's reason; let them leave first, so a client reads that reason
+        // rather than the server's "terminating connection due to administrator command".
+        let deadline = Instant::now() + SESSIONS_LEAVE_WAIT;
+        loop {
+            let open: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                    &[&h],
+                )
+                .await
+                .map_err(|e| pg_err("reading pg_stat_activity", e))?
+                .get(0);
+            if open == 0 || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
         c.batch_execute(&format!("DROP DATABASE IF EXISTS {q} WITH (FORCE)"))
             .await
             .map_err(|e| pg_err("dropping the scratch database", e))?;

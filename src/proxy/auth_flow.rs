@@ -27,6 +27,8 @@ pub enum AuthError {
     Protocol(String),
     #[error("connection lost during authentication")]
     Lost,
+    #[error("the token registry is unavailable")]
+    Registry(#[from] crate::registry::RegistryError),
 }
 
 impl AuthError {
@@ -38,6 +40,7 @@ impl AuthError {
                 "28000"
             }
             AuthError::Protocol(_) | AuthError::Lost => "08P01",
+            AuthError::Registry(_) => "08006",
         }
     }
 
@@ -50,6 +53,7 @@ impl AuthError {
             AuthError::Ended(..) => "revoked",
             AuthError::CleartextNeedsTls => "cleartext_without_tls",
             AuthError::Protocol(_) | AuthError::Lost => "protocol",
+            AuthError::Registry(_) => "registry",
         }
     }
 }
@@ -67,7 +71,8 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     let rec = if auth::token::is_token_id(user) {
         let rec = gw
             .registry
-            .get(user)
+            .lookup(user)
+            .await?
             .ok_or_else(|| AuthError::UnknownToken(user.to_string()))?;
         scram(conn, &rec, channel_binding).await?;
         rec
@@ -85,7 +90,8 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             .ok_or_else(|| AuthError::UnknownToken("(not a token)".into()))?;
         let rec = gw
             .registry
-            .get(id)
+            .lookup(id)
+            .await?
             .ok_or_else(|| AuthError::UnknownToken(id.to_string()))?;
         if !rec.verifier.check_cleartext(secret) {
             return Err(AuthError::WrongSecret(rec.id));

@@ -1,5 +1,8 @@
 //! Cancel keys: the gateway mints its own BackendKeyData per session and routes a
-//! CancelRequest carrying it to the real backend process.
+//! CancelRequest carrying it to the real backend process. With a shared registry each minted
+//! key is also recorded there (token and real key), so a CancelRequest that a load balancer
+//! sends to another replica reaches the same backend: that replica looks the key up and
+//! sends the cancel to the token's backend itself.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +13,9 @@ use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 
 use super::backend_stream::{self, BackendStream};
+use crate::lifecycle::Gateway;
 use crate::provider::Endpoint;
+use crate::registry::postgres::{PgStore, SharedCancel};
 use crate::wire::startup::encode_cancel;
 
 /// How long a forwarded cancel may take end to end (connect, TLS, write, wait for the close).
@@ -31,20 +36,35 @@ pub struct CancelTarget {
 #[derive(Default)]
 pub struct CancelMap {
     map: Arc<DashMap<(i32, i32), CancelTarget>>,
+    /// The shared registry and this replica's id, when replicas share one.
+    shared: Option<(Arc<PgStore>, String)>,
 }
 
-/// A minted key; removed from the map when dropped (session over).
+/// A minted key; removed from the map (and the shared registry) when dropped (session over).
 pub struct CancelKey {
     /// The pid the client sees.
     pub pid: i32,
     /// The secret the client sees.
     pub secret: i32,
     map: Arc<DashMap<(i32, i32), CancelTarget>>,
+    shared: Option<Arc<PgStore>>,
 }
 
 impl Drop for CancelKey {
     fn drop(&mut self) {
-        self.map.remove(&(self.pid, self.secret));
+        let key = (self.pid, self.secret);
+        self.map.remove(&key);
+        if let Some(store) = self.shared.take() {
+            // Best effort: a key left behind is purged by the janitor once its token ends,
+            // and at this replica's next start; it only ever names a finished session.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    if let Err(e) = store.cancel_remove(key).await {
+                        tracing::debug!(error = %e, "removing a shared cancel key failed");
+                    }
+                });
+            }
+        }
     }
 }
 
@@ -79,32 +99,99 @@ pub async fn send(t: &CancelTarget) -> std::io::Result<()> {
     }
 }
 
+fn random_key() -> (i32, i32) {
+    let mut rng = rand::thread_rng();
+    (rng.gen_range(1..i32::MAX), rng.gen())
+}
+
 impl CancelMap {
-    /// Mint a fresh key for a session's backend.
-    pub fn mint(&self, target: CancelTarget) -> CancelKey {
-        let mut rng = rand::thread_rng();
+    /// A map whose keys are also recorded in the shared registry under `replica`.
+    pub fn shared(store: Arc<PgStore>, replica: String) -> CancelMap {
+        CancelMap {
+            map: Arc::default(),
+            shared: Some((store, replica)),
+        }
+    }
+
+    /// Mint a fresh key for a session's backend of `token`. With a shared registry the key
+    /// is recorded there before this returns, so it is known to every replica before the
+    /// client can learn it.
+    pub async fn mint(
+        &self,
+        token: &str,
+        target: CancelTarget,
+    ) -> Result<CancelKey, crate::registry::RegistryError> {
         loop {
-            let pid = rng.gen_range(1..i32::MAX);
-            let secret: i32 = rng.gen();
-            if let dashmap::mapref::entry::Entry::Vacant(v) = self.map.entry((pid, secret)) {
-                v.insert(target);
-                return CancelKey {
-                    pid,
-                    secret,
-                    map: self.map.clone(),
-                };
+            let key = random_key();
+            if let dashmap::mapref::entry::Entry::Vacant(v) = self.map.entry(key) {
+                v.insert(target.clone());
+            } else {
+                continue;
+            }
+            let mut minted = CancelKey {
+                pid: key.0,
+                secret: key.1,
+                map: self.map.clone(),
+                shared: None,
+            };
+            let Some((store, replica)) = &self.shared else {
+                return Ok(minted);
+            };
+            let row = SharedCancel {
+                token: token.to_string(),
+                pid: target.pid,
+                secret: target.secret,
+            };
+            // On a clash with another replica's key, `minted` drops (freeing the local entry)
+            // and another key is drawn.
+            if store.cancel_put(key, &row, replica).await? {
+                minted.shared = Some(store.clone());
+                return Ok(minted);
             }
         }
     }
 
     /// Forward a cancel to the right backend. Unknown keys are ignored, as Postgres does.
-    pub async fn cancel(&self, pid: i32, secret: i32) -> bool {
-        let Some(t) = self.map.get(&(pid, secret)).map(|t| t.clone()) else {
-            metrics::counter!("sandpit_cancel_requests_total", "result" => "unknown").increment(1);
-            return false;
+    /// A key minted by another replica is looked up in the shared registry and sent to the
+    /// token's backend from here.
+    pub async fn cancel(&self, gw: &Gateway, pid: i32, secret: i32) -> bool {
+        let local = self.map.get(&(pid, secret)).map(|t| t.clone());
+        let (t, via) = match local {
+            Some(t) => (t, "forwarded"),
+            None => match self.remote_target(gw, (pid, secret)).await {
+                Some(t) => (t, "forwarded_shared"),
+                None => {
+                    metrics::counter!("sandpit_cancel_requests_total", "result" => "unknown")
+                        .increment(1);
+                    return false;
+                }
+            },
         };
         let ok = send(&t).await.is_ok();
-        metrics::counter!("sandpit_cancel_requests_total", "result" => if ok { "forwarded" } else { "failed" }).increment(1);
+        metrics::counter!("sandpit_cancel_requests_total", "result" => if ok { via } else { "failed" }).increment(1);
         ok
+    }
+
+    async fn remote_target(&self, gw: &Gateway, key: (i32, i32)) -> Option<CancelTarget> {
+        let (store, _) = self.shared.as_ref()?;
+        let row = match store.cancel_get(key).await {
+            Ok(r) => r?,
+            Err(e) => {
+                tracing::warn!(error = %e, "looking up a shared cancel key failed");
+                return None;
+            }
+        };
+        match gw.running_backend(&row.token).await {
+            Ok(Some(b)) => Some(CancelTarget {
+                endpoint: b.target.endpoint,
+                pid: row.pid,
+                secret: row.secret,
+            }),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(token = %row.token, error = %e, "no backend for a shared cancel key");
+                None
+            }
+        }
     }
 }

@@ -40,16 +40,21 @@ pub struct Proxy {
 
 impl Proxy {
     /// Build the listener state.
-    pub fn new(gw: Arc<Gateway>, tls: Option<tls::ServerTls>) -> Arc<Proxy> {
+    /// `replica` names this process in the shared registry's cancel keys.
+    pub fn new(gw: Arc<Gateway>, tls: Option<tls::ServerTls>, replica: String) -> Arc<Proxy> {
         let (tls, tls_binding) = match tls {
             Some(t) => (Some(t.acceptor), t.binding),
             None => (None, None),
         };
         let per_minute = gw.config.limits.auth_failures_per_minute;
+        let cancel = match gw.registry.shared() {
+            Some(store) => CancelMap::shared(store.clone(), replica),
+            None => CancelMap::default(),
+        };
         Arc::new(Proxy {
             auth_limiter: ratelimit::AuthLimiter::new(per_minute),
             gw,
-            cancel: CancelMap::default(),
+            cancel,
             tls,
             sessions: Default::default(),
             tls_binding,

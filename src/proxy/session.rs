@@ -253,7 +253,18 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         pid: real_pid,
         secret: real_secret,
     };
-    let key = proxy.cancel.mint(target.clone());
+    let key = match proxy.cancel.mint(&rec.id, target.clone()).await {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::error!(error = %e, "recording the cancel key failed");
+            return fatal(
+                client.get_mut(),
+                "08006",
+                "sandpit cannot record this session's cancel key",
+            )
+            .await;
+        }
+    };
     // The gateway's own statement timeout, a second after the backend's would have fired.
     let watchdog = (rec.caps.statement_timeout_ms > 0).then(|| relay::Watchdog {
         limit: std::time::Duration::from_millis(rec.caps.statement_timeout_ms + 1000),
@@ -361,7 +372,7 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
                 return match read_startup(&mut tls, max).await {
                     Ok(StartupPacket::Startup(m)) => Ok(Some((tls, m))),
                     Ok(StartupPacket::CancelRequest { pid, secret }) => {
-                        proxy.cancel.cancel(pid, secret).await;
+                        proxy.cancel.cancel(&proxy.gw, pid, secret).await;
                         // End with close_notify, as PostgreSQL does: libpq 17+'s cancel API
                         // waits for the close and calls a bare EOF over TLS an error.
                         let _ = tls.shutdown().await;
@@ -380,7 +391,7 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
                 }
             }
             StartupPacket::CancelRequest { pid, secret } => {
-                proxy.cancel.cancel(pid, secret).await;
+                proxy.cancel.cancel(&proxy.gw, pid, secret).await;
                 return Ok(None);
             }
             StartupPacket::Startup(m) => return Ok(Some((ClientStream::Plain(sock), m))),

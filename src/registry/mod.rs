@@ -1,16 +1,25 @@
-//! The token store. The embedded default keeps one JSON file per token in the data dir,
-//! written atomically and fsynced, so a write that returned survives a crash.
+//! The token store. The embedded default keeps one JSON file per token in the data dir
+//! (`file`); replicas share one in a Postgres database (`postgres`). Either way reads are
+//! served from an in-memory copy; with Postgres a miss reads the database (a token issued on
+//! another replica a moment ago works at once) and changes made elsewhere arrive by
+//! LISTEN/NOTIFY, with a periodic full re-read as the fallback.
+
+pub mod file;
+pub mod postgres;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
+use tokio::sync::mpsc;
 
 use crate::auth::Verifier;
+use file::FileStore;
+use postgres::{HeldLock, PgRegistryConfig, PgStore};
 
 /// Errors of the token store.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +33,9 @@ pub enum RegistryError {
     Corrupt { path: PathBuf, message: String },
     #[error("token {0} already exists")]
     Exists(String),
+    /// The shared registry's database failed or refused.
+    #[error("token registry database: {0}")]
+    Database(String),
 }
 
 /// Where a token is in its life.
@@ -115,123 +127,277 @@ pub struct TokenRecord {
     pub ended_at: Option<OffsetDateTime>,
 }
 
-/// The embedded registry.
+enum Store {
+    File(FileStore),
+    Postgres(Arc<PgStore>),
+}
+
+/// A lock held across replicas (nothing to hold with the file store: one process owns it).
+pub struct TokenLock {
+    _held: Option<HeldLock>,
+}
+
+/// The token store with its in-memory copy.
 pub struct Registry {
-    dir: PathBuf,
-    tokens: DashMap<String, TokenRecord>,
-    // Serialises file writes so an older state can never overwrite a newer one.
-    write_lock: Mutex<()>,
+    cache: Arc<DashMap<String, TokenRecord>>,
+    store: Store,
+    changes: std::sync::Mutex<Option<mpsc::UnboundedReceiver<TokenRecord>>>,
+    follower: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if let Some(f) = &self.follower {
+            f.abort();
+        }
+    }
 }
 
 impl Registry {
-    /// Open (or create) the registry under `dir`, loading every token file.
+    /// Open (or create) the embedded registry under `dir`, loading every token file.
     pub fn open(dir: &Path) -> Result<Registry, RegistryError> {
-        let io = |source| RegistryError::Io {
-            path: dir.to_path_buf(),
-            source,
-        };
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let tokens = DashMap::new();
-        for entry in std::fs::read_dir(dir).map_err(io)? {
-            let path = entry.map_err(io)?.path();
-            if path.extension().and_then(|e| e.to_str()) != Some("json") {
-                continue; // temp files from an interrupted write
-            }
-            let text = std::fs::read(&path).map_err(|source| RegistryError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            let rec: TokenRecord =
-                serde_json::from_slice(&text).map_err(|e| RegistryError::Corrupt {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
-            tokens.insert(rec.id.clone(), rec);
-        }
+        let cache = Arc::new(DashMap::new());
+        let store = FileStore::open(dir, &cache)?;
         Ok(Registry {
-            dir: dir.to_path_buf(),
-            tokens,
-            write_lock: Mutex::new(()),
+            cache,
+            store: Store::File(store),
+            changes: std::sync::Mutex::new(None),
+            follower: None,
         })
     }
 
-    /// Store a new token (on disk before this returns).
-    pub fn insert(&self, rec: TokenRecord) -> Result<(), RegistryError> {
-        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        if self.tokens.contains_key(&rec.id) {
-            return Err(RegistryError::Exists(rec.id));
+    /// Connect to the shared registry, create its tables if needed, load every token, and
+    /// follow changes made by other replicas (LISTEN/NOTIFY, and a re-read of the rows
+    /// changed since the last one every `refresh`). Changed records are offered once through [`Registry::take_changes`].
+    pub async fn open_postgres(
+        cfg: &PgRegistryConfig,
+        refresh: Duration,
+    ) -> Result<Registry, RegistryError> {
+        let store = Arc::new(PgStore::open(cfg).await?);
+        let cache = Arc::new(DashMap::new());
+        let (all, since) = store.changed_since(None).await?;
+        for rec in all {
+            cache.insert(rec.id.clone(), rec);
         }
-        self.persist(&rec)?;
-        self.tokens.insert(rec.id.clone(), rec);
-        Ok(())
+        let (tx, rx) = mpsc::unbounded_channel();
+        let follower = tokio::spawn(follow(store.clone(), cache.clone(), tx, refresh, since));
+        Ok(Registry {
+            cache,
+            store: Store::Postgres(store),
+            changes: std::sync::Mutex::new(Some(rx)),
+            follower: Some(follower),
+        })
     }
 
-    /// A copy of one token.
+    /// Whether several gateways share this registry.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.store, Store::Postgres(_))
+    }
+
+    /// The shared store, for cancel keys and settings (None for the file store).
+    pub fn shared(&self) -> Option<&Arc<PgStore>> {
+        match &self.store {
+            Store::Postgres(p) => Some(p),
+            Store::File(_) => None,
+        }
+    }
+
+    /// Records changed by other replicas (first caller only; None for the file store).
+    pub fn take_changes(&self) -> Option<mpsc::UnboundedReceiver<TokenRecord>> {
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Store a new token (durably, before this returns).
+    pub async fn insert(&self, rec: TokenRecord) -> Result<(), RegistryError> {
+        match &self.store {
+            Store::File(f) => f.insert(&self.cache, rec),
+            Store::Postgres(p) => {
+                p.insert(&rec).await?;
+                self.cache.insert(rec.id.clone(), rec);
+                Ok(())
+            }
+        }
+    }
+
+    /// A copy of one token from memory (may lag another replica's change by a round trip).
     pub fn get(&self, id: &str) -> Option<TokenRecord> {
-        self.tokens.get(id).map(|r| r.clone())
+        self.cache.get(id).map(|r| r.clone())
     }
 
-    /// Copies of all tokens, oldest first.
+    /// A copy of one token; with the shared store a token not in memory is read from the
+    /// database (issued on another replica a moment ago).
+    pub async fn lookup(&self, id: &str) -> Result<Option<TokenRecord>, RegistryError> {
+        if let Some(r) = self.get(id) {
+            return Ok(Some(r));
+        }
+        self.fresh(id).await
+    }
+
+    /// One token as stored now (the shared store is read, and memory updated).
+    pub async fn fresh(&self, id: &str) -> Result<Option<TokenRecord>, RegistryError> {
+        match &self.store {
+            Store::File(_) => Ok(self.get(id)),
+            Store::Postgres(p) => {
+                let rec = p.get(id).await?;
+                if let Some(r) = &rec {
+                    self.cache.insert(r.id.clone(), r.clone());
+                }
+                Ok(rec)
+            }
+        }
+    }
+
+    /// Copies of all tokens in memory, oldest first.
     pub fn list(&self) -> Vec<TokenRecord> {
-        let mut v: Vec<_> = self.tokens.iter().map(|r| r.clone()).collect();
-        v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+        let mut v: Vec<_> = self.cache.iter().map(|r| r.clone()).collect();
+        sort(&mut v);
         v
     }
 
-    /// Change a token and persist it; returns the new record (None if unknown).
-    pub fn update(
+    /// All tokens as stored now, oldest first (the shared store is read).
+    pub async fn list_fresh(&self) -> Result<Vec<TokenRecord>, RegistryError> {
+        match &self.store {
+            Store::File(_) => Ok(self.list()),
+            Store::Postgres(p) => {
+                let mut v = p.list().await?;
+                for r in &v {
+                    self.cache.insert(r.id.clone(), r.clone());
+                }
+                sort(&mut v);
+                Ok(v)
+            }
+        }
+    }
+
+    /// Change a token and persist it; returns the new record (None if unknown). With the
+    /// shared store the change is made under the row's lock, on the stored record.
+    pub async fn update(
         &self,
         id: &str,
         f: impl FnOnce(&mut TokenRecord),
     ) -> Result<Option<TokenRecord>, RegistryError> {
-        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(mut rec) = self.get(id) else {
-            return Ok(None);
-        };
-        f(&mut rec);
-        self.persist(&rec)?;
-        self.tokens.insert(id.to_string(), rec.clone());
-        Ok(Some(rec))
-    }
-
-    fn persist(&self, rec: &TokenRecord) -> Result<(), RegistryError> {
-        let path = self.dir.join(format!("{}.json", rec.id));
-        let tmp = self.dir.join(format!("{}.json.tmp", rec.id));
-        let io = |source| RegistryError::Io {
-            path: path.clone(),
-            source,
-        };
-        let bytes = serde_json::to_vec_pretty(rec).map_err(|e| RegistryError::Corrupt {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-        {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode_0600()
-                .open(&tmp)
-                .map_err(io)?;
-            f.write_all(&bytes).map_err(io)?;
-            f.sync_all().map_err(io)?;
+        match &self.store {
+            Store::File(s) => s.update(&self.cache, id, f),
+            Store::Postgres(p) => {
+                let rec = p.update(id, f).await?;
+                if let Some(r) = &rec {
+                    self.cache.insert(id.to_string(), r.clone());
+                }
+                Ok(rec)
+            }
         }
-        std::fs::rename(&tmp, &path).map_err(io)?;
-        // The rename is durable only once the directory is synced.
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io)?;
-        Ok(())
+    }
+
+    /// The cross-replica lock of one token: held around a fork and a destroy, so that two
+    /// replicas never fork twice or destroy what the other just recorded.
+    pub async fn lock_token(&self, id: &str) -> Result<TokenLock, RegistryError> {
+        self.lock(&format!("token:{id}")).await
+    }
+
+    /// A named cross-replica lock (e.g. "janitor").
+    pub async fn lock(&self, name: &str) -> Result<TokenLock, RegistryError> {
+        match &self.store {
+            Store::File(_) => Ok(TokenLock { _held: None }),
+            Store::Postgres(p) => Ok(TokenLock {
+                _held: Some(p.lock(name).await?),
+            }),
+        }
     }
 }
 
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
+fn sort(v: &mut [TokenRecord]) {
+    v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
 }
 
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.mode(0o600)
+/// Puts `rec` into memory; returns it when it differs from what memory held.
+fn absorb(cache: &DashMap<String, TokenRecord>, rec: TokenRecord) -> Option<TokenRecord> {
+    let same = cache
+        .get(&rec.id)
+        .is_some_and(|old| serde_json::to_vec(&*old).ok() == serde_json::to_vec(&rec).ok());
+    if same {
+        return None;
+    }
+    cache.insert(rec.id.clone(), rec.clone());
+    Some(rec)
+}
+
+/// Keeps memory in step with the shared store: a re-read of the token named by each
+/// notification, and of what changed since the last re-read at (re)connect and every
+/// `refresh`.
+async fn follow(
+    store: Arc<PgStore>,
+    cache: Arc<DashMap<String, TokenRecord>>,
+    tx: mpsc::UnboundedSender<TokenRecord>,
+    refresh: Duration,
+    since: OffsetDateTime,
+) {
+    let mut f = Follower {
+        store,
+        cache,
+        tx,
+        since: Some(since),
+    };
+    loop {
+        match f.store.listen().await {
+            Ok((_client, mut ids)) => {
+                tracing::debug!("following the shared token registry");
+                // Anything missed while not listening.
+                f.refresh().await;
+                let mut tick = tokio::time::interval(refresh.max(Duration::from_millis(100)));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
+                loop {
+                    tokio::select! {
+                        id = ids.recv() => {
+                            let Some(id) = id else { break };
+                            f.reread(&id).await;
+                        }
+                        _ = tick.tick() => f.refresh().await,
+                    }
+                }
+                tracing::warn!("lost the registry change feed; reconnecting");
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot follow the token registry; retrying"),
+        }
+        metrics::counter!("sandpit_registry_reconnects_total").increment(1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+struct Follower {
+    store: Arc<PgStore>,
+    cache: Arc<DashMap<String, TokenRecord>>,
+    tx: mpsc::UnboundedSender<TokenRecord>,
+    since: Option<OffsetDateTime>,
+}
+
+impl Follower {
+    fn offer(&self, rec: TokenRecord) {
+        if let Some(r) = absorb(&self.cache, rec) {
+            let _ = self.tx.send(r);
+        }
+    }
+
+    async fn reread(&self, id: &str) {
+        match self.store.get(id).await {
+            Ok(Some(rec)) => self.offer(rec),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(token = %id, error = %e, "reading a changed token failed"),
+        }
+    }
+
+    async fn refresh(&mut self) {
+        match self.store.changed_since(self.since).await {
+            Ok((recs, now)) => {
+                for rec in recs {
+                    self.offer(rec);
+                }
+                self.since = Some(now);
+            }
+            Err(e) => tracing::warn!(error = %e, "re-reading the token registry failed"),
+        }
     }
 }

@@ -1,0 +1,73 @@
+//! `[registry]` of the configuration, and its checks.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{check_sslmode, de_duration, Config, ConfigError};
+
+/// `[registry]`: the token store. Unset `url` = files in the data dir (one gateway);
+/// a `postgresql://` URL = tables in that database, shared by every replica using it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistrySection {
+    /// `postgresql://user:password@host:port/database` of the shared registry.
+    pub url: Option<String>,
+    /// TLS to the registry server: "disable", "require", "verify-full"; default: the URL's.
+    pub sslmode: Option<String>,
+    /// CA certificate file to verify the registry server with.
+    pub ca_file: Option<PathBuf>,
+    /// Full re-read of the shared registry, the fallback to LISTEN/NOTIFY.
+    #[serde(deserialize_with = "de_duration")]
+    pub refresh_interval: Duration,
+}
+
+impl Default for RegistrySection {
+    fn default() -> Self {
+        RegistrySection {
+            url: None,
+            sslmode: None,
+            ca_file: None,
+            refresh_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Config {
+    /// A shared registry needs backends every replica can reach, and no per-replica pool.
+    pub(super) fn validate_shared_registry(&self, url: &str) -> Result<(), ConfigError> {
+        if !(url.starts_with("postgresql://") || url.starts_with("postgres://")) {
+            return Err(ConfigError::Invalid {
+                key: "registry.url",
+                message: "must be a postgresql:// URL (leave it unset for the file registry)"
+                    .into(),
+            });
+        }
+        if let Some(m) = &self.registry.sslmode {
+            check_sslmode("registry.sslmode", m)?;
+        }
+        if self.provider == "instance" {
+            return Err(ConfigError::Invalid {
+                key: "registry.url",
+                message: "a shared registry needs provider \"template\" or \"remote\": \
+                          \"instance\" backends listen on unix sockets in one machine's data dir, \
+                          which other replicas cannot reach"
+                    .into(),
+            });
+        }
+        if self.pool.size > 0 {
+            return Err(ConfigError::Invalid {
+                key: "pool.size",
+                message: "the warm pool is per gateway and not supported with a shared registry; set it to 0".into(),
+            });
+        }
+        if self.registry.refresh_interval < Duration::from_millis(100) {
+            return Err(ConfigError::Invalid {
+                key: "registry.refresh_interval",
+                message: "must be at least 100ms".into(),
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,66 @@
+//! Following the other replicas that share the Postgres registry.
+
+use std::sync::Arc;
+
+use time::OffsetDateTime;
+
+use super::{EndReason, Gateway, LifecycleError};
+use crate::provider::Backend;
+use crate::registry::{TokenRecord, TokenState};
+
+impl Gateway {
+    /// Follows changes other replicas make to the shared registry: a token ended elsewhere
+    /// ends its sessions here (57P01, as if ended here) and forgets its backend; a token
+    /// issued elsewhere gets its expiry timer here too. No-op for the file registry.
+    pub fn follow_replicas(self: &Arc<Self>) -> Option<tokio::task::JoinHandle<()>> {
+        let mut changes = self.registry.take_changes()?;
+        let gw = Arc::downgrade(self);
+        Some(tokio::spawn(async move {
+            while let Some(rec) = changes.recv().await {
+                let Some(gw) = gw.upgrade() else { break };
+                gw.absorb_remote(rec);
+            }
+        }))
+    }
+
+    fn absorb_remote(self: &Arc<Self>, rec: TokenRecord) {
+        let reason = match rec.state {
+            TokenState::Issued | TokenState::Live => {
+                if rec.expires_at > OffsetDateTime::now_utc() {
+                    self.schedule_expiry(&rec);
+                }
+                return;
+            }
+            TokenState::Expired => EndReason::Expired,
+            TokenState::Revoked => EndReason::Revoked,
+        };
+        let Some(rt) = self.runtimes.get(&rec.id).map(|r| r.clone()) else {
+            return;
+        };
+        if rt.ended.borrow().is_none() {
+            tracing::info!(token = %rec.id, reason = ?reason, "token ended on another replica");
+            rt.ended.send_replace(Some(reason));
+            self.logs.close(&rec.id);
+        }
+        // The replica that ended it destroys the backend; here it is only forgotten.
+        tokio::spawn(async move {
+            rt.backend.lock().await.take();
+        });
+    }
+
+    /// The token's backend if it has one, never forking: a cancel minted by another replica
+    /// is delivered through it. None when the token is unknown, ended or has no backend.
+    pub async fn running_backend(&self, id: &str) -> Result<Option<Backend>, LifecycleError> {
+        let rt = self.runtime(id);
+        if let Some(b) = rt.backend.lock().await.as_ref() {
+            return Ok(Some(b.clone()));
+        }
+        let Some(rec) = self.registry.lookup(id).await? else {
+            return Ok(None);
+        };
+        let Some(handle) = rec.backend.filter(|_| rec.state.is_usable()) else {
+            return Ok(None);
+        };
+        Ok(Some(self.provider.ensure_running(&handle).await?))
+    }
+}
