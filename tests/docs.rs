@@ -53,7 +53,7 @@ fn routes() -> BTreeSet<(String, String)> {
         for m in ["get", "post", "put", "patch", "delete"] {
             let pat = format!("{m}(");
             let found = call.match_indices(&pat).any(|(i, _)| {
-                i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || b"_:".contains(&bytes[i - 1]))
+                i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_')
             });
             if found {
                 set.insert((path.to_string(), m.to_string()));

@@ -61,7 +61,7 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
-        .route("/v1/reap", axum::routing::post(reap))
+        .route("/v1/reap", post(reap))
         .route("/v1/goldens", get(goldens::list).post(goldens::build))
         .route("/v1/goldens/{id}/use", post(goldens::use_version))
         .route("/v1/tokens/{id}/statements", get(token_statements))
