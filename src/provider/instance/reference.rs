@@ -39,7 +39,10 @@ impl InstanceProvider {
     }
 
     /// Stops the reference server of golden `id` (if any) and removes its files.
-    pub(in crate::provider) async fn remove_reference(&self, id: &str) -> Result<(), ProviderError> {
+    pub(in crate::provider) async fn remove_reference(
+        &self,
+        id: &str,
+    ) -> Result<(), ProviderError> {
         let inst = self.real_root.join(REFERENCE_DIR).join(id);
         self.remove_reference_at(&format!("{REFERENCE_KEY}-{id}"), &inst)
             .await
@@ -66,7 +69,10 @@ impl InstanceProvider {
 
     /// The running reference backend of golden `version` (the active one when None),
     /// forked from that golden on first use.
-    pub(super) async fn reference_inner(&self, version: Option<&str>) -> Result<Backend, ProviderError> {
+    pub(super) async fn reference_inner(
+        &self,
+        version: Option<&str>,
+    ) -> Result<Backend, ProviderError> {
         let _guard = self.reference_lock.lock().await;
         let _gate = self.versions_gate.read().await;
         let golden = match version {
