@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::golden::{self, GoldenCtx, READY_MARKER};
 use super::golden_build::LiveSpec;
-use super::instance::{make_dir, validate_handle, InstanceProvider, GOLDEN_FILE};
+use super::instance::{make_dir, validate_handle, InstanceProvider};
 use super::ProviderError;
 
 /// Directory of built versions, under the provider's real root.
@@ -21,6 +21,8 @@ const VERSIONS_DIR: &str = "versions";
 const ACTIVE_FILE: &str = "active";
 /// Metadata of a built version, in its directory.
 const META_FILE: &str = "golden.json";
+/// File in an instance dir naming the golden version it was copied from.
+pub(super) const GOLDEN_FILE: &str = "golden-version";
 
 /// One golden version on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]

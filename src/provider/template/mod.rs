@@ -4,14 +4,14 @@
 //! golden's objects are handed to that role with `REASSIGN OWNED` inside the new database.
 //! Each scratch database carries its tag as a database comment, so `list()` finds them.
 
-use std::path::{Path, PathBuf};
+mod golden;
+mod key;
+mod reference;
+
+use std::path::PathBuf;
 use std::time::Instant;
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine as _;
-use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 
@@ -20,9 +20,8 @@ use super::{
     Backend, BackendAddr, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError,
 };
 use crate::proxy::backend_stream;
+use key::load_key;
 
-/// Marker in the comment of a golden this provider built; bump to rebuild goldens.
-const GOLDEN_FORMAT: &str = "sandpit-template-golden-v1";
 /// Longest wait at destroy for the gateways' own sessions to leave before they are forced out.
 const SESSIONS_LEAVE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Default owner role of the objects of a golden built from SQL.
@@ -74,9 +73,6 @@ pub struct TemplateProvider {
     /// Single-flight creation of the reference database.
     reference_lock: tokio::sync::Mutex<()>,
 }
-
-type HmacSha256 = Hmac<Sha256>;
-
 fn tpl(e: impl std::fmt::Display) -> ProviderError {
     ProviderError::Template(e.to_string())
 }
@@ -115,27 +111,6 @@ fn validate_handle(h: &str) -> Result<(), ProviderError> {
         Err(ProviderError::NotFound(format!("invalid handle {h:?}")))
     }
 }
-
-fn load_key(path: &Path) -> Result<Vec<u8>, ProviderError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::read_to_string(path) {
-        Ok(s) => return hex::decode(s.trim()).map_err(|e| tpl(format!("{}: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e.into()),
-    }
-    let mut key = [0u8; 32];
-    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut key);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(hex::encode(key).as_bytes())?;
-    f.sync_all()?;
-    Ok(key.to_vec())
-}
-
 impl TemplateProvider {
     /// Connects as admin, checks (or builds) the golden and its owner role.
     pub async fn new(cfg: TemplateConfig) -> Result<Self, ProviderError> {
@@ -240,15 +215,6 @@ impl TemplateProvider {
         });
         Ok(client)
     }
-
-    /// The password of a task role: HMAC of its name under the provider key, so it is never
-    /// stored anywhere and survives gateway restarts.
-    fn password(&self, role: &str) -> String {
-        let mut m = <HmacSha256 as Mac>::new_from_slice(&self.key).expect("HMAC takes any key");
-        m.update(role.as_bytes());
-        URL_SAFE_NO_PAD.encode(m.finalize().into_bytes())
-    }
-
     fn backend(&self, handle: &str, method: &str) -> Backend {
         Backend {
             handle: handle.to_string(),
@@ -263,184 +229,6 @@ impl TemplateProvider {
             golden: None,
         }
     }
-
-    /// Builds the golden from SQL unless a golden built from the same SQL exists.
-    async fn ensure_golden(
-        &self,
-        c: &Client,
-        sql: &Path,
-        owner: &str,
-    ) -> Result<(), ProviderError> {
-        let text = std::fs::read_to_string(sql)
-            .map_err(|e| ProviderError::Golden(format!("reading {}: {e}", sql.display())))?;
-        let mut h = Sha256::new();
-        h.update(text.as_bytes());
-        h.update(GOLDEN_FORMAT.as_bytes());
-        let want = format!("{GOLDEN_FORMAT}:{}", &hex::encode(h.finalize())[..16]);
-        // One builder at a time, across gateway replicas sharing the server.
-        let lock_id = i64::from_be_bytes(
-            Sha256::digest(self.golden.as_bytes())[..8]
-                .try_into()
-                .unwrap_or([0; 8]),
-        );
-        c.execute("SELECT pg_advisory_lock($1)", &[&lock_id])
-            .await
-            .map_err(|e| pg_err("locking the golden build", e))?;
-        let result = self.build_if_needed(c, &text, &want, owner).await;
-        let _ = c
-            .execute("SELECT pg_advisory_unlock($1)", &[&lock_id])
-            .await;
-        result
-    }
-
-    async fn build_if_needed(
-        &self,
-        c: &Client,
-        sql: &str,
-        want: &str,
-        owner: &str,
-    ) -> Result<(), ProviderError> {
-        let g = quote_ident(&self.golden);
-        let row = c
-            .query_opt(
-                "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = $1",
-                &[&self.golden],
-            )
-            .await
-            .map_err(|e| pg_err("looking up the golden", e))?;
-        if let Some(row) = row {
-            let comment: Option<String> = row.get(0);
-            match comment.as_deref() {
-                Some(have) if have == want => return Ok(()),
-                Some(have) if have.starts_with("sandpit-template-golden") => {
-                    tracing::info!(golden = %self.golden, "golden SQL changed; rebuilding the golden database");
-                    let sqls = [
-                        format!("ALTER DATABASE {g} IS_TEMPLATE false"),
-                        format!("DROP DATABASE {g} WITH (FORCE)"),
-                    ];
-                    for s in sqls {
-                        c.batch_execute(&s).await.map_err(|e| pg_err("dropping the old golden", e))?;
-                    }
-                }
-                _ => {
-                    return Err(ProviderError::Golden(format!(
-                        "database {:?} exists and was not built by sandpit; unset the golden SQL to use it as it is, or name another template.golden",
-                        self.golden
-                    )))
-                }
-            }
-        }
-        let t0 = Instant::now();
-        let o = quote_ident(owner);
-        let exists = c
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&owner])
-            .await
-            .map_err(|e| pg_err("looking up the golden owner", e))?
-            .is_some();
-        if !exists {
-            c.batch_execute(&format!(
-                "CREATE ROLE {o} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION"
-            ))
-            .await
-            .map_err(|e| pg_err("creating the golden owner role", e))?;
-        }
-        // Marked as ours before anything else, so a half-built golden is rebuilt, not refused.
-        for s in [
-            format!("CREATE DATABASE {g}"),
-            format!(
-                "COMMENT ON DATABASE {g} IS {}",
-                quote_literal(&format!("{GOLDEN_FORMAT}:building"))
-            ),
-            format!("REVOKE ALL ON DATABASE {g} FROM PUBLIC"),
-        ] {
-            c.batch_execute(&s)
-                .await
-                .map_err(|e| pg_err("creating the golden", e))?;
-        }
-        let gc = self.connect(Some(&self.golden)).await?;
-        gc.batch_execute(&format!("ALTER SCHEMA public OWNER TO {o}; SET ROLE {o}"))
-            .await
-            .map_err(|e| pg_err("preparing the golden", e))?;
-        gc.batch_execute(sql)
-            .await
-            .map_err(|e| pg_err("running the golden SQL", e))?;
-        gc.batch_execute("RESET ROLE")
-            .await
-            .map_err(|e| pg_err("golden", e))?;
-        gc.batch_execute("VACUUM ANALYZE")
-            .await
-            .map_err(|e| pg_err("vacuuming the golden", e))?;
-        drop(gc);
-        // No connections, ever: CREATE DATABASE … TEMPLATE refuses a golden in use.
-        for s in [
-            format!("COMMENT ON DATABASE {g} IS {}", quote_literal(want)),
-            format!("ALTER DATABASE {g} IS_TEMPLATE true ALLOW_CONNECTIONS false"),
-        ] {
-            c.batch_execute(&s)
-                .await
-                .map_err(|e| pg_err("sealing the golden", e))?;
-        }
-        tracing::info!(golden = %self.golden, elapsed_ms = t0.elapsed().as_millis() as u64, "golden database built");
-        Ok(())
-    }
-
-    /// An existing golden: it must exist; its objects' owner is configured or its owner.
-    async fn check_existing_golden(
-        &self,
-        c: &Client,
-        owner: Option<&str>,
-    ) -> Result<String, ProviderError> {
-        let row = c
-            .query_opt(
-                "SELECT pg_get_userbyid(datdba)::text, datallowconn FROM pg_database WHERE datname = $1",
-                &[&self.golden],
-            )
-            .await
-            .map_err(|e| pg_err("looking up the golden", e))?
-            .ok_or_else(|| {
-                ProviderError::Golden(format!(
-                    "golden database {:?} does not exist (set template.golden_sql to build it)",
-                    self.golden
-                ))
-            })?;
-        let dba: String = row.get(0);
-        let allow: bool = row.get(1);
-        if allow {
-            tracing::warn!(golden = %self.golden, "the golden accepts connections; any open one makes forks fail (ALTER DATABASE … ALLOW_CONNECTIONS false prevents that)");
-        }
-        Ok(owner.map(str::to_string).unwrap_or(dba))
-    }
-
-    /// `REASSIGN OWNED` also moves shared objects (databases, tablespaces): refuse an owner
-    /// that has any, or the first fork would take them.
-    async fn check_owner_shared_objects(&self, c: &Client) -> Result<(), ProviderError> {
-        let row = c
-            .query_one(
-                "SELECT r.rolsuper, \
-                   (SELECT string_agg(datname, ', ') FROM pg_database WHERE datdba = r.oid) \
-                   || coalesce(', ' || (SELECT string_agg(spcname, ', ') FROM pg_tablespace WHERE spcowner = r.oid), '') \
-                 FROM pg_roles r WHERE r.rolname = $1",
-                &[&self.owner],
-            )
-            .await
-            .map_err(|e| pg_err("checking the golden owner", e))?;
-        let superuser: bool = row.get(0);
-        let shared: Option<String> = row.get(1);
-        if superuser {
-            return Err(ProviderError::Golden(format!(
-                "the golden's objects are owned by superuser {:?}; give them to an ordinary role and set template.golden_owner",
-                self.owner
-            )));
-        }
-        if let Some(s) = shared.filter(|s| !s.is_empty()) {
-            return Err(ProviderError::Golden(format!(
-                "golden owner {:?} owns {s}; every fork reassigns what that role owns to the task role, so make another role own them (e.g. ALTER DATABASE … OWNER TO the admin role)",
-                self.owner
-            )));
-        }
-        Ok(())
-    }
-
     async fn fork_inner(&self, tag: &BackendTag) -> Result<(), ProviderError> {
         let h = tag.token_id.as_str();
         let q = quote_ident(h);
@@ -502,61 +290,6 @@ impl TemplateProvider {
         .map_err(|e| pg_err("REASSIGN OWNED", e))?;
         Ok(())
     }
-
-    /// `sp_ref_<hash>` of the golden's name, oid and comment: a rebuilt golden (new oid or
-    /// comment) gets a reference of its own. Never shaped like a token id, so the janitor
-    /// leaves it alone.
-    async fn reference_name(&self, c: &Client) -> Result<String, ProviderError> {
-        let row = c
-            .query_one(
-                "SELECT oid::text, coalesce(shobj_description(oid, 'pg_database'), '') \
-                 FROM pg_database WHERE datname = $1",
-                &[&self.golden],
-            )
-            .await
-            .map_err(|e| pg_err("reading the golden's identity", e))?;
-        let (oid, comment): (String, String) = (row.get(0), row.get(1));
-        let mut h = Sha256::new();
-        for part in [self.golden.as_str(), &oid, &comment] {
-            h.update(part.as_bytes());
-            h.update([0]);
-        }
-        Ok(format!("sp_ref_{}", &hex::encode(h.finalize())[..16]))
-    }
-
-    /// The reference database, forked from the golden on first use and then kept. Replicas
-    /// sharing a server share it: one that finds it made by another uses it.
-    async fn reference_inner(&self) -> Result<Backend, ProviderError> {
-        let _guard = self.reference_lock.lock().await;
-        let r = self.reference.as_str();
-        let c = self.connect(None).await?;
-        let exists = c
-            .query_opt(
-                "SELECT 1 FROM pg_database d JOIN pg_roles r ON r.rolname = d.datname \
-                 WHERE d.datname = $1 AND d.datallowconn",
-                &[&r],
-            )
-            .await
-            .map_err(|e| pg_err("looking up the reference database", e))?
-            .is_some();
-        if !exists {
-            // A half-made one (a fork cut off midway) is dropped and made again.
-            self.destroy_inner(r).await?;
-            let tag = BackendTag {
-                token_id: r.to_string(),
-                task: "sandpit review reference".into(),
-                expires_at: String::new(),
-                gateway_id: String::new(),
-            };
-            if let Err(e) = self.fork_inner(&tag).await {
-                let _ = self.destroy_inner(r).await;
-                return Err(e);
-            }
-            tracing::info!(reference = r, "review reference database forked");
-        }
-        Ok(self.backend(r, "reference"))
-    }
-
     async fn destroy_inner(&self, h: &str) -> Result<(), ProviderError> {
         validate_handle(h)?;
         let q = quote_ident(h);

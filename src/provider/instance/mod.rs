@@ -1,25 +1,30 @@
 //! The `instance` provider: one Postgres process per fork, on a copy of the golden data dir,
 //! reachable only over a unix socket, optionally in an empty network namespace.
 
+mod reference;
+mod root;
+mod server;
+
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use sha2::{Digest, Sha256};
 use tokio::process::Child;
 
 use super::copy::{self, CopyMethod};
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
 use super::golden_build::LiveSpec;
-use super::versions::{self, Golden, GoldenInfo};
+use super::versions::{self, Golden, GoldenInfo, GOLDEN_FILE};
 use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
-use crate::pg::process::{self, ServerSpec};
+use crate::pg::process;
 use crate::pg::user::{self, RunAs};
 use crate::pg::{self as pgbin, PgBinaries};
+pub(super) use root::make_dir;
+use root::prepare_root;
 
 /// Name of the tag file inside an instance dir.
 const TAG_FILE: &str = "sandpit-tag.json";
@@ -29,13 +34,6 @@ const TRASH_DIR: &str = "trash";
 const STOP_GRACE: Duration = Duration::from_secs(30);
 /// Grace period for an immediate shutdown.
 const DESTROY_GRACE: Duration = Duration::from_secs(5);
-/// Directory (under the real root, outside `instances/`, so `list()` never sees it) of the
-/// reference backend: a pristine fork of the golden that review diffs compare against.
-const REFERENCE_DIR: &str = "reference";
-/// Key prefix of reference servers in the children map (token handles start with `sp_`).
-const REFERENCE_KEY: &str = "reference";
-/// File in an instance dir naming the golden version it was copied from.
-pub(super) const GOLDEN_FILE: &str = "golden-version";
 
 /// Settings of the `instance` provider.
 #[derive(Debug, Clone)]
@@ -164,105 +162,6 @@ impl InstanceProvider {
         Ok(provider)
     }
 
-    /// Stops every reference server and removes their files (also the single `reference/`
-    /// of older gateways).
-    pub(super) async fn remove_references(&self) -> Result<(), ProviderError> {
-        let dir = self.real_root.join(REFERENCE_DIR);
-        if dir.join("data").exists() {
-            self.remove_reference_at(REFERENCE_KEY, &dir).await?;
-        }
-        if let Ok(rd) = fs::read_dir(&dir) {
-            for e in rd.flatten() {
-                let id = e.file_name().to_string_lossy().to_string();
-                if validate_handle(&id).is_ok() && e.path().is_dir() {
-                    self.remove_reference(&id).await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Stops the reference server of golden `id` (if any) and removes its files.
-    pub(super) async fn remove_reference(&self, id: &str) -> Result<(), ProviderError> {
-        let inst = self.real_root.join(REFERENCE_DIR).join(id);
-        self.remove_reference_at(&format!("{REFERENCE_KEY}-{id}"), &inst)
-            .await
-    }
-
-    async fn remove_reference_at(&self, key: &str, inst: &Path) -> Result<(), ProviderError> {
-        let sock = golden::socket_dir_for(inst);
-        if inst.join("data").exists() {
-            self.stop_server(key, inst, Signal::SIGQUIT, DESTROY_GRACE)
-                .await;
-        }
-        if inst.exists() {
-            let dir = inst.to_path_buf();
-            tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
-            })
-            .await
-            .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
-        }
-        golden::remove_socket_dir(&sock, inst)?;
-        Ok(())
-    }
-
-    /// The running reference backend of golden `version` (the active one when None),
-    /// forked from that golden on first use.
-    async fn reference_inner(&self, version: Option<&str>) -> Result<Backend, ProviderError> {
-        let _guard = self.reference_lock.lock().await;
-        let _gate = self.versions_gate.read().await;
-        let golden = match version {
-            None => self.active_golden_now(),
-            Some(id) => self.find_golden(id)?,
-        };
-        let key = format!("{REFERENCE_KEY}-{}", golden.id);
-        make_dir(&self.real_root.join(REFERENCE_DIR), 0o711)?;
-        let inst = self.real_root.join(REFERENCE_DIR).join(&golden.id);
-        let data = inst.join("data");
-        let sock = golden::socket_dir_for(&inst);
-        let backend = Backend {
-            handle: key.clone(),
-            target: BackendTarget {
-                endpoint: Endpoint::unix(process::socket_path(&sock)),
-                user: AGENT.to_string(),
-                database: DATABASE.to_string(),
-                password: None,
-            },
-            method: "reference".to_string(),
-            netns: self.netns,
-            golden: Some(golden.id.clone()),
-        };
-        if let Some(pf) = process::read_pid_file(&data) {
-            if process::is_postmaster_of(pf.pid, &data)
-                && pf.status == "ready"
-                && backend.target.socket_path().is_some_and(|p| p.exists())
-            {
-                return Ok(backend);
-            }
-        }
-        // Missing, stopped or half-started: nobody ever writes to it, so a fresh copy is
-        // always equivalent and simpler than recovering the old one.
-        self.remove_reference(&golden.id).await?;
-        let t0 = Instant::now();
-        make_dir(&inst, 0o711)?;
-        let src = golden.dir.join("data");
-        let (method, owner) = (self.copy, self.run_as.clone());
-        tokio::task::spawn_blocking(move || copy::copy_tree(&src, &data, method, &owner))
-            .await
-            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
-        if let Err(e) = self.start(&key, &inst).await {
-            let _ = self.remove_reference(&golden.id).await;
-            return Err(e);
-        }
-        tracing::info!(
-            elapsed_ms = t0.elapsed().as_millis() as u64,
-            "reference backend started"
-        );
-        Ok(backend)
-    }
-
     /// The copy method forks use ("reflink", "copy", "btrfs-snapshot").
     pub fn copy_method(&self) -> &str {
         self.copy.as_str()
@@ -306,59 +205,6 @@ impl InstanceProvider {
             method: method.to_string(),
             netns: self.netns,
             golden: versions::instance_golden(&inst),
-        }
-    }
-
-    /// Starts the instance's server and remembers the child.
-    async fn start(&self, handle: &str, inst: &Path) -> Result<(), ProviderError> {
-        let sock = golden::socket_dir_for(inst);
-        golden::prepare_socket_dir(&sock, &self.run_as)?;
-        let data = inst.join("data");
-        let log = inst.join("postgres.log");
-        let extra: Vec<(&str, String)> = self
-            .settings
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        let spec = ServerSpec {
-            bins: &self.bins,
-            run_as: &self.run_as,
-            netns: self.netns,
-            data: &data,
-            socket_dir: &sock,
-            log: &log,
-            max_connections: self.max_connections,
-            extra: &extra,
-        };
-        let child = process::start_postgres(&spec).await?;
-        self.lock_children().insert(handle.to_string(), child);
-        Ok(())
-    }
-
-    fn lock_children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Child>> {
-        // A panic while holding the lock cannot leave the map inconsistent: keep going.
-        self.children.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Stops whatever postmaster runs for `inst` with `sig`, waiting up to `grace`.
-    pub(super) async fn stop_server(
-        &self,
-        handle: &str,
-        inst: &Path,
-        sig: Signal,
-        grace: Duration,
-    ) {
-        let data = inst.join("data");
-        let mut child = self.lock_children().remove(handle);
-        let child_pid = child.as_ref().and_then(|c| c.id()).map(|p| p as i32);
-        let file_pid = process::read_pid_file(&data)
-            .map(|pf| pf.pid)
-            .filter(|&pid| process::is_postmaster_of(pid, &data));
-        if let Some(pid) = child_pid {
-            process::stop_postmaster(pid, child.as_mut(), sig, grace).await;
-        }
-        if let Some(pid) = file_pid.filter(|p| Some(*p) != child_pid) {
-            process::stop_postmaster(pid, None, sig, grace).await;
         }
     }
 
@@ -435,59 +281,6 @@ impl InstanceProvider {
         tracing::debug!(handle, "instance destroyed");
         self.collect_versions().await;
         Ok(())
-    }
-
-    async fn ensure_inner(&self, handle: &str) -> Result<Backend, ProviderError> {
-        let inst = self.inst_dir(handle)?;
-        let data = inst.join("data");
-        if !data.is_dir() {
-            return Err(ProviderError::NotFound(handle.to_string()));
-        }
-        let sock = golden::socket_dir_for(&inst);
-        let deadline = Instant::now() + process::READY_TIMEOUT;
-        loop {
-            match process::read_pid_file(&data) {
-                Some(pf) if process::is_postmaster_of(pf.pid, &data) => {
-                    if pf.status == "ready" {
-                        if process::socket_path(&sock).exists() {
-                            return Ok(self.backend(handle, "adopted"));
-                        }
-                        // Running but unreachable (e.g. a /tmp cleaner removed its socket dir):
-                        // restart it so it listens again.
-                        tracing::warn!(
-                            handle,
-                            "instance running without its socket; restarting it"
-                        );
-                        self.stop_server(handle, &inst, Signal::SIGINT, STOP_GRACE)
-                            .await;
-                        continue;
-                    }
-                    // Starting up (or shutting down): wait for it to settle.
-                    if Instant::now() > deadline {
-                        return Err(ProviderError::NotReady(format!(
-                            "instance {handle} stuck in state {:?}",
-                            pf.status
-                        )));
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                _ => break,
-            }
-        }
-        // Stale lock files could name a pid that now belongs to someone else; no postmaster of
-        // this instance runs, so they are safe to drop. Postgres does crash recovery itself.
-        let _ = fs::remove_file(data.join("postmaster.pid"));
-        let _ = fs::remove_file(sock.join(format!("{}.lock", process::SOCKET_FILE)));
-        let _ = fs::remove_file(process::socket_path(&sock));
-        self.lock_children().remove(handle);
-        let t0 = Instant::now();
-        self.start(handle, &inst).await?;
-        tracing::info!(
-            handle,
-            elapsed_ms = t0.elapsed().as_millis() as u64,
-            "instance restarted"
-        );
-        Ok(self.backend(handle, "restart"))
     }
 }
 
@@ -660,110 +453,4 @@ pub(super) fn validate_handle(handle: &str) -> Result<(), ProviderError> {
             "invalid backend handle {handle:?}"
         )))
     }
-}
-
-pub(super) fn make_dir(dir: &Path, mode: u32) -> Result<(), ProviderError> {
-    match fs::DirBuilder::new().mode(mode).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-        Err(e) => {
-            return Err(ProviderError::Other(format!(
-                "creating {}: {e}",
-                dir.display()
-            )))
-        }
-    }
-    fs::set_permissions(dir, fs::Permissions::from_mode(mode))?;
-    Ok(())
-}
-
-/// Makes `root` a directory the Postgres user can traverse and returns its canonical path.
-/// If an ancestor is closed to that user (e.g. under /root, or a 0700 tempdir), the real
-/// directory is `/var/tmp/sandpit-<hash>` and `root` becomes a symlink to it.
-fn prepare_root(root: &Path, run_as: &RunAs) -> Result<PathBuf, ProviderError> {
-    let name = root.file_name().ok_or_else(|| {
-        ProviderError::Other(format!(
-            "data root {} has no final component",
-            root.display()
-        ))
-    })?;
-    let parent = match root.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent)?;
-    let abs = fs::canonicalize(&parent)?.join(name);
-    let real = match fs::symlink_metadata(&abs) {
-        Ok(m) if m.file_type().is_symlink() => {
-            let target = fs::read_link(&abs)?;
-            let target = if target.is_absolute() {
-                target
-            } else {
-                abs.parent().unwrap_or(Path::new("/")).join(target)
-            };
-            // The fallback may have been cleaned (e.g. /var/tmp after a reboot): recreate it.
-            if !target.exists() {
-                make_owned_dir(&target)?;
-            }
-            fs::canonicalize(&abs)?
-        }
-        Ok(m) if m.is_dir() => {
-            if m.uid() == nix::unistd::geteuid().as_raw() && m.mode() & 0o011 != 0o011 {
-                fs::set_permissions(&abs, fs::Permissions::from_mode(0o711))?;
-            }
-            abs.clone()
-        }
-        Ok(_) => {
-            return Err(ProviderError::Other(format!(
-                "data root {} is not a directory",
-                abs.display()
-            )))
-        }
-        Err(_) if user::can_traverse(abs.parent().unwrap_or(Path::new("/")), run_as) => {
-            make_dir(&abs, 0o711)?;
-            abs.clone()
-        }
-        Err(_) => {
-            let h = hex::encode(Sha256::digest(abs.as_os_str().as_encoded_bytes()));
-            let fallback = PathBuf::from(format!("/var/tmp/sandpit-{}", &h[..12]));
-            make_owned_dir(&fallback)?;
-            std::os::unix::fs::symlink(&fallback, &abs)?;
-            tracing::info!(root = %abs.display(), real = %fallback.display(),
-                "data root is not reachable by the postgres user; using a fallback directory");
-            fallback
-        }
-    };
-    if !user::can_traverse(&real, run_as) {
-        return Err(ProviderError::Other(format!(
-            "postgres user {} cannot reach data root {}; choose a data dir outside private directories",
-            run_as.name,
-            real.display()
-        )));
-    }
-    Ok(real)
-}
-
-/// Creates (or accepts) a 0711 directory we own; refuses a symlink or someone else's directory,
-/// since the fallback lives in a world-writable place.
-fn make_owned_dir(dir: &Path) -> Result<(), ProviderError> {
-    make_dir_all_parent(dir)?;
-    match fs::symlink_metadata(dir) {
-        Ok(m) if m.is_dir() && m.uid() == nix::unistd::geteuid().as_raw() => {}
-        Ok(_) => {
-            return Err(ProviderError::Other(format!(
-                "{} exists and is not our directory",
-                dir.display()
-            )))
-        }
-        Err(_) => make_dir(dir, 0o711)?,
-    }
-    fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
-    Ok(())
-}
-
-fn make_dir_all_parent(dir: &Path) -> Result<(), ProviderError> {
-    if let Some(p) = dir.parent() {
-        fs::create_dir_all(p)?;
-    }
-    Ok(())
 }
