@@ -385,6 +385,20 @@ pub const CHECKPOINTS: [&str; 6] = [
     "CHECKPOINT",
 ];
 
+/// A `psql` command as the gateway's OS user against the socket in `sock`: no psqlrc, quiet,
+/// stopping at the first error, with a clean environment (no PG* variables leak in).
+pub fn psql_command(bin: &Path, sock: &Path, user: &str, db: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-p"])
+        .arg(process::PORT.to_string())
+        .arg("-h")
+        .arg(sock)
+        .args(["-U", user, "-d", db]);
+    cmd
+}
+
 /// Runs `psql` as the gateway's OS user against the socket in `sock`.
 pub async fn psql(
     bin: &Path,
@@ -393,20 +407,7 @@ pub async fn psql(
     db: &str,
     args: &[&str],
 ) -> Result<(), ProviderError> {
-    let out = tokio::process::Command::new(bin)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .args([
-            "-X",
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-p",
-            &process::PORT.to_string(),
-        ])
-        .arg("-h")
-        .arg(sock)
-        .args(["-U", user, "-d", db])
+    let out = psql_command(bin, sock, user, db)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

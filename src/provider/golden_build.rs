@@ -251,21 +251,8 @@ async fn copy_source(
     let out: Stdio = out
         .try_into()
         .map_err(|e| ProviderError::Golden(format!("piping pg_dump: {e}")))?;
-    let restore = tokio::process::Command::new(&ctx.bins.psql)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .args([
-            "-X",
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "--single-transaction",
-            "-p",
-            &process::PORT.to_string(),
-        ])
-        .arg("-h")
-        .arg(sock)
-        .args(["-U", AGENT, "-d", DATABASE])
+    let restore = golden::psql_command(&ctx.bins.psql, sock, AGENT, DATABASE)
+        .arg("--single-transaction")
         .stdin(out)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
