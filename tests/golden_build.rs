@@ -290,6 +290,10 @@ fn golden_from_a_live_database() {
         assert_eq!(status, 201, "{v2}");
         let v2_id = v2["id"].as_str().unwrap().to_string();
         assert_eq!(v2["active"], false);
+        // Issued before the switch: pinned to v1, whether they connect after it or never.
+        let late = g.issue("golden-late", 600);
+        let idle = g.issue("golden-idle", 600);
+        assert_eq!(g.show(idle["id"].as_str().unwrap())["golden"], v1_id.as_str());
         let (code, out, err) = run_sandpit(&[&["golden", "use", &v2_id][..], &api[..]].concat(), &key);
         assert_eq!(code, 0, "{out}{err}");
         let b = g.issue("golden-b", 600);
@@ -299,19 +303,28 @@ fn golden_from_a_live_database() {
         assert_eq!(g.show(b["id"].as_str().unwrap())["golden"], v2_id.as_str());
         assert_eq!(one(&a_dsn, "SELECT x FROM a_marker").await, "42");
         assert_eq!(one(&a_dsn, "SELECT count(*) FROM orders").await, n.to_string());
+        let late_dsn = late["dsn"].as_str().unwrap().to_string();
+        assert_eq!(one(&late_dsn, "SELECT count(*) FROM orders").await, n.to_string());
+        assert_eq!(g.show(late["id"].as_str().unwrap())["golden"], v1_id.as_str());
 
         let (code, out, _) = run_sandpit(&[&["golden", "list", "--json"][..], &api[..]].concat(), &key);
         assert_eq!(code, 0);
         let list: Vec<Value> = serde_json::from_str(&out).expect("list json");
         let find = |id: &str| list.iter().find(|v| v["id"] == id).cloned().expect(id);
         assert_eq!(find(&v1_id)["active"], false);
-        assert_eq!(find(&v1_id)["forks"], 1);
+        assert_eq!(find(&v1_id)["forks"], 2);
         assert_eq!(find(&v2_id)["active"], true);
         assert!(!out.contains(&password));
 
-        // The old version goes with its last fork.
+        // The old version goes with its last fork and its last pin (a revoke answers after
+        // the collection it triggers).
         drop(c);
-        let (s, _) = g.revoke(a["id"].as_str().unwrap());
+        for t in [&a, &late] {
+            let (s, _) = g.revoke(t["id"].as_str().unwrap());
+            assert_eq!(s, 200);
+        }
+        assert!(v1_dir.join("data").is_dir(), "v1 removed while a token pinned to it lives");
+        let (s, _) = g.revoke(idle["id"].as_str().unwrap());
         assert_eq!(s, 200);
         assert!(
             common::wait_until(Duration::from_secs(60), || !v1_dir.exists()),

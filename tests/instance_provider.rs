@@ -16,6 +16,7 @@ fn tag(id: &str) -> BackendTag {
         task: format!("task-{id}"),
         expires_at: "2030-01-01T00:00:00Z".into(),
         gateway_id: "test".into(),
+        golden: None,
     }
 }
 

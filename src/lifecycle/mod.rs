@@ -303,6 +303,12 @@ impl Gateway {
         let id = auth::new_token_id();
         let secret = auth::new_secret();
         let now = OffsetDateTime::now_utc();
+        // A golden switched to after this is for tokens issued after it.
+        let golden = self
+            .provider
+            .pin_golden(&id, &rfc3339(now + ttl))
+            .await
+            .map_err(LifecycleError::Provider)?;
         let rec = TokenRecord {
             id: id.clone(),
             task: req.task,
@@ -324,7 +330,7 @@ impl Gateway {
             verifier: Verifier::from_secret(&secret),
             backend: None,
             fork_count: 0,
-            golden: None,
+            golden,
             ended_at: None,
         };
         self.registry.insert(rec.clone()).await?;
@@ -479,6 +485,7 @@ impl Gateway {
             task: rec.task.clone(),
             expires_at: rfc3339(rec.expires_at),
             gateway_id: self.gateway_id.clone(),
+            golden: rec.golden.clone(),
         };
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
@@ -545,6 +552,8 @@ impl Gateway {
         }
         self.logs.close(id);
         self.destroy_backend(id).await?;
+        // Never forked: its pin alone may be keeping an old golden version.
+        self.provider.unpin_golden(id).await?;
         Ok(true)
     }
 

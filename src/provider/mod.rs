@@ -36,6 +36,9 @@ pub struct BackendTag {
     /// written before it existed.
     #[serde(default)]
     pub gateway_id: String,
+    /// Golden version the token was pinned to when it was issued (None: the active one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden: Option<String>,
 }
 
 /// Where a backend listens.
@@ -230,5 +233,19 @@ pub trait Provider: Send + Sync + 'static {
     /// The version new forks copy, for providers that keep versions.
     fn active_golden(&self) -> Option<String> {
         None
+    }
+    /// Pin the active version for a token being issued, so that its fork copies that version
+    /// even if another is put in use before it first connects; the pin keeps the version on
+    /// disk until the fork is made or the token ends. Returns the version (None: no versions).
+    fn pin_golden<'a>(
+        &'a self,
+        _token: &'a str,
+        _expires_at: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(async { Ok(None) })
+    }
+    /// Drop a token's pin (it ended, forked or not). Idempotent.
+    fn unpin_golden<'a>(&'a self, _token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
     }
 }

@@ -100,6 +100,7 @@ impl WarmPool {
                     expires_at: String::new(),
                     // Members are this gateway's; an empty id counts as ours to the janitor.
                     gateway_id: String::new(),
+                    golden: None,
                 };
                 let forked = pool.inner.fork(&tag).await;
                 pool.filling
@@ -165,6 +166,10 @@ impl Provider for WarmPool {
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
             let active = self.inner.active_golden();
+            if tag.golden.is_some() && tag.golden != active {
+                // Pinned to a version issued before the last switch: members are of the new one.
+                return self.inner.fork(tag).await;
+            }
             let claimed = loop {
                 let next = self.lock_ready().pop_front();
                 match next {
@@ -276,6 +281,18 @@ impl Provider for WarmPool {
 
     fn active_golden(&self) -> Option<String> {
         self.inner.active_golden()
+    }
+
+    fn pin_golden<'a>(
+        &'a self,
+        token: &'a str,
+        expires_at: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        self.inner.pin_golden(token, expires_at)
+    }
+
+    fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.unpin_golden(token)
     }
 
     fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {

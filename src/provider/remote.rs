@@ -138,6 +138,7 @@ impl RemoteProvider {
                 .format(&time::format_description::well_known::Rfc3339)
                 .map_err(|e| remote(format!("formatting the reference expiry: {e}")))?,
             gateway_id: String::new(),
+            golden: None,
         };
         let mut b = self.fork(&tag).await?;
         *current = Some(b.handle.clone());
@@ -531,6 +532,7 @@ impl Provider for RemoteProvider {
                         expires_at: e.clone(),
                         // The owner label already scopes the list to this gateway.
                         gateway_id: String::new(),
+                        golden: None,
                     }),
                     _ => None,
                 };
@@ -614,6 +616,7 @@ mod tests {
             task: "t".into(),
             expires_at: "2030-01-01T00:00:00Z".into(),
             gateway_id: String::new(),
+            golden: None,
         };
         let t0 = Instant::now();
         let e = p.fork(&tag).await.unwrap_err().to_string();

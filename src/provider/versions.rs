@@ -1,8 +1,10 @@
 //! Golden versions of the `instance` provider. The golden built from the SQL file is the
 //! base version (its id is its directory name, `golden-<hash>`); goldens built from a live
 //! database live in `<root>/versions/<id>/`. `versions/active` names the one new forks copy;
-//! every instance names its own in `golden-version`. A built version that is not active and
-//! that no instance names any more is removed.
+//! every instance names its own in `golden-version`. A token issued while a version is active
+//! is pinned to it (`<root>/pins/<token>`: version and expiry) until its fork names it or
+//! the token ends. A built version that is not active and that no instance or live pin names
+//! any more is removed.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,6 +23,8 @@ const VERSIONS_DIR: &str = "versions";
 const ACTIVE_FILE: &str = "active";
 /// Metadata of a built version, in its directory.
 const META_FILE: &str = "golden.json";
+/// Directory of pins (one file per issued, not yet forked token), under the real root.
+const PINS_DIR: &str = "pins";
 /// File in an instance dir naming the golden version it was copied from.
 pub(super) const GOLDEN_FILE: &str = "golden-version";
 
@@ -172,6 +176,85 @@ impl InstanceProvider {
         }
     }
 
+    /// The version a fork for `tag` copies: its pin while that version is on disk, else the
+    /// active one. Call with the versions gate held.
+    pub(super) fn golden_for(&self, tag: &super::BackendTag) -> Golden {
+        let pinned = tag.golden.clone().or_else(|| self.read_pin(&tag.token_id));
+        match pinned.map(|id| self.find_golden(&id)) {
+            Some(Ok(g)) => g,
+            Some(Err(_)) => {
+                tracing::warn!(token = %tag.token_id, "pinned golden version is gone; forking the active one");
+                self.active_golden_now()
+            }
+            None => self.active_golden_now(),
+        }
+    }
+
+    fn pin_path(&self, token: &str) -> Result<PathBuf, ProviderError> {
+        validate_handle(token)?;
+        Ok(self.real_root.join(PINS_DIR).join(token))
+    }
+
+    fn read_pin(&self, token: &str) -> Option<String> {
+        let text = fs::read_to_string(self.pin_path(token).ok()?).ok()?;
+        text.lines().next().map(str::to_string)
+    }
+
+    /// Pins the active version for `token` (issued, expiring at `expires_at`, RFC 3339).
+    pub(super) async fn pin_version(
+        &self,
+        token: &str,
+        expires_at: &str,
+    ) -> Result<String, ProviderError> {
+        let path = self.pin_path(token)?;
+        // Under the gate: a switch or a collection cannot come between reading and pinning.
+        let _gate = self.versions_gate.read().await;
+        let active = self.active_golden_now();
+        make_dir(&self.real_root.join(PINS_DIR), 0o700)?;
+        let tmp = path.with_extension("tmp");
+        fs::write(&tmp, format!("{}\n{expires_at}\n", active.id))?;
+        fs::rename(&tmp, &path)?;
+        Ok(active.id)
+    }
+
+    /// Removes a token's pin; true if there was one.
+    pub(super) fn unpin_version(&self, token: &str) -> Result<bool, ProviderError> {
+        match fs::remove_file(self.pin_path(token)?) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Versions named by pins whose token has not expired; expired pins (a token that ended
+    /// while no gateway ran) are removed on the way.
+    fn pinned_versions(&self) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        let Ok(rd) = fs::read_dir(self.real_root.join(PINS_DIR)) else {
+            return out;
+        };
+        let now = time::OffsetDateTime::now_utc();
+        for e in rd.flatten() {
+            let text = fs::read_to_string(e.path()).unwrap_or_default();
+            let mut lines = text.lines();
+            let (Some(version), Some(expires)) = (lines.next(), lines.next()) else {
+                continue; // being written
+            };
+            let expired = time::OffsetDateTime::parse(
+                expires,
+                &time::format_description::well_known::Rfc3339,
+            )
+            .map(|t| t < now)
+            .unwrap_or(false);
+            if expired {
+                let _ = fs::remove_file(e.path());
+            } else {
+                out.insert(version.to_string());
+            }
+        }
+        out
+    }
+
     /// How many instances name each version (instances of older gateways count as base).
     fn fork_counts(&self) -> std::collections::BTreeMap<String, u64> {
         let mut counts = std::collections::BTreeMap::new();
@@ -321,11 +404,16 @@ impl InstanceProvider {
         let _gate = self.versions_gate.write().await;
         let active = self.active_golden_now().id;
         let counts = self.fork_counts();
+        let pinned = self.pinned_versions();
         let vdir = versions_dir(&self.real_root);
         let Ok(rd) = fs::read_dir(&vdir) else { return };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if !e.path().is_dir() || name == active || counts.contains_key(&name) {
+            if !e.path().is_dir()
+                || name == active
+                || counts.contains_key(&name)
+                || pinned.contains(&name)
+            {
                 continue;
             }
             // A build in progress (leftovers of dead ones go at start).

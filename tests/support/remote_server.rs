@@ -249,6 +249,7 @@ async fn fork(st: Arc<Inner>, id: String) {
         task: "remote".into(),
         expires_at: now_plus(3600),
         gateway_id: String::new(),
+        golden: None,
     };
     let result = async {
         let b = st.provider.fork(&tag).await.map_err(|e| e.to_string())?;

@@ -214,7 +214,7 @@ impl InstanceProvider {
             // The version is named before the gate is released, so it is never removed
             // under this instance.
             let _gate = self.versions_gate.read().await;
-            let golden = self.active_golden_now();
+            let golden = self.golden_for(tag);
             fs::write(inst.join(GOLDEN_FILE), &golden.id)?;
             let src = golden.dir.join("data");
             let dst = inst.join("data");
@@ -233,6 +233,8 @@ impl InstanceProvider {
         std::io::Write::write_all(&mut f, &json)?;
         let copied = t0.elapsed();
         self.start(&tag.token_id, inst).await?;
+        // The instance's own golden-version file names the version from now on.
+        self.unpin_version(&tag.token_id)?;
         tracing::debug!(handle = %tag.token_id, copy_ms = copied.as_millis() as u64,
             start_ms = (t0.elapsed() - copied).as_millis() as u64, "fork phases");
         Ok(())
@@ -420,6 +422,23 @@ impl Provider for InstanceProvider {
 
     fn active_golden(&self) -> Option<String> {
         Some(self.active_golden_now().id)
+    }
+
+    fn pin_golden<'a>(
+        &'a self,
+        token: &'a str,
+        expires_at: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(async move { self.pin_version(token, expires_at).await.map(Some) })
+    }
+
+    fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            if self.unpin_version(token)? {
+                self.collect_versions().await;
+            }
+            Ok(())
+        })
     }
 
     fn secrets(&self) -> Vec<String> {

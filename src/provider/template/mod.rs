@@ -443,6 +443,7 @@ mod tests {
             task: "t".into(),
             expires_at: "2030-01-01T00:00:00Z".into(),
             gateway_id: String::new(),
+            golden: None,
         };
         let s = serde_json::to_string(&Comment {
             sandpit: "template".into(),

@@ -52,6 +52,7 @@ impl TemplateProvider {
                 task: "sandpit review reference".into(),
                 expires_at: String::new(),
                 gateway_id: String::new(),
+                golden: None,
             };
             if let Err(e) = self.fork_inner(&tag).await {
                 let _ = self.destroy_inner(r).await;
