@@ -62,6 +62,8 @@ class Env:
         self.procs = []
         self.mounts = []
         self.notes = []
+        # Markdown blocks a section prints after the main table (e.g. a table of its own).
+        self.tables = []
         n = os.cpu_count() or 1
         affinity = sorted(os.sched_getaffinity(0))
         if len(affinity) >= 2:
@@ -230,13 +232,17 @@ class Gateway:
         return "unknown"
 
     def golden_size_mb(self):
-        pg = os.path.join(self.data_dir, "pg")
-        best = 0
-        for d in os.listdir(pg):
-            if d.startswith("golden"):
-                out = subprocess.run(["du", "-sm", "--apparent-size", os.path.join(pg, d)], capture_output=True, text=True).stdout
-                best = max(best, int(out.split()[0] or 0)) if out else best
-        return best
+        return instance_golden_mb(os.path.join(self.data_dir, "pg"))
+
+
+def instance_golden_mb(pg_root):
+    """Apparent size in MB of the instance provider's golden data directory under `pg_root`."""
+    best = 0
+    for d in os.listdir(pg_root):
+        if d.startswith("golden"):
+            out = subprocess.run(["du", "-sm", "--apparent-size", os.path.join(pg_root, d)], capture_output=True, text=True).stdout
+            best = max(best, int(out.split()[0] or 0)) if out else best
+    return best
 
 
 def first_query(dsn):
