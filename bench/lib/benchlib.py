@@ -38,14 +38,15 @@ def med_p99(values, unit="ms", fmt="{:.1f}"):
     return f"{fmt.format(pct(values, 50))} / {fmt.format(pct(values, 99))} {unit} (n={len(values)})"
 
 
-def golden_sql(path, mb=0, rows=0):
+def golden_sql(path, mb=0, rows=0, vacuum=True):
     """A golden whose data directory grows by about `mb` MiB: 900-byte rows stay inline and
-    uncompressed (below the TOAST threshold), about 8 to a page."""
+    uncompressed (below the TOAST threshold), about 8 to a page. `vacuum=False` for the
+    template provider, which runs the file as one implicit transaction (VACUUM refuses)."""
     n = rows or mb * 1024 * 8 * 1024 // 8192
     with open(path, "w") as f:
         f.write("create table filler(id int primary key, pad text not null);\n"
                 f"insert into filler select g, repeat(md5(g::text), 28) from generate_series(1, {n}) g;\n"
-                "vacuum analyze filler;\n")
+                + ("vacuum analyze filler;\n" if vacuum else "analyze filler;\n"))
     return path
 
 
