@@ -136,9 +136,14 @@ def seed_golden(src_root, dst_root):
                             os.path.join(dst_root, d)], check=True)
 
 
+def cell(text, n):
+    """One markdown table cell: a line, no pipes, at most `n` characters."""
+    return " ".join(text.split()).replace("|", "/")[:n]
+
+
 def line(provider, mb, g_mb, how, cold, warm):
     if isinstance(warm, str):
-        w, ratio = f"not measured: {warm[:200]}", "–"
+        w, ratio = f"not measured: {cell(warm, 200)}", "–"
     else:
         w, ratio = bl.med_p99(warm), f"{pct(cold, 50) / pct(warm, 50):.1f}"
     return f"| `{provider}` | {mb} MiB ({g_mb} MB) | {how} | {bl.med_p99(cold)} | {w} | {ratio} |"
@@ -159,7 +164,7 @@ def providers(env, sz):
             lines.append(fn())
         except Exception as e:  # one broken combination must not hide the others
             log(f"providers: {what} failed: {e!r}")
-            lines.append(f"| {what} | | | error: {type(e).__name__}: {str(e)[:150]} | | |")
+            lines.append(f"| {what} | | | error: {type(e).__name__}: {cell(str(e), 150)} | | |")
 
     for mb in p["sizes"]:
         cold_n = p["cold_big"] if mb >= 1024 else p["cold"]
