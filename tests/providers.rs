@@ -248,6 +248,92 @@ fn spine_on_template() {
     });
 }
 
+/// Names and tags of the pool members on the shared server (`pool-…` databases).
+async fn template_pool_members(pg: &shared_pg::SharedPg) -> Vec<(String, Value)> {
+    let c = pg.admin("postgres").await;
+    c.query(
+        "select datname::text, coalesce(shobj_description(oid, 'pg_database'), '{}') \
+         from pg_database where datname like 'pool-%' order by 1",
+        &[],
+    )
+    .await
+    .expect("list pool databases")
+    .iter()
+    .map(|r| {
+        let tag: String = r.get(1);
+        (r.get(0), serde_json::from_str(&tag).expect("tag json"))
+    })
+    .collect()
+}
+
+#[test]
+fn warm_pool_on_template() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let pg = rt.block_on(shared_pg::SharedPg::start());
+    let cfg = format!(
+        "provider = \"template\"\n[template]\nadmin_dsn = \"{}\"\ngolden = \"sandpit_golden\"\n\
+         sslmode = \"require\"\n[pool]\nsize = 2\n",
+        pg.admin_dsn()
+    );
+    let mut g = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
+    rt.block_on(async {
+        let filled = eventually(Duration::from_secs(60), || async {
+            template_pool_members(&pg).await.len() == 2
+        })
+        .await;
+        assert!(filled, "pool did not fill\n{}", g.log());
+
+        // The first connection claims a member: the token's rows, and the member's database.
+        let t = g.issue("tpl-pooled", 600);
+        let c = connect(&dsn(&t)).await.expect("connect");
+        let row = c
+            .query_one(
+                "select current_database()::text, (select count(*) from items)",
+                &[],
+            )
+            .await
+            .expect("query");
+        let db: String = row.get(0);
+        assert!(db.starts_with("pool-"), "{db}");
+        assert_eq!(row.get::<_, i64>(1), 1000);
+        assert!(g.log().contains("method=pool("), "{}", g.log());
+        // Its database comment now carries the token's tag, so a janitor pass keeps it.
+        let claimed: Vec<(String, Value)> = template_pool_members(&pg)
+            .await
+            .into_iter()
+            .filter(|(name, _)| name == &db)
+            .collect();
+        assert_eq!(claimed.len(), 1);
+        assert_eq!(claimed[0].1["token_id"], id(&t).as_str(), "{:?}", claimed);
+        assert_eq!(claimed[0].1["task"], "tpl-pooled");
+        let (status, report) = g.raw_call("POST", "/v1/reap", None);
+        assert_eq!(status, 200, "{report}");
+        c.simple_query("select 1")
+            .await
+            .expect("the claimed backend survived the janitor");
+        // The pool refills to two unclaimed members besides the claimed one.
+        let refilled = eventually(Duration::from_secs(60), || async {
+            template_pool_members(&pg).await.len() == 3
+        })
+        .await;
+        assert!(refilled, "pool did not refill\n{}", g.log());
+
+        // Revoke drops the claimed database; shutdown drops the unclaimed ones.
+        drop(c);
+        let (status, _) = g.revoke(&id(&t));
+        assert_eq!(status, 200);
+        let left: Vec<String> = template_pool_members(&pg)
+            .await
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert!(!left.contains(&db), "{left:?}");
+    });
+    g.stop();
+    let left = rt.block_on(template_pool_members(&pg));
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 /// What the role-per-task design promises on a shared server.
 async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
     let t = g.issue("tpl-roles", 600);

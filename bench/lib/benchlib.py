@@ -38,14 +38,15 @@ def med_p99(values, unit="ms", fmt="{:.1f}"):
     return f"{fmt.format(pct(values, 50))} / {fmt.format(pct(values, 99))} {unit} (n={len(values)})"
 
 
-def golden_sql(path, mb=0, rows=0):
+def golden_sql(path, mb=0, rows=0, vacuum=True):
     """A golden whose data directory grows by about `mb` MiB: 900-byte rows stay inline and
-    uncompressed (below the TOAST threshold), about 8 to a page."""
+    uncompressed (below the TOAST threshold), about 8 to a page. `vacuum=False` for the
+    template provider, which runs the file as one implicit transaction (VACUUM refuses)."""
     n = rows or mb * 1024 * 8 * 1024 // 8192
     with open(path, "w") as f:
         f.write("create table filler(id int primary key, pad text not null);\n"
                 f"insert into filler select g, repeat(md5(g::text), 28) from generate_series(1, {n}) g;\n"
-                "vacuum analyze filler;\n")
+                + ("vacuum analyze filler;\n" if vacuum else "analyze filler;\n"))
     return path
 
 
@@ -62,6 +63,8 @@ class Env:
         self.procs = []
         self.mounts = []
         self.notes = []
+        # Markdown blocks a section prints after the main table (e.g. a table of its own).
+        self.tables = []
         n = os.cpu_count() or 1
         affinity = sorted(os.sched_getaffinity(0))
         if len(affinity) >= 2:
@@ -230,13 +233,17 @@ class Gateway:
         return "unknown"
 
     def golden_size_mb(self):
-        pg = os.path.join(self.data_dir, "pg")
-        best = 0
-        for d in os.listdir(pg):
-            if d.startswith("golden"):
-                out = subprocess.run(["du", "-sm", "--apparent-size", os.path.join(pg, d)], capture_output=True, text=True).stdout
-                best = max(best, int(out.split()[0] or 0)) if out else best
-        return best
+        return instance_golden_mb(os.path.join(self.data_dir, "pg"))
+
+
+def instance_golden_mb(pg_root):
+    """Apparent size in MB of the instance provider's golden data directory under `pg_root`."""
+    best = 0
+    for d in os.listdir(pg_root):
+        if d.startswith("golden"):
+            out = subprocess.run(["du", "-sm", "--apparent-size", os.path.join(pg_root, d)], capture_output=True, text=True).stdout
+            best = max(best, int(out.split()[0] or 0)) if out else best
+    return best
 
 
 def first_query(dsn):

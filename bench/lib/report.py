@@ -62,6 +62,8 @@ def render(rows, env, sz, quick, secs, root):
         "| figure | measured | target | |", "| --- | --- | --- | --- |"]
     for r in rows:
         out.append(f"| {r.figure} | {r.measured} | {r.target} | {r.note} |")
+    for t in env.tables:
+        out += ["", t.rstrip("\n")]
     return "\n".join(out) + "\n"
 
 

@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -10,6 +9,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+#[path = "../support/tempdir.rs"]
+mod scratch;
+pub use scratch::tempdir;
 
 /// A running gateway process.
 pub struct Gateway {
@@ -24,16 +27,6 @@ pub struct Gateway {
 /// A small golden for tests that need their own gateway.
 pub const SMALL_GOLDEN: &str = "create table items(id int primary key, name text not null);\n\
 insert into items select g, 'item ' || g from generate_series(1, 1000) g;\n";
-
-pub fn tempdir() -> tempfile::TempDir {
-    let t = tempfile::Builder::new()
-        .prefix("sandpit-test-")
-        .tempdir()
-        .expect("tempdir");
-    // The unprivileged Postgres user must be able to reach below it.
-    std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    t
-}
 
 impl Gateway {
     /// Start a gateway on a fresh data dir. `golden` None = the demo golden.

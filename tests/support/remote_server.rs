@@ -59,7 +59,7 @@ pub struct RemoteServer {
     pub api_key: String,
     inner: Arc<Inner>,
     instances: PathBuf,
-    _tmp: tempfile::TempDir,
+    _tmp: Option<tempfile::TempDir>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -82,7 +82,15 @@ impl RemoteServer {
         let tmp = super::common::tempdir();
         let sql = tmp.path().join("golden.sql");
         std::fs::write(&sql, golden_sql).expect("golden sql");
-        let provider = InstanceProvider::new(InstanceConfig::new(tmp.path().join("pg"), &sql))
+        let mut srv = RemoteServer::start_at(tmp.path().join("pg"), &sql).await;
+        srv._tmp = Some(tmp);
+        srv
+    }
+
+    /// Serves the API with forks under `root` (an instance provider root: a golden already
+    /// built there from the same SQL is reused, as `bench/` does with a gateway's).
+    pub async fn start_at(root: PathBuf, golden_sql: &std::path::Path) -> RemoteServer {
+        let provider = InstanceProvider::new(InstanceConfig::new(root, golden_sql))
             .await
             .expect("instance provider");
         let instances = provider.real_root().join("instances");
@@ -126,7 +134,7 @@ impl RemoteServer {
             api_key: inner.api_key.clone(),
             inner,
             instances,
-            _tmp: tmp,
+            _tmp: None,
         }
     }
 
@@ -156,6 +164,12 @@ impl RemoteServer {
             self.inner.tls_conns.load(Ordering::SeqCst),
             self.inner.plain_conns.load(Ordering::SeqCst),
         )
+    }
+
+    /// How its forks copy the golden (`reflink`, `copy`, …).
+    #[allow(dead_code)] // read by examples/bench_backends.rs, not by the tests
+    pub fn copy_method(&self) -> String {
+        self.inner.provider.copy_method().to_string()
     }
 
     /// Sandboxes that exist now.

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 
+use super::pool::POOL_PREFIX;
 use super::tls::{self as btls, SslMode};
 use super::{
     Backend, BackendAddr, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError,
@@ -89,6 +90,15 @@ fn pg_err(what: &str, e: tokio_postgres::Error) -> ProviderError {
     }
 }
 
+/// A database this provider made: a token's, or a warm-pool member (whose handle is
+/// `pool-` + the 20 characters of a token id).
+fn is_scratch_name(name: &str) -> bool {
+    crate::auth::is_token_id(name)
+        || name
+            .strip_prefix(POOL_PREFIX)
+            .is_some_and(|rest| crate::auth::is_token_id(&format!("sp_{rest}")))
+}
+
 /// `"name"` with embedded quotes doubled.
 pub fn quote_ident(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "\"\""))
@@ -99,12 +109,14 @@ fn quote_literal(s: &str) -> String {
     format!("E'{}'", s.replace('\\', "\\\\").replace('\'', "''"))
 }
 
-/// Handles are token ids: `sp_` + lowercase base32, safe as identifiers and file names.
+/// Handles are token ids (`sp_` + lowercase base32) or warm-pool member names (`pool-` +
+/// lowercase base32), safe as quoted identifiers and file names.
 fn validate_handle(h: &str) -> Result<(), ProviderError> {
     let ok = h.len() <= 63
-        && h.starts_with("sp_")
-        && h.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        && (h.starts_with("sp_") || h.starts_with(POOL_PREFIX))
+        && h.bytes().enumerate().all(|(i, b)| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || (b == b'-' && i == 4)
+        });
     if ok {
         Ok(())
     } else {
@@ -379,7 +391,7 @@ impl Provider for TemplateProvider {
             let rows = c
                 .query(
                     "SELECT datname::text, shobj_description(oid, 'pg_database') FROM pg_database \
-                     WHERE datname LIKE 'sp\\_%' ORDER BY 1",
+                     WHERE datname LIKE 'sp\\_%' OR datname LIKE 'pool-%' ORDER BY 1",
                     &[],
                 )
                 .await
@@ -387,8 +399,8 @@ impl Provider for TemplateProvider {
             let mut out = Vec::new();
             for r in rows {
                 let name: String = r.get(0);
-                // Only names shaped like token ids: other `sp_` databases are not ours to reap.
-                if !crate::auth::is_token_id(&name) {
+                // Only names shaped like ours: other `sp_` databases are not ours to reap.
+                if !is_scratch_name(&name) {
                     continue;
                 }
                 let comment: Option<String> = r.get(1);
@@ -420,6 +432,31 @@ impl Provider for TemplateProvider {
             self.destroy_inner(&self.reference).await
         })
     }
+
+    /// A claimed warm-pool member gets the token's tag in its database comment, so the
+    /// janitor reads it as that token's backend (the database and role keep the pool name).
+    fn retag<'a>(
+        &'a self,
+        handle: &'a str,
+        tag: &'a BackendTag,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            validate_handle(handle)?;
+            let comment = serde_json::to_string(&Comment {
+                sandpit: "template".into(),
+                tag: tag.clone(),
+            })
+            .map_err(|e| ProviderError::Other(format!("tag: {e}")))?;
+            let c = self.connect(None).await?;
+            c.batch_execute(&format!(
+                "COMMENT ON DATABASE {} IS {}",
+                quote_ident(handle),
+                quote_literal(&comment)
+            ))
+            .await
+            .map_err(|e| pg_err("re-tagging the scratch database", e))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -434,6 +471,12 @@ mod tests {
         assert!(validate_handle("postgres").is_err());
         assert!(validate_handle("sp_A").is_err());
         assert!(validate_handle("sp_a;drop").is_err());
+        assert!(validate_handle("pool-abc234").is_ok());
+        assert!(validate_handle("pool-a-b").is_err());
+        assert!(validate_handle("pool_ab").is_err());
+        assert!(is_scratch_name("pool-abcdefghijklmnopqrst"));
+        assert!(!is_scratch_name("pool-abc"));
+        assert!(!is_scratch_name("sp_other"));
     }
 
     #[test]
