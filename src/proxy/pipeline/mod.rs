@@ -4,18 +4,22 @@
 //! outcomes logged, and the client still sees a correct sequence of tags and transaction
 //! states. Messages the gateway does not change are passed on as the bytes that were read.
 
+mod log;
+mod policy;
 mod responses;
+
+use log::{log_param, text_of};
+use policy::DENY_SQL;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use time::OffsetDateTime;
 
 use super::caps::{CapMode, CapPolicy, ResultCount};
 use crate::review::classify::{self, Kind};
-use crate::review::log::{LogRecord, OutcomeRecord, StatementRecord, TokenLog};
+use crate::review::log::TokenLog;
 use crate::wire::frame::Frame;
 use crate::wire::messages::{self, frontend, Severity};
 
@@ -29,10 +33,6 @@ pub const MAX_TRACKED_BYTES: usize = 32 * 1024 * 1024;
 /// the backend's own error state (skip to Sync, aborted transaction) matches what the client
 /// is told.
 const REFUSED_SQL: &[u8] = b"sandpit refused this message";
-/// Longest text parameter kept in the log, in bytes.
-const PARAM_LOG_MAX: usize = 256;
-/// Binary parameters are logged as a hex prefix of this many bytes.
-const PARAM_HEX_MAX: usize = 32;
 
 /// Who the session is, for log records.
 pub struct SessionIdentity {
@@ -49,11 +49,6 @@ pub struct SessionIdentity {
     /// Seatbelt policy: statement kinds allowed (None = all).
     pub allow: Option<Vec<String>>,
 }
-
-/// Raises the refusal inside the backend, so that the transaction state the client sees
-/// after a refused statement is the real one.
-const DENY_SQL: &str =
-    "DO $sandpit$ BEGIN RAISE EXCEPTION 'sandpit policy' USING ERRCODE = '42501'; END $sandpit$";
 
 /// A statement on its way through the backend.
 struct Stmt {
@@ -133,43 +128,6 @@ pub struct Pipeline {
     skip_until_sync: bool,
 }
 
-fn now() -> String {
-    OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
-fn text_of(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn verb_of(text: &str) -> &'static str {
-    let t = text
-        .trim_start()
-        .get(..5)
-        .unwrap_or("")
-        .to_ascii_uppercase();
-    if t == "FETCH" {
-        "FETCH"
-    } else {
-        "SELECT"
-    }
-}
-
-fn log_param(fmt: i16, v: Option<&[u8]>) -> Option<String> {
-    let v = v?;
-    if fmt == 1 {
-        let n = v.len().min(PARAM_HEX_MAX);
-        let more = if v.len() > n { "…" } else { "" };
-        return Some(format!("\\x{}{more}", hex::encode(&v[..n])));
-    }
-    let mut s = String::from_utf8_lossy(&v[..v.len().min(PARAM_LOG_MAX)]).into_owned();
-    if v.len() > PARAM_LOG_MAX {
-        s.push('…');
-    }
-    Some(s)
-}
-
 impl Pipeline {
     /// New state for a session that just got its first ReadyForQuery.
     pub fn new(id: SessionIdentity) -> Pipeline {
@@ -229,119 +187,6 @@ impl Pipeline {
     /// Nothing waits to be forwarded.
     pub fn outbox_empty(&self) -> bool {
         self.outbox.is_empty()
-    }
-
-    fn log_statement(
-        &self,
-        protocol: &str,
-        text: &str,
-        params: Vec<Option<String>>,
-        kind: Kind,
-    ) -> u64 {
-        let Some(log) = &self.id.log else {
-            metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
-            return 0;
-        };
-        let seq = log.next_seq();
-        let rec = LogRecord::Statement(StatementRecord {
-            seq,
-            ts: now(),
-            token: self.id.token.clone(),
-            task: self.id.task.clone(),
-            session: self.id.session,
-            protocol: protocol.to_string(),
-            text: text.to_string(),
-            params,
-            kind: kind.as_str().to_string(),
-        });
-        if let Err(e) = log.append(&rec) {
-            // The statement still runs: the log is a record, not a gate. Loudly reported.
-            tracing::error!(error = %e, "statement log write failed");
-            metrics::counter!("sandpit_log_errors_total").increment(1);
-        }
-        metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
-        seq
-    }
-
-    fn new_stmt(&self, protocol: &str, text: &str, params: Vec<Option<String>>) -> Stmt {
-        let kind = classify::classify(text);
-        let seq = self.log_statement(protocol, text, params, kind);
-        Stmt {
-            seq,
-            kind,
-            started: Instant::now(),
-            count: ResultCount::default(),
-            held: Vec::new(),
-            copy_out: false,
-            lowered: false,
-            verb: verb_of(text),
-            denied: false,
-        }
-    }
-
-    fn denies(&self, kind: Kind) -> bool {
-        match &self.id.allow {
-            None => false,
-            Some(allowed) => kind == Kind::Unparsed || !allowed.iter().any(|k| k == kind.as_str()),
-        }
-    }
-
-    fn denial_message(&self, kind: Kind) -> String {
-        let allowed = self.id.allow.as_deref().unwrap_or_default().join(", ");
-        format!(
-            "sandpit policy: this token may run only {allowed} statements; this one is {} and was not run (the scratch database, not this policy, is the boundary)",
-            kind.as_str()
-        )
-    }
-
-    /// Refuse a whole simple Query or FunctionCall: log it, and send the refusal instead.
-    fn deny_simple(&mut self, stmts: VecDeque<Stmt>) {
-        let mut message = None;
-        for mut s in stmts {
-            if message.is_none() && self.denies(s.kind) {
-                s.denied = true;
-                message = Some(self.denial_message(s.kind));
-                metrics::counter!("sandpit_denied_statements_total", "kind" => s.kind.as_str())
-                    .increment(1);
-                self.log_outcome(&s, Some("42501".into()), None, false);
-            } else {
-                self.log_outcome(&s, None, None, true);
-            }
-        }
-        let mut q = DENY_SQL.as_bytes().to_vec();
-        q.push(0);
-        let message = message.unwrap_or_else(|| self.denial_message(Kind::Unparsed));
-        self.push(
-            crate::wire::frame::build(b'Q', &q),
-            vec![Pending::Denied { message }],
-        );
-    }
-
-    fn log_outcome(&self, stmt: &Stmt, sqlstate: Option<String>, tag: Option<&str>, skipped: bool) {
-        let rows = match tag.and_then(messages::tag_rows) {
-            Some(n) if !stmt.count.truncated && stmt.count.rows == 0 => Some(n),
-            _ if skipped || sqlstate.is_some() => None,
-            _ => Some(stmt.count.rows),
-        };
-        if stmt.count.truncated {
-            metrics::counter!("sandpit_capped_statements_total").increment(1);
-        }
-        let rec = LogRecord::Outcome(OutcomeRecord {
-            seq: stmt.seq,
-            ts: now(),
-            rows,
-            capped: stmt.count.truncated,
-            duration_ms: stmt.started.elapsed().as_secs_f64() * 1000.0,
-            sqlstate,
-            tag: tag.map(str::to_string),
-            skipped,
-            denied: stmt.denied,
-        });
-        let Some(log) = &self.id.log else { return };
-        if let Err(e) = log.append(&rec) {
-            tracing::error!(error = %e, "statement log write failed");
-            metrics::counter!("sandpit_log_errors_total").increment(1);
-        }
     }
 
     /// A message from the client: log it, decide what goes to the backend.
