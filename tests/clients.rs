@@ -42,21 +42,8 @@ pub struct Target {
 /// The matrix gateway (small golden), shared by the tests of this binary. Started from a
 /// thread that lives as long as the process, so PDEATHSIG fires only when the process ends.
 pub fn gateway() -> &'static Gateway {
-    static G: OnceLock<usize> = OnceLock::new();
-    let p = *G.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let g = Gateway::start(Some(SMALL_GOLDEN), Some(CONFIG));
-            let leaked: &'static Gateway = Box::leak(Box::new(g));
-            let _ = tx.send(leaked as *const Gateway as usize);
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("matrix gateway")
-    });
-    // SAFETY: leaked above, lives for the whole process.
-    unsafe { &*(p as *const Gateway) }
+    static G: OnceLock<&'static Gateway> = OnceLock::new();
+    G.get_or_init(|| common::process_gateway(|| Gateway::start(Some(SMALL_GOLDEN), Some(CONFIG))))
 }
 
 /// Issue a token for one client: enough connections for pgbench -c 8, the default row cap.

@@ -22,21 +22,8 @@ const CONFIG: &str = "[postgres]\ntemp_file_limit = \"1MB\"\n\
 
 /// One gateway for the whole file, alive as long as the test process.
 fn gw() -> &'static Gateway {
-    static G: OnceLock<usize> = OnceLock::new();
-    let p = *G.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let g = Gateway::start(Some(GOLDEN), Some(CONFIG));
-            let leaked: &'static Gateway = Box::leak(Box::new(g));
-            let _ = tx.send(leaked as *const Gateway as usize);
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("containment gateway")
-    });
-    // SAFETY: leaked above, lives for the whole process.
-    unsafe { &*(p as *const Gateway) }
+    static G: OnceLock<&'static Gateway> = OnceLock::new();
+    G.get_or_init(|| common::process_gateway(|| Gateway::start(Some(GOLDEN), Some(CONFIG))))
 }
 
 fn dsn(v: &Value) -> String {

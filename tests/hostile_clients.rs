@@ -20,21 +20,8 @@ const CONFIG: &str = "[limits]\nstartup_timeout = \"3s\"\nauth_failures_per_minu
 [tokens]\nmax_bytes_limit = 67108864\n";
 
 fn gw() -> &'static Gateway {
-    static G: OnceLock<usize> = OnceLock::new();
-    let p = *G.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let g = Gateway::start(Some(GOLDEN), Some(CONFIG));
-            let leaked: &'static Gateway = Box::leak(Box::new(g));
-            let _ = tx.send(leaked as *const Gateway as usize);
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("gateway")
-    });
-    // SAFETY: leaked above, lives for the whole process.
-    unsafe { &*(p as *const Gateway) }
+    static G: OnceLock<&'static Gateway> = OnceLock::new();
+    G.get_or_init(|| common::process_gateway(|| Gateway::start(Some(GOLDEN), Some(CONFIG))))
 }
 
 fn gateway_pid() -> u32 {

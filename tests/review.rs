@@ -41,28 +41,16 @@ create view cheap_items as select id, name from items where price < 10;
 /// The gateway of this test binary, on the small golden. Started from a thread that lives as
 /// long as the process, so the gateway's PDEATHSIG fires only when the process ends.
 fn gateway() -> &'static Gateway {
-    static G: OnceLock<usize> = OnceLock::new();
-    let p = *G.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // A fixed dir under target/ so the golden is built once, not per run.
-            let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("review-gateway");
-            for sub in ["tokens", "pg/instances", "reviews", "logs", "gateway.log"] {
-                let p = dir.join(sub);
-                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
-            }
-            std::fs::create_dir_all(&dir).expect("gateway dir");
-            let g = Gateway::start_in(&dir, Some(GOLDEN), None);
-            let leaked: &'static Gateway = Box::leak(Box::new(g));
-            let _ = tx.send(leaked as *const Gateway as usize);
-            loop {
-                std::thread::park();
-            }
-        });
-        rx.recv().expect("gateway")
-    });
-    // SAFETY: leaked above, lives for the whole process.
-    unsafe { &*(p as *const Gateway) }
+    static G: OnceLock<&'static Gateway> = OnceLock::new();
+    G.get_or_init(|| {
+        common::process_gateway(|| {
+            let dir = common::reused_dir(
+                "review-gateway",
+                &["tokens", "pg/instances", "reviews", "logs", "gateway.log"],
+            );
+            Gateway::start_in(&dir, Some(GOLDEN), None)
+        })
+    })
 }
 
 fn get_text(g: &Gateway, path: &str) -> (u16, String) {

@@ -233,30 +233,42 @@ impl Drop for Gateway {
     }
 }
 
-/// The demo-golden gateway shared by the tests of one test binary. Started from a thread
-/// that lives as long as the process, so PDEATHSIG fires only when the process ends.
+/// Starts a gateway with `start` on a thread that lives as long as the test process (so the
+/// gateway's PDEATHSIG fires only when the process ends) and keeps it for the whole process.
+pub fn process_gateway(start: impl FnOnce() -> Gateway + Send + 'static) -> &'static Gateway {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let leaked: &'static Gateway = Box::leak(Box::new(start()));
+        let _ = tx.send(leaked as *const Gateway as usize);
+        loop {
+            std::thread::park();
+        }
+    });
+    let p = rx.recv().expect("gateway thread");
+    // SAFETY: leaked above, never freed.
+    unsafe { &*(p as *const Gateway) }
+}
+
+/// A data dir under target/ that outlives runs (so its golden is built once), emptied of
+/// what the previous run left in `subs`.
+pub fn reused_dir(name: &str, subs: &[&str]) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    for sub in subs {
+        let p = dir.join(sub);
+        let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
+    }
+    std::fs::create_dir_all(&dir).expect("gateway dir");
+    dir
+}
+
+/// The demo-golden gateway shared by the tests of one test binary.
 pub fn shared() -> &'static Gateway {
     static G: OnceLock<Gateway> = OnceLock::new();
     G.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // A fixed dir under target/ so the demo golden is built once, not per run.
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("shared-gateway");
-            for sub in ["tokens", "pg/instances", "gateway.log"] {
-                let p = dir.join(sub);
-                let _ = std::fs::remove_dir_all(&p).or_else(|_| std::fs::remove_file(&p));
-            }
-            std::fs::create_dir_all(&dir).expect("shared dir");
-            let g = Gateway::start_in(&dir, None, None);
-            let leaked: &'static Gateway = Box::leak(Box::new(g));
-            let _ = tx.send(leaked as *const Gateway as usize);
-            loop {
-                std::thread::park();
-            }
+        let g = process_gateway(|| {
+            let dir = reused_dir("shared-gateway", &["tokens", "pg/instances", "gateway.log"]);
+            Gateway::start_in(&dir, None, None)
         });
-        let p = rx.recv().expect("shared gateway");
-        // SAFETY: leaked above, lives for the whole process.
-        let g: &'static Gateway = unsafe { &*(p as *const Gateway) };
         Gateway {
             child: None,
             data_dir: g.data_dir.clone(),
