@@ -81,21 +81,11 @@ impl ResultCount {
 
     /// Count one row of `len` bytes; false when it must not be passed on.
     pub fn admit(&mut self, policy: &CapPolicy, len: usize) -> bool {
-        if self.truncated {
-            return false;
-        }
-        if self.rows >= policy.max_rows {
+        if !self.truncated && self.rows >= policy.max_rows {
             self.truncated = true;
-            return false;
         }
-        if self.bytes + len as u64 > policy.max_bytes {
-            self.truncated = true;
-            self.by_bytes = true;
-            return false;
-        }
-        self.rows += 1;
-        self.bytes += len as u64;
-        true
+        // Past the row check a row is capped by bytes exactly as a COPY message is.
+        self.admit_copy(policy, len)
     }
 }
 

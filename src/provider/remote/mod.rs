@@ -204,13 +204,13 @@ impl RemoteProvider {
         let mut attempt = 0u32;
         loop {
             let out = self.once(&method, path, body, idem).await;
-            let retry_why = match &out {
+            let retry_why = match out {
                 Outcome::Answer(s, _)
-                    if s.is_server_error() || *s == StatusCode::TOO_MANY_REQUESTS =>
+                    if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS =>
                 {
                     format!("HTTP {s}")
                 }
-                Outcome::Answer(s, b) => return Ok((*s, b.clone())),
+                Outcome::Answer(s, b) => return Ok((s, b)),
                 Outcome::NoAnswer(e) => format!("{e}"),
             };
             let delay = BACKOFF * 2u32.saturating_pow(attempt);
