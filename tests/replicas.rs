@@ -51,6 +51,30 @@ async fn scratch_exists(pg: &shared_pg::SharedPg, name: &str) -> bool {
     n > 0
 }
 
+/// Waits until a statement with exactly this text runs in a session of the token that
+/// `watcher` belongs to (so a cancel or revoke meets it running, however slow the machine).
+async fn wait_running(watcher: &tokio_postgres::Client, text: &str) {
+    let seen = async {
+        loop {
+            let n: i64 = watcher
+                .query_one(
+                    "select count(*) from pg_stat_activity where state = 'active' and query = $1",
+                    &[&text],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), seen)
+        .await
+        .expect("statement seen running");
+}
+
 #[test]
 fn two_replicas_share_tokens_backends_cancel_and_revoke() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
@@ -150,7 +174,7 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         let cancel = victim.cancel_token();
         let running =
             tokio::spawn(async move { victim.simple_query("select pg_sleep(30)").await });
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        wait_running(&ca, "select pg_sleep(30)").await;
         let to_b = tokio::net::TcpStream::connect(("127.0.0.1", b.pg_port))
             .await
             .expect("tcp to B");
@@ -163,13 +187,17 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
             .expect("join")
             .expect_err("cancelled through B");
         assert_eq!(sqlstate(&e), "57014", "{e}\n{}", b.log());
-        assert_eq!(
-            metric(
-                &b,
-                "sandpit_cancel_requests_total{result=\"forwarded_shared\"}"
-            ),
-            1.0
-        );
+        // Counted once the forward is done, which may be a moment after the backend acted.
+        let key = "sandpit_cancel_requests_total{result=\"forwarded_shared\"}";
+        let counted = async {
+            while metric(&b, key) < 1.0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), counted)
+            .await
+            .expect("the forwarded cancel is counted");
+        assert_eq!(metric(&b, key), 1.0);
         // The session itself goes on.
         ca.simple_query("select 1").await.expect("A's other session");
 
@@ -178,7 +206,7 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         let sleeper = connect(&on_a).await.expect("session on A");
         let running =
             tokio::spawn(async move { sleeper.simple_query("select pg_sleep(30)").await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        wait_running(&ca, "select pg_sleep(30)").await;
         let (status, v) = b.revoke(&id(&t));
         assert_eq!(status, 200, "{v}");
         let e = running.await.expect("join").expect_err("ended by revoke");
@@ -213,7 +241,8 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         assert_eq!(database_of(&dsn_on(&race, &b)).await, id(&race));
 
         // Expiry: a token issued on B with a short TTL ends a session on A.
-        let short = b.issue("replica-short", 3);
+        // Long enough for the fork and connect on a loaded machine; the sleep outlives it.
+        let short = b.issue("replica-short", 10);
         let s = connect(&dsn_on(&short, &a)).await.expect("short on A");
         let e = s
             .simple_query("select pg_sleep(60)")

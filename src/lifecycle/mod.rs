@@ -546,6 +546,10 @@ impl Gateway {
         };
         metrics::counter!("sandpit_tokens_ended_total", "reason" => why).increment(1);
         self.runtime(id).ended.send_replace(Some(reason));
+        // Other replicas end their sessions of this token with the same reason; the review
+        // and the destroy come after that (else an agent there would see the server's own
+        // termination instead of why its token ended).
+        self.await_sessions_elsewhere(id).await;
         if self.config.review.on_end {
             // Kept with the statement log; the backend is gone right after.
             crate::review::store::on_end(self, id).await;

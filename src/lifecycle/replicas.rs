@@ -8,6 +8,10 @@ use super::{EndReason, Gateway, LifecycleError};
 use crate::provider::Backend;
 use crate::registry::{TokenRecord, TokenState};
 
+/// Longest wait for other replicas to end an ended token's sessions (they learn of the end
+/// by NOTIFY within milliseconds; a dead replica's leftover keys must not hold a revoke).
+const SESSIONS_END_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Gateway {
     /// Follows changes other replicas make to the shared registry: a token ended elsewhere
     /// ends its sessions here (57P01, as if ended here) and forgets its backend; a token
@@ -46,6 +50,30 @@ impl Gateway {
         tokio::spawn(async move {
             rt.backend.lock().await.take();
         });
+    }
+
+    /// After a token ended here: wait (bounded) until no replica holds a session of it, so
+    /// that each replica's sessions are told "expired"/"revoked" before the backend is
+    /// destroyed. A replica that died leaves keys behind; the deadline covers that.
+    pub(super) async fn await_sessions_elsewhere(&self, id: &str) {
+        let Some(store) = self.registry.shared() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + SESSIONS_END_WAIT;
+        loop {
+            match store.open_sessions(id).await {
+                Ok(0) => return,
+                Ok(n) if tokio::time::Instant::now() >= deadline => {
+                    tracing::warn!(token = %id, sessions = n, "sessions of an ended token still recorded; destroying its backend anyway");
+                    return;
+                }
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(25)).await,
+                Err(e) => {
+                    tracing::warn!(token = %id, error = %e, "cannot count an ended token's sessions");
+                    return;
+                }
+            }
+        }
     }
 
     /// The token's backend if it has one, never forking: a cancel minted by another replica

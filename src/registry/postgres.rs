@@ -416,6 +416,20 @@ impl PgStore {
         }))
     }
 
+    /// Sessions of a token still open on any replica (each holds a recorded cancel key).
+    pub async fn open_sessions(&self, token: &str) -> Result<i64, RegistryError> {
+        let row = self
+            .client()
+            .await?
+            .query_one(
+                "SELECT count(*) FROM sandpit_cancel_keys WHERE token = $1",
+                &[&token],
+            )
+            .await
+            .map_err(|e| db("counting a token's sessions", e))?;
+        Ok(row.get(0))
+    }
+
     /// Forget a minted key (its session ended).
     pub async fn cancel_remove(&self, key: (i32, i32)) -> Result<(), RegistryError> {
         self.client()

@@ -239,6 +239,7 @@ pub fn process_gateway(start: impl FnOnce() -> Gateway + Send + 'static) -> &'st
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let leaked: &'static Gateway = Box::leak(Box::new(start()));
+        stop_at_exit(leaked);
         let _ = tx.send(leaked as *const Gateway as usize);
         loop {
             std::thread::park();
@@ -247,6 +248,52 @@ pub fn process_gateway(start: impl FnOnce() -> Gateway + Send + 'static) -> &'st
     let p = rx.recv().expect("gateway thread");
     // SAFETY: leaked above, never freed.
     unsafe { &*(p as *const Gateway) }
+}
+
+/// Process-long gateways to stop when the test process exits: (pid, data dir, remove dir).
+static AT_EXIT: std::sync::Mutex<Vec<(i32, PathBuf, bool)>> = std::sync::Mutex::new(Vec::new());
+
+/// Stops `g` (SIGTERM, then SIGKILL and its servers after 20 s) when the test process exits,
+/// passing or failing, and removes its data dir if it is a scratch one. Statics are never
+/// dropped, so without this a leaked gateway's directory would outlive the run.
+fn stop_at_exit(g: &Gateway) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    let Some(child) = g.child.as_ref() else {
+        return;
+    };
+    let scratch = g._tmp.is_some();
+    if let Ok(mut v) = AT_EXIT.lock() {
+        v.push((child.id() as i32, g.data_dir.clone(), scratch));
+    }
+    extern "C" fn stop_all() {
+        let Ok(v) = AT_EXIT.lock() else { return };
+        for (pid, _, _) in v.iter() {
+            unsafe { libc::kill(*pid, libc::SIGTERM) };
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for (pid, dir, scratch) in v.iter() {
+            loop {
+                let mut status = 0;
+                let r = unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) };
+                if r != 0 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    unsafe { libc::kill(*pid, libc::SIGKILL) };
+                    unsafe { libc::waitpid(*pid, &mut status, 0) };
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            scratch::stop_servers_under(dir, 6);
+            if *scratch {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+    HOOK.call_once(|| unsafe {
+        libc::atexit(stop_all);
+    });
 }
 
 /// A data dir under target/ that outlives runs (so its golden is built once), emptied of
