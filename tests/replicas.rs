@@ -248,8 +248,20 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
             .simple_query("select pg_sleep(60)")
             .await
             .expect_err("ended by expiry");
+        let why = |g: &Gateway| -> String {
+            g.log()
+                .lines()
+                .filter(|l| l.contains(&id(&short)))
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
         assert_eq!(sqlstate(&e), "57P01", "{e}");
-        assert!(format!("{e:?}").contains("expired"), "{e:?}");
+        assert!(
+            format!("{e:?}").contains("expired"),
+            "{e:?}\nA:\n{}\nB:\n{}",
+            why(&a),
+            why(&b)
+        );
         let gone = async {
             while scratch_exists(&pg, &id(&short)).await {
                 tokio::time::sleep(Duration::from_millis(100)).await;

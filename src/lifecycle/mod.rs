@@ -532,10 +532,22 @@ impl Gateway {
                 }
             })
             .await?;
-        if rec.is_none() {
+        let Some(rec) = rec else {
             return Err(LifecycleError::Unknown(id.into()));
-        }
+        };
         if !changed {
+            // Ended a moment ago, perhaps by another replica: this replica's sessions end
+            // now too, without waiting for the change feed.
+            let why = match rec.state {
+                TokenState::Revoked => Some(EndReason::Revoked),
+                TokenState::Expired => Some(EndReason::Expired),
+                _ => None,
+            };
+            if let (Some(why), Some(rt)) = (why, self.runtimes.get(id).map(|r| r.clone())) {
+                if rt.ended.borrow().is_none() {
+                    rt.ended.send_replace(Some(why));
+                }
+            }
             return Ok(false);
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");

@@ -25,9 +25,10 @@ impl CapPolicy {
         (asked <= 0 || asked > cap).then_some(cap + 1)
     }
 
-    /// The notice for a truncated result.
-    pub fn notice(&self, rows: u64, by_bytes: bool) -> Bytes {
-        let msg = if by_bytes {
+    /// The notice for a truncated result. `server_finished`: the backend could not be
+    /// stopped early (it ran the statement to its end; only the rows shown were sent).
+    pub fn notice(&self, rows: u64, by_bytes: bool, server_finished: bool) -> Bytes {
+        let mut msg = if by_bytes {
             format!(
                 "sandpit: result cut at {rows} rows because it reached max_bytes ({} bytes); ask for less with LIMIT or narrower columns",
                 self.max_bytes
@@ -38,6 +39,11 @@ impl CapPolicy {
                 self.max_rows
             )
         };
+        if server_finished {
+            msg.push_str(
+                " (the server ran the statement to its end; only the rows shown were sent)",
+            );
+        }
         messages::notice_response("NOTICE", "01000", &msg)
     }
 

@@ -72,7 +72,7 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
         if let Some(r) = *ended.borrow() {
             break Ending::Ended(r);
         }
-        let read_client = !terminated && pl.outbox_empty() && to_backend.len() < HIGH_WATER;
+        let read_client = !terminated && pl.accepting() && to_backend.len() < HIGH_WATER;
         let read_backend = to_client.len() < HIGH_WATER;
         let deadline = match (&watchdog, busy_since) {
             (Some(w), Some(t)) if !cancelled => Some(t + w.limit),
@@ -123,6 +123,8 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
                 Ok(Some(f)) => {
                     note_backend(f.tag, &mut unanswered, &mut busy_since, &mut cancelled);
                     pl.on_backend(f, &mut to_client, secrets);
+                    // Syncs sent inside COPY FROM STDIN are never answered.
+                    unanswered = unanswered.saturating_sub(pl.take_ignored_syncs());
                     let mut n = 1;
                     while n < BATCH && to_client.len() < HIGH_WATER {
                         match b_reader.try_frame() {

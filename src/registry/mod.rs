@@ -312,18 +312,6 @@ fn sort(v: &mut [TokenRecord]) {
     v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
 }
 
-/// Puts `rec` into memory; returns it when it differs from what memory held.
-fn absorb(cache: &DashMap<String, TokenRecord>, rec: TokenRecord) -> Option<TokenRecord> {
-    let same = cache
-        .get(&rec.id)
-        .is_some_and(|old| serde_json::to_vec(&*old).ok() == serde_json::to_vec(&rec).ok());
-    if same {
-        return None;
-    }
-    cache.insert(rec.id.clone(), rec.clone());
-    Some(rec)
-}
-
 /// Keeps memory in step with the shared store: a re-read of the token named by each
 /// notification, and of what changed since the last re-read at (re)connect and every
 /// `refresh`.
@@ -375,10 +363,13 @@ struct Follower {
 }
 
 impl Follower {
+    /// Every change read is passed on, even when memory already holds it: this process's
+    /// own reads (a session's lookup, a losing `update`) may have cached another replica's
+    /// change before its notification came, and the followers must still act on it (they
+    /// are idempotent).
     fn offer(&self, rec: TokenRecord) {
-        if let Some(r) = absorb(&self.cache, rec) {
-            let _ = self.tx.send(r);
-        }
+        self.cache.insert(rec.id.clone(), rec.clone());
+        let _ = self.tx.send(rec);
     }
 
     async fn reread(&self, id: &str) {

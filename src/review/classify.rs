@@ -328,6 +328,13 @@ pub fn from_keywords(text: &str) -> Kind {
     }
 }
 
+/// Whether the statement's first word (after comments and parentheses) is `word`.
+pub fn leading_word_is(text: &str, word: &str) -> bool {
+    leading_words(text, 1)
+        .first()
+        .is_some_and(|w| w.eq_ignore_ascii_case(word))
+}
+
 /// Whether a statement can produce a result set (so it must be capped by the backend, not
 /// only by the gateway). Errs towards yes: a false yes costs a protocol rewrite, a false no
 /// costs streaming the rows through the gateway.

@@ -347,6 +347,46 @@ pub mod frontend {
         })
     }
 
+    /// A FunctionCall body: the function's OID and its arguments with their formats (0 text,
+    /// 1 binary; None is NULL). Every count and length is checked against the body.
+    pub fn function_call(body: &[u8]) -> Option<(u32, Vec<(i16, Option<&[u8]>)>)> {
+        let oid = u32::from_be_bytes([*body.first()?, *body.get(1)?, *body.get(2)?, *body.get(3)?]);
+        let rest = &body[4..];
+        let nfmt = i16_at(rest, 0)?;
+        if nfmt < 0 {
+            return None;
+        }
+        let mut at = 2;
+        let mut formats = Vec::with_capacity((nfmt as usize).min(rest.len() / 2));
+        for _ in 0..nfmt {
+            formats.push(i16_at(rest, at)?);
+            at += 2;
+        }
+        let nargs = i16_at(rest, at)?;
+        if nargs < 0 {
+            return None;
+        }
+        at += 2;
+        let mut args = Vec::with_capacity((nargs as usize).min(rest.len() / 4));
+        for i in 0..nargs as usize {
+            let len = i32_at(rest, at)?;
+            at += 4;
+            let fmt = match formats.as_slice() {
+                [] => 0,
+                [only] => *only,
+                many => *many.get(i)?,
+            };
+            if len < 0 {
+                args.push((fmt, None));
+            } else {
+                let end = at.checked_add(len as usize)?;
+                args.push((fmt, Some(rest.get(at..end)?)));
+                at = end;
+            }
+        }
+        Some((oid, args))
+    }
+
     /// An Execute message: portal and max rows (0 = all).
     pub fn execute(body: &[u8]) -> Option<(&[u8], i32)> {
         let (portal, rest) = cstr(body)?;
@@ -407,6 +447,11 @@ pub fn command_complete(tag: &str) -> Bytes {
     let mut b = BytesMut::new();
     put_cstr(&mut b, tag.as_bytes());
     build(b'C', &b)
+}
+
+/// FunctionCallResponse with a NULL result.
+pub fn function_result_null() -> Bytes {
+    build(b'V', &(-1i32).to_be_bytes())
 }
 
 /// CopyDone.

@@ -53,17 +53,47 @@ pub(super) fn log_param(fmt: i16, v: Option<&[u8]>) -> Option<String> {
     Some(s)
 }
 
+impl Stmt {
+    fn new(kind: Kind, verb: &'static str) -> Stmt {
+        Stmt {
+            seq: 0,
+            kind,
+            started: Instant::now(),
+            count: ResultCount::default(),
+            held: Vec::new(),
+            copy_out: false,
+            lowered: false,
+            verb,
+            denied: false,
+            results: 0,
+            total_rows: 0,
+            capped: false,
+            last_tag: None,
+            copy_ends_before: 0,
+            function: false,
+            unlogged: false,
+        }
+    }
+
+    /// Counts a result no logged statement expected (never logged itself).
+    pub(super) fn stray() -> Stmt {
+        Stmt::new(Kind::Unparsed, "SELECT")
+    }
+}
+
 impl Pipeline {
+    /// Write the statement record; its sequence number, or None when it could not be
+    /// written (the statement must then not run).
     pub(super) fn log_statement(
         &self,
         protocol: &str,
         text: &str,
         params: Vec<Option<String>>,
         kind: Kind,
-    ) -> u64 {
+    ) -> Option<u64> {
+        metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
         let Some(log) = &self.id.log else {
-            metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
-            return 0;
+            return Some(0);
         };
         let seq = log.next_seq();
         let rec = LogRecord::Statement(StatementRecord {
@@ -77,29 +107,25 @@ impl Pipeline {
             params,
             kind: kind.as_str().to_string(),
         });
-        if let Err(e) = log.append(&rec) {
-            // The statement still runs: the log is a record, not a gate. Loudly reported.
-            tracing::error!(error = %e, "statement log write failed");
-            metrics::counter!("sandpit_log_errors_total").increment(1);
+        match log.append(&rec) {
+            Ok(()) => Some(seq),
+            Err(e) => {
+                // Written before it runs, or it does not run.
+                tracing::error!(error = %e, "statement log write failed; the statement is refused");
+                metrics::counter!("sandpit_log_errors_total").increment(1);
+                None
+            }
         }
-        metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
-        seq
     }
 
     pub(super) fn new_stmt(&self, protocol: &str, text: &str, params: Vec<Option<String>>) -> Stmt {
         let kind = classify::classify(text);
         let seq = self.log_statement(protocol, text, params, kind);
-        Stmt {
-            seq,
-            kind,
-            started: Instant::now(),
-            count: ResultCount::default(),
-            held: Vec::new(),
-            copy_out: false,
-            lowered: false,
-            verb: verb_of(text),
-            denied: false,
-        }
+        let mut s = Stmt::new(kind, verb_of(text));
+        s.seq = seq.unwrap_or(0);
+        s.unlogged = seq.is_none();
+        s.copy_ends_before = self.copy_ends;
+        s
     }
 
     pub(super) fn log_outcome(
@@ -110,18 +136,23 @@ impl Pipeline {
         skipped: bool,
     ) {
         let rows = match tag.and_then(messages::tag_rows) {
-            Some(n) if !stmt.count.truncated && stmt.count.rows == 0 => Some(n),
+            // Rows affected by a write: its tag says how many.
+            Some(n) if !stmt.capped && stmt.total_rows == 0 => Some(n),
             _ if skipped || sqlstate.is_some() => None,
-            _ => Some(stmt.count.rows),
+            _ => Some(stmt.total_rows),
         };
-        if stmt.count.truncated {
+        if stmt.unlogged {
+            // No statement record to attach an outcome to.
+            return;
+        }
+        if stmt.capped {
             metrics::counter!("sandpit_capped_statements_total").increment(1);
         }
         let rec = LogRecord::Outcome(OutcomeRecord {
             seq: stmt.seq,
             ts: now(),
             rows,
-            capped: stmt.count.truncated,
+            capped: stmt.capped,
             duration_ms: stmt.started.elapsed().as_secs_f64() * 1000.0,
             sqlstate,
             tag: tag.map(str::to_string),

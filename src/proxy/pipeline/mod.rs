@@ -3,25 +3,34 @@
 //! every backend message is matched against that FIFO so results can be capped, statement
 //! outcomes logged, and the client still sees a correct sequence of tags and transaction
 //! states. Messages the gateway does not change are passed on as the bytes that were read.
+//!
+//! What holds even when the gateway misreads the client's SQL: every result is counted and
+//! capped from the backend's own stream (a result nobody expected is counted as a stray);
+//! a prepared statement or portal is bound to its text only once the server accepted it
+//! ([`names`]); and the bookkeeping per message is O(1) (barrier count, bounded FIFO).
 
+mod client;
+mod fifo;
 mod log;
+mod names;
 mod policy;
 mod responses;
+#[cfg(test)]
+mod tests;
 
-use log::{log_param, text_of};
-use policy::DENY_SQL;
+use fifo::Fifo;
+use names::{Names, Weight};
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
-use super::caps::{CapMode, CapPolicy, ResultCount};
-use crate::review::classify::{self, Kind};
+use super::caps::{CapPolicy, ResultCount};
+use crate::review::classify::Kind;
 use crate::review::log::TokenLog;
 use crate::wire::frame::Frame;
-use crate::wire::messages::{self, frontend, Severity};
 
 /// Most named prepared statements / portals a session may keep (bounds gateway memory); one
 /// more is refused with SQLSTATE 53400.
@@ -29,6 +38,13 @@ pub const MAX_TRACKED: usize = 10_000;
 /// Most bytes of statement text and logged parameters those may hold per session (the
 /// count alone would let 10 000 huge statements pile up in the gateway).
 pub const MAX_TRACKED_BYTES: usize = 32 * 1024 * 1024;
+/// Most responses a session may have outstanding: past it the relay stops reading the
+/// client until the backend catches up (memory per session stays bounded).
+pub const MAX_PENDING: usize = 16_384;
+/// Most statements of one simple Query the gateway runs one by one (so the backend stops at
+/// the row cap); a longer Query is relayed whole, logged as one record, and still capped
+/// result by result from the backend's stream.
+pub const MAX_SPLIT_STATEMENTS: usize = 1_000;
 /// What the backend is given instead of a refused Parse or Bind: it fails at parse time, so
 /// the backend's own error state (skip to Sync, aborted transaction) matches what the client
 /// is told.
@@ -55,6 +71,7 @@ struct Stmt {
     seq: u64,
     kind: Kind,
     started: Instant,
+    /// The result arriving now.
     count: ResultCount,
     /// Rows held back in error mode until the result is known to fit.
     held: Vec<Bytes>,
@@ -65,14 +82,43 @@ struct Stmt {
     verb: &'static str,
     /// Refused by the seatbelt policy.
     denied: bool,
+    /// Results finished so far (a text the splitter could not split may bring several).
+    results: u32,
+    /// Rows passed on over all its results.
+    total_rows: u64,
+    /// Some result of it was cut.
+    capped: bool,
+    /// The tag the client saw for its last result.
+    last_tag: Option<String>,
+    /// Client COPY ends (CopyDone/CopyFail) sent before this statement: a COPY FROM STDIN
+    /// it starts lasts until the next one.
+    copy_ends_before: u64,
+    /// A FunctionCall: its one result is a FunctionCallResponse.
+    function: bool,
+    /// Its statement record could not be written: it must not run.
+    unlogged: bool,
+}
+
+impl Stmt {
+    fn refused_by_log(&self) -> bool {
+        self.unlogged
+    }
+}
+
+/// A change to a prepared statement or portal name, confirmed by the server's answer.
+enum Change {
+    Stmt(Vec<u8>),
+    Portal(Vec<u8>),
 }
 
 enum Pending {
     Parse {
         swallow: bool,
+        change: Option<Change>,
     },
     Bind {
         swallow: bool,
+        change: Option<Change>,
     },
     Describe {
         swallow_nodata: bool,
@@ -87,17 +133,30 @@ enum Pending {
     Refused,
     Close {
         swallow: bool,
+        change: Option<Change>,
     },
-    Sync,
-    /// A simple Query (or FunctionCall) relayed as is: responses until ReadyForQuery.
+    Sync {
+        /// Client COPY ends sent before it (see `Stmt::copy_ends_before`).
+        copy_ends_before: u64,
+    },
+    /// A simple Query (or FunctionCall) relayed as is: responses until ReadyForQuery. Its
+    /// last statement stays at the front until then, so results beyond what the splitter
+    /// found are still counted and capped.
     Simple {
         stmts: VecDeque<Stmt>,
     },
-    /// A simple Query or FunctionCall replaced by the policy refusal: an error, then
-    /// ReadyForQuery.
+    /// A simple Query or FunctionCall replaced by a refusal raised in the backend: an error,
+    /// then ReadyForQuery.
     Denied {
+        code: &'static str,
         message: String,
     },
+}
+
+impl Pending {
+    fn is_barrier(&self) -> bool {
+        matches!(self, Pending::Execute { barrier: true, .. })
+    }
 }
 
 /// Bytes for the backend with the responses they will cause.
@@ -106,21 +165,48 @@ struct Outgoing {
     pending: Vec<Pending>,
 }
 
+/// A bound portal: the text its statement had when the Bind was sent, and its parameters.
+#[derive(Clone)]
 struct Portal {
     text: Arc<str>,
     params: Vec<Option<String>>,
 }
 
+impl Weight for Portal {
+    // Its text is shared with the prepared statement.
+    fn weight(&self) -> usize {
+        self.params
+            .iter()
+            .map(|v| v.as_ref().map_or(0, String::len))
+            .sum()
+    }
+}
+
 /// Protocol state of one relayed session.
 pub struct Pipeline {
     id: SessionIdentity,
-    fifo: VecDeque<Pending>,
+    fifo: Fifo,
     outbox: VecDeque<Outgoing>,
-    prepared: HashMap<Vec<u8>, Arc<str>>,
-    portals: HashMap<Vec<u8>, Portal>,
-    /// Bytes held by `prepared` (names and texts) and by `portals` (names and parameters).
-    prepared_bytes: usize,
-    portal_bytes: usize,
+    prepared: Names<Arc<str>>,
+    portals: Names<Portal>,
+    /// Client Syncs, Queries and FunctionCalls so far: the group a message belongs to.
+    group: u64,
+    /// Client messages waiting for an answer they depend on (see `names`), in order.
+    held: VecDeque<Frame>,
+    /// The unnamed statement (and portal) may hold the gateway's own text (rewritten
+    /// queries, refusals) where the client expects them gone: closed before the client
+    /// next relies on them.
+    stmt_dirty: bool,
+    portal_dirty: bool,
+    /// Client COPY ends (CopyDone, CopyFail) so far.
+    copy_ends: u64,
+    /// A COPY FROM STDIN runs until the client's COPY end number `n + 1`; Syncs before it
+    /// are ignored by the server.
+    copy_in_until: Option<u64>,
+    /// Client Syncs the server ignored inside COPY FROM STDIN, not yet reported.
+    ignored_syncs: u64,
+    /// Counts a result that arrived with no statement expecting it.
+    stray: Option<Stmt>,
     /// Transaction status from the last ReadyForQuery.
     pub tx_status: u8,
     /// An extended-protocol error happened and its Sync has not been forwarded yet: the
@@ -133,12 +219,18 @@ impl Pipeline {
     pub fn new(id: SessionIdentity) -> Pipeline {
         Pipeline {
             id,
-            fifo: VecDeque::new(),
+            fifo: Fifo::default(),
             outbox: VecDeque::new(),
-            prepared: HashMap::new(),
-            portals: HashMap::new(),
-            prepared_bytes: 0,
-            portal_bytes: 0,
+            prepared: Names::new(),
+            portals: Names::new(),
+            group: 0,
+            held: VecDeque::new(),
+            stmt_dirty: false,
+            portal_dirty: false,
+            copy_ends: 0,
+            copy_in_until: None,
+            ignored_syncs: 0,
+            stray: None,
             tx_status: b'I',
             skip_until_sync: false,
         }
@@ -147,9 +239,19 @@ impl Pipeline {
     /// Whether forwarding must wait for an earlier result (error mode needs to know whether
     /// a result fits before anything after it reaches the backend).
     pub fn blocked(&self) -> bool {
-        self.fifo
-            .iter()
-            .any(|p| matches!(p, Pending::Execute { barrier: true, .. }))
+        self.fifo.barriers() > 0
+    }
+
+    /// Whether the relay may read more from the client: nothing is waiting to be sent or
+    /// held, and the responses outstanding are within bounds.
+    pub fn accepting(&self) -> bool {
+        self.outbox.is_empty() && self.held.is_empty() && self.fifo.len() < MAX_PENDING
+    }
+
+    /// Client Syncs the server ignored (inside COPY FROM STDIN) since the last call: they
+    /// will get no ReadyForQuery.
+    pub fn take_ignored_syncs(&mut self) -> u64 {
+        std::mem::take(&mut self.ignored_syncs)
     }
 
     /// Move what may be sent now into `to_backend`.
@@ -159,11 +261,7 @@ impl Pipeline {
                 break;
             };
             to_backend.extend_from_slice(&o.bytes);
-            let barrier = o
-                .pending
-                .iter()
-                .any(|p| matches!(p, Pending::Execute { barrier: true, .. }));
-            if barrier {
+            if o.pending.iter().any(Pending::is_barrier) {
                 // The backend only flushes at Sync or Flush; we hold the Sync back, so ask.
                 to_backend.extend_from_slice(&crate::wire::frame::build(b'H', &[]));
             }
@@ -173,12 +271,11 @@ impl Pipeline {
                     continue;
                 }
                 match p {
-                    Pending::Sync => {
+                    Pending::Sync { .. } => {
                         self.skip_until_sync = false;
                         self.fifo.push_back(p);
                     }
-                    Pending::Execute { stmt, .. } => self.log_outcome(&stmt, None, None, true),
-                    _ => {}
+                    other => self.skipped(other),
                 }
             }
         }
@@ -189,271 +286,35 @@ impl Pipeline {
         self.outbox.is_empty()
     }
 
-    /// A message from the client: log it, decide what goes to the backend.
-    pub fn on_client(&mut self, f: Frame) {
-        match f.tag {
-            b'Q' => self.on_query(f),
-            b'P' => {
-                if let Some((name, query)) = frontend::parse(f.body()) {
-                    let size = name.len() + query.len();
-                    let held = self.prepared_bytes + self.portal_bytes;
-                    if over_limit(&self.prepared, name, held + size) {
-                        return self.refuse();
-                    }
-                    let text: Arc<str> = Arc::from(text_of(query));
-                    if let Some(old) = self.prepared.insert(name.to_vec(), text) {
-                        self.prepared_bytes =
-                            self.prepared_bytes.saturating_sub(name.len() + old.len());
-                    }
-                    self.prepared_bytes +=
-                        name.len() + self.prepared.get(name).map_or(0, |t| t.len());
-                }
-                self.push(f.raw, vec![Pending::Parse { swallow: false }]);
-            }
-            b'B' => {
-                if let Some(b) = frontend::bind(f.body()) {
-                    let text = self
-                        .prepared
-                        .get(b.statement)
-                        .cloned()
-                        .unwrap_or_else(|| Arc::from(""));
-                    let params = b
-                        .params
-                        .iter()
-                        .map(|(fmt, v)| log_param(*fmt, *v))
-                        .collect();
-                    let portal = Portal { text, params };
-                    let size = portal_size(b.portal, &portal);
-                    let held = self.prepared_bytes + self.portal_bytes;
-                    if over_limit(&self.portals, b.portal, held + size) {
-                        return self.refuse();
-                    }
-                    if let Some(old) = self.portals.insert(b.portal.to_vec(), portal) {
-                        self.portal_bytes = self
-                            .portal_bytes
-                            .saturating_sub(portal_size(b.portal, &old));
-                    }
-                    self.portal_bytes += size;
-                }
-                self.push(f.raw, vec![Pending::Bind { swallow: false }]);
-            }
-            b'E' => self.on_execute(f),
-            b'D' => self.push(
-                f.raw,
-                vec![Pending::Describe {
-                    swallow_nodata: false,
-                }],
-            ),
-            b'C' => {
-                if let Some((kind, name)) = frontend::target(f.body()) {
-                    if kind == b'S' {
-                        if let Some(old) = self.prepared.remove(name) {
-                            self.prepared_bytes =
-                                self.prepared_bytes.saturating_sub(name.len() + old.len());
-                        }
-                    } else if let Some(old) = self.portals.remove(name) {
-                        self.portal_bytes =
-                            self.portal_bytes.saturating_sub(portal_size(name, &old));
-                    }
-                }
-                self.push(f.raw, vec![Pending::Close { swallow: false }]);
-            }
-            b'S' => self.push(f.raw, vec![Pending::Sync]),
-            b'F' => {
-                let oid = f
-                    .body()
-                    .get(..4)
-                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-                    .unwrap_or(0);
-                let stmt =
-                    self.new_stmt("function", &format!("function call oid={oid}"), Vec::new());
-                if self.denies(stmt.kind) {
-                    self.deny_simple(VecDeque::from([stmt]));
-                } else {
-                    self.push(
-                        f.raw,
-                        vec![Pending::Simple {
-                            stmts: VecDeque::from([stmt]),
-                        }],
-                    );
-                }
-            }
-            // Flush, Terminate, COPY data from the client and anything unknown: no response of
-            // their own that we track (the backend answers unknown messages with an error,
-            // which is matched like any other).
-            _ => self.push(f.raw, Vec::new()),
-        }
-    }
-
-    /// Answer a Parse/Bind over the limit with 53400 through the backend's own error path.
-    fn refuse(&mut self) {
-        metrics::counter!("sandpit_tracking_limit_refusals_total").increment(1);
-        self.push(
-            frontend::build_parse(b"", REFUSED_SQL),
-            vec![Pending::Refused],
-        );
-    }
-
     fn push(&mut self, bytes: Bytes, pending: Vec<Pending>) {
         self.outbox.push_back(Outgoing { bytes, pending });
     }
 
-    fn on_query(&mut self, f: Frame) {
-        let body = f.body();
-        let text_bytes = body.strip_suffix(&[0]).unwrap_or(body);
-        let text = text_of(text_bytes);
-        let pieces = classify::split(&text);
-        let rewrite = match &pieces {
-            Some(p) => {
-                !p.is_empty()
-                    && p.iter().any(|s| classify::may_return_rows(s))
-                    && text.len() == text_bytes.len()
-            }
-            None => false,
-        };
-        if self.id.allow.is_some() {
-            // Judged statement by statement; one refusal rejects the whole string.
-            let kinds: Vec<Kind> = match &pieces {
-                Some(p) if !p.is_empty() => p.iter().map(|s| classify::classify(s)).collect(),
-                _ => vec![classify::classify(&text)],
-            };
-            if kinds.iter().any(|k| self.denies(*k)) {
-                let stmts: VecDeque<Stmt> = match &pieces {
-                    Some(p) if !p.is_empty() => p
-                        .iter()
-                        .map(|s| self.new_stmt("simple", s, Vec::new()))
-                        .collect(),
-                    _ => VecDeque::from([self.new_stmt("simple", &text, Vec::new())]),
-                };
-                self.deny_simple(stmts);
-                return;
-            }
-        }
-        if !rewrite {
-            let stmts: VecDeque<Stmt> = match &pieces {
-                Some(p) if !p.is_empty() => p
-                    .iter()
-                    .map(|s| self.new_stmt("simple", s, Vec::new()))
-                    .collect(),
-                _ => VecDeque::from([self.new_stmt("simple", &text, Vec::new())]),
-            };
-            self.push(f.raw, vec![Pending::Simple { stmts }]);
-            return;
-        }
-        // Run each statement as Parse/Bind/Describe/Execute(max_rows)/…/Sync: one implicit
-        // transaction and skip-on-error, like a simple query, but the backend stops at the cap.
-        let error_mode = self.id.caps.mode == CapMode::Error;
-        for piece in pieces.unwrap_or_default() {
-            let mut stmt = self.new_stmt("simple", piece, Vec::new());
-            let lower = error_mode || stmt.kind != Kind::Write;
-            let max = if lower {
-                self.id.caps.lowered(0).unwrap_or(0)
-            } else {
-                0
-            };
-            stmt.lowered = lower;
-            let mut bytes = BytesMut::new();
-            bytes.extend_from_slice(&frontend::build_parse(b"", piece.as_bytes()));
-            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
-            bytes.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
-            bytes.extend_from_slice(&frontend::build_execute(b"", max));
-            self.push(
-                bytes.freeze(),
-                vec![
-                    Pending::Parse { swallow: true },
-                    Pending::Bind { swallow: true },
-                    Pending::Describe {
-                        swallow_nodata: true,
-                    },
-                    Pending::Execute {
-                        stmt,
-                        barrier: error_mode && lower,
-                    },
-                ],
-            );
-        }
-        self.push(frontend::build_sync(), vec![Pending::Sync]);
-    }
-
-    fn on_execute(&mut self, f: Frame) {
-        let Some((portal, asked)) = frontend::execute(f.body()) else {
-            self.push(f.raw, Vec::new());
-            return;
-        };
-        let (text, params) = match self.portals.get(portal) {
-            Some(p) => (p.text.clone(), p.params.clone()),
-            None => (Arc::from(""), Vec::new()),
-        };
-        let mut stmt = self.new_stmt("extended", &text, params);
-        if self.denies(stmt.kind) {
-            // The refusal is raised by the backend in place of this Execute (the rest of the
-            // pipeline is then skipped up to Sync, as after any error).
-            stmt.denied = true;
-            metrics::counter!("sandpit_denied_statements_total", "kind" => stmt.kind.as_str())
-                .increment(1);
-            let mut bytes = BytesMut::new();
-            bytes.extend_from_slice(&frontend::build_parse(b"", DENY_SQL.as_bytes()));
-            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
-            bytes.extend_from_slice(&frontend::build_execute(b"", 0));
-            self.push(
-                bytes.freeze(),
-                vec![
-                    Pending::Parse { swallow: true },
-                    Pending::Bind { swallow: true },
-                    Pending::Execute {
-                        stmt,
-                        barrier: false,
-                    },
-                ],
-            );
-            return;
-        }
-        let error_mode = self.id.caps.mode == CapMode::Error;
-        let lowered = if error_mode || stmt.kind != Kind::Write {
-            self.id.caps.lowered(asked)
-        } else {
-            None
-        };
-        match lowered {
-            Some(max) => {
-                stmt.lowered = true;
-                let mut bytes = BytesMut::new();
-                bytes.extend_from_slice(&frontend::build_execute(portal, max));
-                let mut pending = vec![Pending::Execute {
-                    stmt,
-                    barrier: error_mode,
-                }];
-                if !portal.is_empty() {
-                    // A cut portal is finished as far as the client knows: close it.
-                    bytes.extend_from_slice(&frontend::build_target(b'C', b'P', portal));
-                    pending.push(Pending::Close { swallow: true });
+    /// An expected response that will never come (the server skipped its message): its
+    /// statement is logged as skipped and its name change never happens.
+    fn skipped(&mut self, p: Pending) {
+        match p {
+            Pending::Execute { stmt, .. } => self.log_outcome(&stmt, None, None, true),
+            Pending::Simple { stmts } => {
+                for s in stmts {
+                    self.log_outcome(&s, None, None, true);
                 }
-                self.push(bytes.freeze(), pending);
             }
-            None => self.push(
-                f.raw,
-                vec![Pending::Execute {
-                    stmt,
-                    barrier: false,
-                }],
-            ),
+            Pending::Parse { change, .. }
+            | Pending::Bind { change, .. }
+            | Pending::Close { change, .. } => self.settle(change, false),
+            _ => {}
         }
     }
-}
 
-/// A named entry that would go past MAX_TRACKED entries or MAX_TRACKED_BYTES (the unnamed
-/// one is always allowed: it replaces itself and is bounded by the message size).
-fn over_limit<V>(map: &HashMap<Vec<u8>, V>, name: &[u8], bytes_after: usize) -> bool {
-    !name.is_empty()
-        && ((map.len() >= MAX_TRACKED && !map.contains_key(name))
-            || bytes_after > MAX_TRACKED_BYTES)
-}
-
-/// Bytes a tracked portal holds (its text is shared with the prepared statement).
-fn portal_size(name: &[u8], p: &Portal) -> usize {
-    name.len()
-        + p.params
-            .iter()
-            .map(|v| v.as_ref().map_or(0, String::len))
-            .sum::<usize>()
+    /// The server answered (or will never answer) a message that changes a name.
+    fn settle(&mut self, change: Option<Change>, accepted: bool) {
+        match (change, accepted) {
+            (Some(Change::Stmt(n)), true) => self.prepared.confirm(&n),
+            (Some(Change::Stmt(n)), false) => self.prepared.discard(&n),
+            (Some(Change::Portal(n)), true) => self.portals.confirm(&n),
+            (Some(Change::Portal(n)), false) => self.portals.discard(&n),
+            (None, _) => {}
+        }
+    }
 }

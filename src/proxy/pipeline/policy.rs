@@ -41,12 +41,30 @@ impl Pipeline {
                 self.log_outcome(&s, None, None, true);
             }
         }
+        let message = message.unwrap_or_else(|| self.denial_message(Kind::Unparsed));
+        self.refuse_in_backend("42501", message);
+    }
+
+    /// Refuse a simple Query or FunctionCall whose statement record could not be written:
+    /// the log's promise is that it is written before anything runs.
+    pub(super) fn refuse_unlogged(&mut self, stmts: VecDeque<Stmt>) {
+        metrics::counter!("sandpit_unlogged_refusals_total").increment(1);
+        for s in stmts {
+            self.log_outcome(&s, Some("58030".into()), None, false);
+        }
+        self.refuse_in_backend("58030", super::responses::unlogged_message());
+    }
+
+    /// Send the backend a query that fails, shown to the client as `code` and `message`.
+    fn refuse_in_backend(&mut self, code: &'static str, message: String) {
         let mut q = DENY_SQL.as_bytes().to_vec();
         q.push(0);
-        let message = message.unwrap_or_else(|| self.denial_message(Kind::Unparsed));
+        // A Query drops the unnamed statement and portal on the server.
+        self.stmt_dirty = true;
+        self.portal_dirty = true;
         self.push(
             crate::wire::frame::build(b'Q', &q),
-            vec![Pending::Denied { message }],
+            vec![Pending::Denied { code, message }],
         );
     }
 }

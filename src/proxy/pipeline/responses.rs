@@ -5,14 +5,29 @@
 use bytes::{Bytes, BytesMut};
 
 use super::*;
+use crate::proxy::caps::CapMode;
+use crate::wire::messages::{self, frontend, Severity};
+
+/// How a result ended for the client.
+enum Closed {
+    /// With this tag (None: the backend's own completion, no tag).
+    Shown(Option<String>),
+    /// The gateway makes the backend raise 54000 in its place (error mode).
+    Injected,
+}
 
 impl Pipeline {
-    /// The statement whose results are arriving now.
-    fn current(&mut self) -> Option<&mut Stmt> {
-        match self.fifo.front_mut() {
-            Some(Pending::Execute { stmt, .. }) => Some(stmt),
-            Some(Pending::Simple { stmts }) => stmts.front_mut(),
-            _ => None,
+    /// The statement whose results are arriving now; a result nobody expected (the gateway
+    /// misread the client's stream) is counted as a stray, never passed on uncounted.
+    fn counting(&mut self) -> &mut Stmt {
+        let Pipeline { fifo, stray, .. } = self;
+        match fifo.front_mut() {
+            Some(Pending::Execute { stmt, .. }) => stmt,
+            Some(Pending::Simple { stmts }) => match stmts.front_mut() {
+                Some(s) => s,
+                None => stray.get_or_insert_with(Stmt::stray),
+            },
+            _ => stray.get_or_insert_with(Stmt::stray),
         }
     }
 
@@ -21,9 +36,12 @@ impl Pipeline {
         match f.tag {
             b'1' | b'2' | b'3' => {
                 let swallow = match self.fifo.pop_front() {
-                    Some(Pending::Parse { swallow })
-                    | Some(Pending::Bind { swallow })
-                    | Some(Pending::Close { swallow }) => swallow,
+                    Some(Pending::Parse { swallow, change })
+                    | Some(Pending::Bind { swallow, change })
+                    | Some(Pending::Close { swallow, change }) => {
+                        self.settle(change, true);
+                        swallow
+                    }
                     Some(other) => {
                         self.fifo.push_front(other);
                         false
@@ -47,64 +65,86 @@ impl Pipeline {
             }
             b'D' => self.on_row(f, out),
             b'H' => {
-                if let Some(s) = self.current() {
-                    s.copy_out = true;
-                }
+                self.counting().copy_out = true;
+                out.extend_from_slice(&f.raw);
+            }
+            b'G' => {
+                self.on_copy_in();
                 out.extend_from_slice(&f.raw);
             }
             b'd' => {
                 let policy = self.id.caps;
-                match self.current() {
-                    Some(s) if s.copy_out => {
-                        // COPY TO is drained, not stopped: cancelling would abort the transaction.
-                        if s.count.admit_copy(&policy, f.raw.len()) {
-                            out.extend_from_slice(&f.raw);
-                        }
-                    }
-                    _ => out.extend_from_slice(&f.raw),
+                let s = self.counting();
+                // COPY TO is drained, not stopped: cancelling would abort the transaction.
+                if s.count.admit_copy(&policy, f.raw.len()) {
+                    out.extend_from_slice(&f.raw);
                 }
             }
             b'C' | b'I' | b'V' => self.on_complete(f, out),
             b's' => self.on_suspended(f, out),
             b'E' => self.on_error(f, out, secrets),
-            b'Z' => {
-                self.tx_status = f.body().first().copied().unwrap_or(b'I');
-                match self.fifo.pop_front() {
-                    Some(Pending::Simple { stmts }) => {
-                        for s in stmts {
-                            self.log_outcome(&s, None, None, true);
-                        }
-                    }
-                    Some(Pending::Sync) | Some(Pending::Denied { .. }) | None => {
-                        // Protocol-level portals end with their transaction.
-                        if self.tx_status == b'I' && self.fifo.is_empty() && self.outbox.is_empty()
-                        {
-                            self.portals.clear();
-                            self.portal_bytes = 0;
-                        }
-                    }
-                    Some(other) => {
-                        // Out of step (should not happen): keep the entry, relay anyway.
-                        tracing::warn!("ReadyForQuery while waiting for another response");
-                        self.fifo.push_front(other);
-                    }
-                }
-                out.extend_from_slice(&f.raw);
-            }
+            b'Z' => self.on_ready(f, out),
             b'N' => match messages::scrub_error(f.tag, f.body(), secrets) {
                 Some(s) => out.extend_from_slice(&s),
                 None => out.extend_from_slice(&f.raw),
             },
             _ => out.extend_from_slice(&f.raw),
         }
+        if !self.held.is_empty() {
+            self.release_held();
+        }
+    }
+
+    fn on_ready(&mut self, f: Frame, out: &mut BytesMut) {
+        self.tx_status = f.body().first().copied().unwrap_or(b'I');
+        self.stray = None;
+        match self.fifo.pop_front() {
+            Some(Pending::Simple { stmts }) => {
+                for s in stmts {
+                    // The last statement of a Query may have had results (it stays until
+                    // ReadyForQuery so that every result is counted).
+                    let done = s.results > 0;
+                    let tag = s.last_tag.clone();
+                    self.log_outcome(&s, None, tag.as_deref(), !done);
+                }
+            }
+            Some(Pending::Sync { .. }) | Some(Pending::Denied { .. }) | None => {}
+            Some(other) => {
+                // Out of step (should not happen): keep the entry, relay anyway.
+                tracing::warn!("ReadyForQuery while waiting for another response");
+                self.fifo.push_front(other);
+            }
+        }
+        if self.tx_status == b'I' {
+            // Protocol-level portals end with their transaction.
+            self.portals.clear_confirmed();
+        }
+        out.extend_from_slice(&f.raw);
+    }
+
+    /// CopyInResponse: until the client's next CopyDone/CopyFail the server ignores Sync
+    /// (and Flush), so Syncs the client sent in that stretch will get no ReadyForQuery.
+    fn on_copy_in(&mut self) {
+        let before = self.counting().copy_ends_before;
+        // It cannot be capped, and it needs the client's data to reach its result.
+        self.fifo.lift_front_barrier();
+        let ignored = |p: &Pending| matches!(p, Pending::Sync { copy_ends_before } if *copy_ends_before == before);
+        let mut dropped = self.fifo.drop_syncs(ignored) as u64;
+        for o in self.outbox.iter_mut() {
+            let n = o.pending.len();
+            o.pending.retain(|p| !ignored(p));
+            dropped += (n - o.pending.len()) as u64;
+        }
+        self.ignored_syncs += dropped;
+        if self.copy_ends == before {
+            // The client has not ended it yet: its Syncs until then are ignored too.
+            self.copy_in_until = Some(before);
+        }
     }
 
     fn on_row(&mut self, f: Frame, out: &mut BytesMut) {
         let policy = self.id.caps;
-        let Some(s) = self.current() else {
-            out.extend_from_slice(&f.raw);
-            return;
-        };
+        let s = self.counting();
         if s.count.admit(&policy, f.raw.len()) {
             if policy.mode == CapMode::Error && s.lowered {
                 s.held.push(f.raw);
@@ -124,18 +164,37 @@ impl Pipeline {
             None
         };
         match self.fifo.pop_front() {
-            Some(Pending::Execute { stmt, .. }) => self.finish(stmt, Some(f.raw), tag, out),
+            Some(Pending::Execute { stmt, .. }) => self.finish(stmt, Some(f), tag, out),
             Some(Pending::Simple { mut stmts }) => {
-                if let Some(stmt) = stmts.pop_front() {
-                    self.finish(stmt, Some(f.raw), tag, out);
-                } else {
-                    out.extend_from_slice(&f.raw);
+                if stmts.len() > 1 {
+                    if let Some(stmt) = stmts.pop_front() {
+                        self.finish(stmt, Some(f), tag, out);
+                    }
+                } else if let Some(stmt) = stmts.front_mut() {
+                    // Its outcome is logged at ReadyForQuery: more results may follow when
+                    // the text held more statements than the splitter saw.
+                    let mut s = std::mem::replace(stmt, Stmt::stray());
+                    self.close_result(&mut s, Some(f), tag, out);
+                    if let Some(stmt) = stmts.front_mut() {
+                        *stmt = s;
+                    }
                 }
                 self.fifo.push_front(Pending::Simple { stmts });
             }
             Some(other) => {
                 self.fifo.push_front(other);
-                out.extend_from_slice(&f.raw);
+                self.close_stray(f, tag, out);
+            }
+            None => self.close_stray(f, tag, out),
+        }
+    }
+
+    /// A result that no statement expected: capped like any other, then forgotten.
+    fn close_stray(&mut self, f: Frame, tag: Option<String>, out: &mut BytesMut) {
+        match self.stray.take() {
+            Some(mut s) => {
+                metrics::counter!("sandpit_stray_results_total").increment(1);
+                self.close_result(&mut s, Some(f), tag, out);
             }
             None => out.extend_from_slice(&f.raw),
         }
@@ -153,75 +212,140 @@ impl Pipeline {
             }
             Some(other) => {
                 self.fifo.push_front(other);
+                self.stray = None;
                 out.extend_from_slice(&f.raw);
             }
-            None => out.extend_from_slice(&f.raw),
+            None => {
+                self.stray = None;
+                out.extend_from_slice(&f.raw);
+            }
         }
     }
 
     /// A statement's result ended (with its completion message, or None when the portal
-    /// was suspended by our lowered max_rows).
+    /// was suspended by our lowered max_rows): pass it on and log the outcome.
     fn finish(
         &mut self,
         mut stmt: Stmt,
-        completion: Option<Bytes>,
+        completion: Option<Frame>,
         tag: Option<String>,
         out: &mut BytesMut,
     ) {
+        match self.close_result(&mut stmt, completion, tag, out) {
+            Closed::Shown(shown) => self.log_outcome(&stmt, None, shown.as_deref(), false),
+            Closed::Injected => self.log_outcome(&stmt, Some("54000".into()), None, false),
+        }
+    }
+
+    /// One result of `stmt` ended: what the client sees for it, with its counts added to
+    /// the statement's totals and the counters reset for a next result.
+    fn close_result(
+        &mut self,
+        stmt: &mut Stmt,
+        completion: Option<Frame>,
+        tag: Option<String>,
+        out: &mut BytesMut,
+    ) -> Closed {
         let policy = self.id.caps;
-        if !stmt.count.truncated {
-            for r in stmt.held.drain(..) {
+        let count = std::mem::take(&mut stmt.count);
+        let held = std::mem::take(&mut stmt.held);
+        let copy_out = std::mem::replace(&mut stmt.copy_out, false);
+        stmt.results += 1;
+        stmt.total_rows += count.rows;
+        stmt.capped |= count.truncated;
+        let function_result = completion.as_ref().is_some_and(|c| c.tag == b'V');
+        if function_result {
+            // A FunctionCallResponse is one value: a row of its own, capped by bytes.
+            stmt.total_rows += 1;
+        }
+        if function_result && !count.truncated {
+            let len = completion.as_ref().map_or(0, |c| c.raw.len());
+            let mut one = ResultCount::default();
+            if !one.admit(&policy, len) {
+                stmt.capped = true;
+                stmt.total_rows -= 1;
+                metrics::counter!("sandpit_capped_statements_total").increment(1);
+                if policy.mode == CapMode::Error {
+                    out.extend_from_slice(&messages::error_response(
+                        Severity::Error,
+                        "54000",
+                        &policy.error_text(),
+                    ));
+                } else {
+                    out.extend_from_slice(&policy.notice(0, true, true));
+                    out.extend_from_slice(&messages::function_result_null());
+                }
+                return Closed::Shown(Some("(function result cut)".into()));
+            }
+        }
+        if !count.truncated {
+            for r in held {
                 out.extend_from_slice(&r);
             }
-            match completion {
-                Some(c) => out.extend_from_slice(&c),
+            let shown = match completion {
+                Some(c) => {
+                    out.extend_from_slice(&c.raw);
+                    tag
+                }
                 // Suspended exactly at cap + 1 can only mean truncated; be safe anyway.
-                None => out.extend_from_slice(&messages::command_complete(&format!(
-                    "{} {}",
-                    stmt.verb, stmt.count.rows
-                ))),
-            }
-            self.log_outcome(&stmt, None, tag.as_deref(), false);
-            return;
+                None => {
+                    let t = format!("{} {}", stmt.verb, count.rows);
+                    out.extend_from_slice(&messages::command_complete(&t));
+                    Some(t)
+                }
+            };
+            stmt.last_tag.clone_from(&shown);
+            return Closed::Shown(shown);
         }
         if policy.mode == CapMode::Error && stmt.lowered {
             // Make the backend itself fail here, so the transaction state and the skipping of
             // the rest of the pipeline are real, then show the client a clean 54000.
-            stmt.held.clear();
-            self.log_outcome(&stmt, Some("54000".into()), None, false);
             let sql = "DO $sandpit$ BEGIN RAISE EXCEPTION 'sandpit cap' USING ERRCODE = '54000'; END $sandpit$";
             let mut bytes = BytesMut::new();
             bytes.extend_from_slice(&frontend::build_parse(b"", sql.as_bytes()));
             bytes.extend_from_slice(&frontend::build_bind(b"", b""));
             bytes.extend_from_slice(&frontend::build_execute(b"", 0));
+            self.stmt_dirty = true;
+            self.portal_dirty = true;
             self.outbox.push_front(Outgoing {
                 bytes: bytes.freeze(),
                 pending: vec![
-                    Pending::Parse { swallow: true },
-                    Pending::Bind { swallow: true },
+                    Pending::Parse {
+                        swallow: true,
+                        change: None,
+                    },
+                    Pending::Bind {
+                        swallow: true,
+                        change: None,
+                    },
                     Pending::InjectedError,
                 ],
             });
-            return;
+            return Closed::Injected;
         }
-        out.extend_from_slice(&policy.notice(stmt.count.rows, stmt.count.by_bytes));
-        let shown = match (&tag, stmt.lowered, stmt.copy_out) {
+        // Not lowered: the server ran the statement to its end, the gateway dropped the rest.
+        out.extend_from_slice(&policy.notice(count.rows, count.by_bytes, !stmt.lowered));
+        let shown = match (&tag, stmt.lowered, copy_out) {
             // Rows were drained: the backend's tag (rows affected) is the truth.
-            (Some(t), false, false) => t.clone(),
-            (_, _, true) => format!("COPY {}", stmt.count.rows),
-            _ => format!("{} {}", stmt.verb, stmt.count.rows),
+            (Some(t), false, false) if messages::tag_rows(t).is_some() && !is_read_tag(t) => {
+                t.clone()
+            }
+            (_, _, true) => format!("COPY {}", count.rows),
+            _ => format!("{} {}", stmt.verb, count.rows),
         };
         out.extend_from_slice(&messages::command_complete(&shown));
-        self.log_outcome(&stmt, None, Some(&shown), false);
+        stmt.last_tag = Some(shown.clone());
+        Closed::Shown(Some(shown))
     }
 
     fn on_error(&mut self, f: Frame, out: &mut BytesMut, secrets: &[String]) {
         let code = messages::error_code(f.body());
         let scrubbed =
             messages::scrub_error(f.tag, f.body(), secrets).unwrap_or_else(|| f.raw.clone());
+        self.stray = None;
         match self.fifo.front_mut() {
-            Some(Pending::Denied { message }) => {
-                out.extend_from_slice(&messages::error_response(Severity::Error, "42501", message));
+            Some(Pending::Denied { code, message }) => {
+                out.extend_from_slice(&messages::error_response(Severity::Error, code, message));
             }
             Some(Pending::Simple { stmts }) => {
                 // The rest of a simple query is skipped by the server; ReadyForQuery follows.
@@ -235,73 +359,72 @@ impl Pipeline {
                 }
                 out.extend_from_slice(&scrubbed);
             }
-            Some(_) => {
-                // Extended protocol: the server skips everything up to the next Sync.
-                let mut first = true;
-                let mut injected = false;
-                let mut denial = None;
-                // Only the entry at the front failed; a refusal behind it was merely skipped.
-                let refused = matches!(self.fifo.front(), Some(Pending::Refused));
-                while let Some(p) = self.fifo.front() {
-                    if matches!(p, Pending::Sync) {
-                        break;
-                    }
-                    match self.fifo.pop_front() {
-                        Some(Pending::Execute { stmt, .. }) => {
-                            if first && stmt.denied {
-                                denial = Some(self.denial_message(stmt.kind));
-                                self.log_outcome(&stmt, Some("42501".into()), None, false);
-                            } else if first {
-                                self.log_outcome(&stmt, code.clone(), None, false);
-                            } else {
-                                self.log_outcome(&stmt, None, None, true);
-                            }
-                            first = false;
-                        }
-                        Some(Pending::InjectedError) => injected = true,
-                        Some(Pending::Simple { stmts }) => {
-                            for s in stmts {
-                                self.log_outcome(&s, None, None, true);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-                // Messages not yet sent up to the next Sync are skipped by the server too: they
-                // are still sent, but nothing is expected from them.
-                if self.fifo.is_empty() {
-                    self.skip_until_sync = true;
-                }
-                if let Some(msg) = denial {
-                    out.extend_from_slice(&messages::error_response(
-                        Severity::Error,
-                        "42501",
-                        &msg,
-                    ));
-                } else if refused {
-                    let msg = format!(
-                        "sandpit: this session already holds {MAX_TRACKED} named prepared statements \
-                         or portals, or {} MiB of their text; close some (protocol Close) before \
-                         making more",
-                        MAX_TRACKED_BYTES >> 20
-                    );
-                    out.extend_from_slice(&messages::error_response(
-                        Severity::Error,
-                        "53400",
-                        &msg,
-                    ));
-                } else if injected {
-                    let msg = self.id.caps.error_text();
-                    out.extend_from_slice(&messages::error_response(
-                        Severity::Error,
-                        "54000",
-                        &msg,
-                    ));
-                } else {
-                    out.extend_from_slice(&scrubbed);
-                }
-            }
+            Some(_) => self.on_extended_error(code, scrubbed, out),
             None => out.extend_from_slice(&scrubbed),
         }
     }
+
+    /// Extended protocol: the server skips everything up to the next Sync.
+    fn on_extended_error(&mut self, code: Option<String>, scrubbed: Bytes, out: &mut BytesMut) {
+        let mut first = true;
+        let mut injected = false;
+        let mut refusal: Option<(&'static str, String)> = None;
+        // Only the entry at the front failed; a refusal behind it was merely skipped.
+        let refused = matches!(self.fifo.front(), Some(Pending::Refused));
+        while let Some(p) = self.fifo.front() {
+            if matches!(p, Pending::Sync { .. }) {
+                break;
+            }
+            match self.fifo.pop_front() {
+                Some(Pending::Execute { stmt, .. }) => {
+                    if first && stmt.denied {
+                        refusal = Some(("42501", self.denial_message(stmt.kind)));
+                        self.log_outcome(&stmt, Some("42501".into()), None, false);
+                    } else if first && stmt.unlogged {
+                        refusal = Some(("58030", unlogged_message()));
+                        self.log_outcome(&stmt, Some("58030".into()), None, false);
+                    } else if first {
+                        self.log_outcome(&stmt, code.clone(), None, false);
+                    } else {
+                        self.log_outcome(&stmt, None, None, true);
+                    }
+                    first = false;
+                }
+                Some(Pending::InjectedError) => injected = true,
+                Some(other) => self.skipped(other),
+                None => {}
+            }
+        }
+        // Messages not yet sent up to the next Sync are skipped by the server too: they
+        // are still sent, but nothing is expected from them.
+        if self.fifo.is_empty() {
+            self.skip_until_sync = true;
+        }
+        if let Some((code, msg)) = refusal {
+            out.extend_from_slice(&messages::error_response(Severity::Error, code, &msg));
+        } else if refused {
+            let msg = format!(
+                "sandpit: this session already holds {MAX_TRACKED} named prepared statements \
+                 or portals, or {} MiB of their text; close some (protocol Close) before \
+                 making more",
+                MAX_TRACKED_BYTES >> 20
+            );
+            out.extend_from_slice(&messages::error_response(Severity::Error, "53400", &msg));
+        } else if injected {
+            let msg = self.id.caps.error_text();
+            out.extend_from_slice(&messages::error_response(Severity::Error, "54000", &msg));
+        } else {
+            out.extend_from_slice(&scrubbed);
+        }
+    }
+}
+
+/// Tags whose count is rows returned, not rows written (a cut result shows what was sent).
+fn is_read_tag(tag: &str) -> bool {
+    tag.starts_with("SELECT") || tag.starts_with("FETCH") || tag.starts_with("MOVE")
+}
+
+/// What the client is told when a statement record could not be written.
+pub(super) fn unlogged_message() -> String {
+    "sandpit: the statement log could not be written, so the statement was not run (the log is written before anything runs); the operator has been alerted".to_string()
 }

@@ -1,0 +1,458 @@
+//! The client side of the pipeline: each message is logged (before it is forwarded) and
+//! turned into what goes to the backend, with the responses it will cause.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::log::{log_param, text_of};
+use super::names::Lookup;
+use super::policy::DENY_SQL;
+use super::*;
+use crate::proxy::caps::CapMode;
+use crate::review::classify;
+use crate::wire::messages::frontend;
+
+impl Pipeline {
+    /// A message from the client: log it, decide what goes to the backend. A message that
+    /// depends on a name the server has not confirmed yet (from an earlier Sync) waits, and
+    /// so does everything after it.
+    pub fn on_client(&mut self, f: Frame) {
+        if !self.held.is_empty() || self.must_wait(&f) {
+            self.held.push_back(f);
+            return;
+        }
+        self.process_client(f);
+    }
+
+    /// Process held messages whose answers have arrived.
+    pub(super) fn release_held(&mut self) {
+        while let Some(f) = self.held.pop_front() {
+            if self.must_wait(&f) {
+                self.held.push_front(f);
+                return;
+            }
+            self.process_client(f);
+        }
+    }
+
+    /// Whether `f` needs the answer to a change sent in an earlier group.
+    fn must_wait(&self, f: &Frame) -> bool {
+        let g = self.group;
+        match f.tag {
+            b'P' => match frontend::parse(f.body()) {
+                // A named Parse fails if the name exists: that must be known.
+                Some((name, _)) if !name.is_empty() => self.prepared.lookup(name, g).is_wait(),
+                _ => false,
+            },
+            b'B' => match frontend::bind(f.body()) {
+                Some(b) => {
+                    self.prepared.lookup(b.statement, g).is_wait()
+                        || (!b.portal.is_empty() && self.portals.lookup(b.portal, g).is_wait())
+                }
+                None => false,
+            },
+            b'E' => match frontend::execute(f.body()) {
+                Some((portal, _)) => self.portals.lookup(portal, g).is_wait(),
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
+    fn process_client(&mut self, f: Frame) {
+        match f.tag {
+            b'Q' => {
+                self.on_query(f);
+                self.group += 1;
+            }
+            b'P' => self.on_parse(f),
+            b'B' => self.on_bind(f),
+            b'E' => self.on_execute(f),
+            b'D' => self.push(
+                f.raw,
+                vec![Pending::Describe {
+                    swallow_nodata: false,
+                }],
+            ),
+            b'C' => {
+                let change = match frontend::target(f.body()) {
+                    Some((b'S', name)) => {
+                        self.prepared.propose(name, None, self.group);
+                        Some(Change::Stmt(name.to_vec()))
+                    }
+                    Some((_, name)) => {
+                        self.portals.propose(name, None, self.group);
+                        Some(Change::Portal(name.to_vec()))
+                    }
+                    None => None,
+                };
+                self.push(
+                    f.raw,
+                    vec![Pending::Close {
+                        swallow: false,
+                        change,
+                    }],
+                );
+            }
+            b'S' => {
+                self.group += 1;
+                if self.copy_in_until == Some(self.copy_ends) {
+                    // Inside COPY FROM STDIN the server ignores Sync: nothing will answer it.
+                    self.ignored_syncs += 1;
+                    self.push(f.raw, Vec::new());
+                } else {
+                    let copy_ends_before = self.copy_ends;
+                    self.push(f.raw, vec![Pending::Sync { copy_ends_before }]);
+                }
+            }
+            b'F' => {
+                self.on_function_call(f);
+                self.group += 1;
+            }
+            b'c' | b'f' => {
+                // CopyDone / CopyFail: ends the COPY FROM STDIN in progress, if any.
+                self.copy_ends += 1;
+                if matches!(self.copy_in_until, Some(n) if n < self.copy_ends) {
+                    self.copy_in_until = None;
+                }
+                self.push(f.raw, Vec::new());
+            }
+            // Flush, Terminate, COPY data from the client and anything unknown: no response of
+            // their own that we track (the backend answers unknown messages with an error,
+            // which is matched like any other).
+            _ => self.push(f.raw, Vec::new()),
+        }
+    }
+
+    fn on_parse(&mut self, f: Frame) {
+        let Some((name, query)) = frontend::parse(f.body()) else {
+            return self.push(
+                f.raw,
+                vec![Pending::Parse {
+                    swallow: false,
+                    change: None,
+                }],
+            );
+        };
+        if name.is_empty() {
+            self.stmt_dirty = false;
+        }
+        // A named statement that exists already is refused by the server: no change.
+        let exists = !name.is_empty()
+            && matches!(self.prepared.lookup(name, self.group), Lookup::Defined(_));
+        let change = if exists {
+            None
+        } else {
+            if over_limit(
+                self.prepared.len(),
+                name,
+                self.tracked_bytes() + name.len() + query.len(),
+            ) {
+                return self.refuse();
+            }
+            let text: Arc<str> = Arc::from(text_of(query));
+            self.prepared.propose(name, Some(text), self.group);
+            Some(Change::Stmt(name.to_vec()))
+        };
+        self.push(
+            f.raw,
+            vec![Pending::Parse {
+                swallow: false,
+                change,
+            }],
+        );
+    }
+
+    fn on_bind(&mut self, f: Frame) {
+        let Some(b) = frontend::bind(f.body()) else {
+            return self.push(
+                f.raw,
+                vec![Pending::Bind {
+                    swallow: false,
+                    change: None,
+                }],
+            );
+        };
+        if self.stmt_dirty && b.statement.is_empty() {
+            // The client's unnamed statement is gone on a real server after a Query; ours
+            // may hold the gateway's own text. Close it first so the Bind fails as it should.
+            self.stmt_dirty = false;
+            self.prepared.propose(b"", None, self.group);
+            self.push(
+                frontend::build_target(b'C', b'S', b""),
+                vec![Pending::Close {
+                    swallow: true,
+                    change: Some(Change::Stmt(Vec::new())),
+                }],
+            );
+        }
+        if b.portal.is_empty() {
+            // A Bind replaces the unnamed portal whatever it held.
+            self.portal_dirty = false;
+        }
+        let text = match self.prepared.lookup(b.statement, self.group) {
+            Lookup::Defined(t) => Some(t.clone()),
+            _ => None,
+        };
+        // A named portal that exists is refused by the server, and so is a Bind of a
+        // statement that does not exist: no change either way.
+        let portal_exists = !b.portal.is_empty()
+            && matches!(
+                self.portals.lookup(b.portal, self.group),
+                Lookup::Defined(_)
+            );
+        let change = match text {
+            Some(text) if !portal_exists => {
+                let params: Vec<Option<String>> = b
+                    .params
+                    .iter()
+                    .map(|(fmt, v)| log_param(*fmt, *v))
+                    .collect();
+                let portal = Portal { text, params };
+                let size = b.portal.len() + portal.weight();
+                if over_limit(self.portals.len(), b.portal, self.tracked_bytes() + size) {
+                    return self.refuse();
+                }
+                self.portals.propose(b.portal, Some(portal), self.group);
+                Some(Change::Portal(b.portal.to_vec()))
+            }
+            _ => None,
+        };
+        self.push(
+            f.raw,
+            vec![Pending::Bind {
+                swallow: false,
+                change,
+            }],
+        );
+    }
+
+    fn tracked_bytes(&self) -> usize {
+        self.prepared.bytes() + self.portals.bytes()
+    }
+
+    /// Answer a Parse/Bind over the limit with 53400 through the backend's own error path.
+    fn refuse(&mut self) {
+        metrics::counter!("sandpit_tracking_limit_refusals_total").increment(1);
+        // A failing unnamed Parse drops the client's unnamed statement on the server.
+        self.stmt_dirty = true;
+        self.push(
+            frontend::build_parse(b"", REFUSED_SQL),
+            vec![Pending::Refused],
+        );
+    }
+
+    fn on_function_call(&mut self, f: Frame) {
+        let (oid, args) = frontend::function_call(f.body()).unwrap_or((0, Vec::new()));
+        let params: Vec<Option<String>> = args.iter().map(|(fmt, v)| log_param(*fmt, *v)).collect();
+        let mut stmt = self.new_stmt("function", &format!("function call oid={oid}"), params);
+        stmt.function = true;
+        if self.denies(stmt.kind) {
+            return self.deny_simple(VecDeque::from([stmt]));
+        }
+        if stmt.refused_by_log() {
+            return self.refuse_unlogged(VecDeque::from([stmt]));
+        }
+        self.push(
+            f.raw,
+            vec![Pending::Simple {
+                stmts: VecDeque::from([stmt]),
+            }],
+        );
+    }
+
+    fn on_query(&mut self, f: Frame) {
+        let body = f.body();
+        let text_bytes = body.strip_suffix(&[0]).unwrap_or(body);
+        let text = text_of(text_bytes);
+        // Splitting only decides whether the backend can be stopped early; caps are counted
+        // from the backend's stream whatever it finds.
+        let pieces = classify::split(&text).filter(|p| p.len() <= MAX_SPLIT_STATEMENTS);
+        // COPY runs as the client sent it: inside an extended-protocol rewrite, a COPY FROM
+        // STDIN would swallow the gateway's own Sync.
+        let rewrite = match &pieces {
+            Some(p) => {
+                !p.is_empty()
+                    && p.iter().any(|s| classify::may_return_rows(s))
+                    && !p.iter().any(|s| classify::leading_word_is(s, "COPY"))
+                    && text.len() == text_bytes.len()
+            }
+            None => false,
+        };
+        // The server drops its unnamed statement and portal at every Query (the rewrite
+        // below leaves the gateway's own there instead).
+        self.stmt_dirty = true;
+        self.portal_dirty = true;
+        let stmts: VecDeque<Stmt> = match &pieces {
+            Some(p) if !p.is_empty() => p
+                .iter()
+                .map(|s| self.new_stmt("simple", s, Vec::new()))
+                .collect(),
+            _ => VecDeque::from([self.new_stmt("simple", &text, Vec::new())]),
+        };
+        if self.id.allow.is_some() && stmts.iter().any(|s| self.denies(s.kind)) {
+            // Judged statement by statement; one refusal rejects the whole string.
+            return self.deny_simple(stmts);
+        }
+        if stmts.iter().any(Stmt::refused_by_log) {
+            return self.refuse_unlogged(stmts);
+        }
+        if !rewrite {
+            self.push(f.raw, vec![Pending::Simple { stmts }]);
+            return;
+        }
+        // Run each statement as Parse/Bind/Describe/Execute(max_rows)/…/Sync: one implicit
+        // transaction and skip-on-error, like a simple query, but the backend stops at the cap.
+        let error_mode = self.id.caps.mode == CapMode::Error;
+        for (piece, mut stmt) in pieces.unwrap_or_default().into_iter().zip(stmts) {
+            let lower = error_mode || stmt.kind != Kind::Write;
+            let max = if lower {
+                self.id.caps.lowered(0).unwrap_or(0)
+            } else {
+                0
+            };
+            stmt.lowered = lower;
+            let mut bytes = BytesMut::new();
+            bytes.extend_from_slice(&frontend::build_parse(b"", piece.as_bytes()));
+            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+            bytes.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
+            bytes.extend_from_slice(&frontend::build_execute(b"", max));
+            self.push(
+                bytes.freeze(),
+                vec![
+                    Pending::Parse {
+                        swallow: true,
+                        change: None,
+                    },
+                    Pending::Bind {
+                        swallow: true,
+                        change: None,
+                    },
+                    Pending::Describe {
+                        swallow_nodata: true,
+                    },
+                    Pending::Execute {
+                        stmt,
+                        barrier: error_mode && lower,
+                    },
+                ],
+            );
+        }
+        let copy_ends_before = self.copy_ends;
+        self.push(
+            frontend::build_sync(),
+            vec![Pending::Sync { copy_ends_before }],
+        );
+    }
+
+    fn on_execute(&mut self, f: Frame) {
+        let Some((portal, asked)) = frontend::execute(f.body()) else {
+            self.push(f.raw, Vec::new());
+            return;
+        };
+        let portal = portal.to_vec();
+        if self.portal_dirty && portal.is_empty() {
+            self.close_unnamed_portal();
+        }
+        let (text, params) = match self.portals.lookup(&portal, self.group) {
+            Lookup::Defined(p) => (p.text.clone(), p.params.clone()),
+            _ => (Arc::from(""), Vec::new()),
+        };
+        let mut stmt = self.new_stmt("extended", &text, params);
+        let refusal = if self.denies(stmt.kind) {
+            stmt.denied = true;
+            metrics::counter!("sandpit_denied_statements_total", "kind" => stmt.kind.as_str())
+                .increment(1);
+            true
+        } else {
+            stmt.refused_by_log()
+        };
+        if refusal {
+            // The refusal is raised by the backend in place of this Execute (the rest of the
+            // pipeline is then skipped up to Sync, as after any error). Its unnamed
+            // statement and portal are the gateway's: closed before the client relies on
+            // them again.
+            self.stmt_dirty = true;
+            self.portal_dirty = true;
+            let mut bytes = BytesMut::new();
+            bytes.extend_from_slice(&frontend::build_parse(b"", DENY_SQL.as_bytes()));
+            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+            bytes.extend_from_slice(&frontend::build_execute(b"", 0));
+            self.push(
+                bytes.freeze(),
+                vec![
+                    Pending::Parse {
+                        swallow: true,
+                        change: None,
+                    },
+                    Pending::Bind {
+                        swallow: true,
+                        change: None,
+                    },
+                    Pending::Execute {
+                        stmt,
+                        barrier: false,
+                    },
+                ],
+            );
+            return;
+        }
+        let error_mode = self.id.caps.mode == CapMode::Error;
+        let lowered = if error_mode || stmt.kind != Kind::Write {
+            self.id.caps.lowered(asked)
+        } else {
+            None
+        };
+        stmt.copy_ends_before = self.copy_ends;
+        match lowered {
+            Some(max) => {
+                stmt.lowered = true;
+                let mut bytes = BytesMut::new();
+                bytes.extend_from_slice(&frontend::build_execute(&portal, max));
+                let mut pending = vec![Pending::Execute {
+                    stmt,
+                    barrier: error_mode,
+                }];
+                if !portal.is_empty() {
+                    // A cut portal is finished as far as the client knows: close it.
+                    bytes.extend_from_slice(&frontend::build_target(b'C', b'P', &portal));
+                    self.portals.propose(&portal, None, self.group);
+                    pending.push(Pending::Close {
+                        swallow: true,
+                        change: Some(Change::Portal(portal)),
+                    });
+                }
+                self.push(bytes.freeze(), pending);
+            }
+            None => self.push(
+                f.raw,
+                vec![Pending::Execute {
+                    stmt,
+                    barrier: false,
+                }],
+            ),
+        }
+    }
+
+    /// Close the unnamed portal the gateway's own messages left behind, before a client
+    /// Execute of the unnamed portal (on a real server a Query would have dropped it).
+    fn close_unnamed_portal(&mut self) {
+        self.portal_dirty = false;
+        self.portals.propose(b"", None, self.group);
+        self.push(
+            frontend::build_target(b'C', b'P', b""),
+            vec![Pending::Close {
+                swallow: true,
+                change: Some(Change::Portal(Vec::new())),
+            }],
+        );
+    }
+}
+
+/// A named entry that would go past MAX_TRACKED entries or MAX_TRACKED_BYTES (the unnamed
+/// one is always allowed: it replaces itself and is bounded by the message size).
+fn over_limit(entries: usize, name: &[u8], bytes_after: usize) -> bool {
+    !name.is_empty() && (entries >= MAX_TRACKED || bytes_after > MAX_TRACKED_BYTES)
+}

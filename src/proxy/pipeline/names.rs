@@ -1,0 +1,212 @@
+//! Prepared statements and portals as the server holds them. A Parse, Bind or Close only
+//! changes a name once the server has answered it (ParseComplete, BindComplete,
+//! CloseComplete); until then the change is pending. An error discards the pending change of
+//! the failed message and of every message the server skipped after it, so the gateway never
+//! believes in a definition the server refused (a second Parse of a name that exists is
+//! refused by the server: the first text stays bound).
+//!
+//! Messages are grouped by the client's Sync (or Query, or FunctionCall): inside one group,
+//! a message after a failed one is skipped by the server, so a pending change of the same
+//! group can be relied on. A message that needs a name with a pending change from an earlier
+//! group must wait for that answer ([`Lookup::Wait`]).
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+
+/// What a name is bound to, in bytes held by the gateway.
+pub(super) trait Weight {
+    /// Bytes held for this value (its name excluded).
+    fn weight(&self) -> usize;
+}
+
+/// A name's state as the server will see it at the next message of the current group.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Lookup<'a, V> {
+    /// Defined with this value.
+    Defined(&'a V),
+    /// Not defined.
+    Undefined,
+    /// Depends on an answer still to come from an earlier group.
+    Wait,
+}
+
+impl<V> Lookup<'_, V> {
+    /// The answer it depends on has not come yet.
+    pub fn is_wait(&self) -> bool {
+        matches!(self, Lookup::Wait)
+    }
+}
+
+/// Statements or portals of one session.
+pub(super) struct Names<V> {
+    confirmed: HashMap<Vec<u8>, V>,
+    /// Changes not answered yet, per name, oldest first, with the group each was sent in.
+    pending: HashMap<Vec<u8>, VecDeque<(u64, Option<V>)>>,
+    /// Changes in `pending`, all names together.
+    pending_count: usize,
+    /// Bytes of names and values in `confirmed` and `pending`.
+    bytes: usize,
+}
+
+impl<V: Weight> Names<V> {
+    /// Nothing defined.
+    pub fn new() -> Names<V> {
+        Names {
+            confirmed: HashMap::new(),
+            pending: HashMap::new(),
+            pending_count: 0,
+            bytes: 0,
+        }
+    }
+
+    /// The state of `name` for a message of group `group`.
+    pub fn lookup(&self, name: &[u8], group: u64) -> Lookup<'_, V> {
+        if let Some(q) = self.pending.get(name) {
+            if let Some((g, v)) = q.back() {
+                if *g != group {
+                    return Lookup::Wait;
+                }
+                return match v {
+                    Some(v) => Lookup::Defined(v),
+                    None => Lookup::Undefined,
+                };
+            }
+        }
+        match self.confirmed.get(name) {
+            Some(v) => Lookup::Defined(v),
+            None => Lookup::Undefined,
+        }
+    }
+
+    /// Entries held (confirmed and pending), for the tracking limit.
+    pub fn len(&self) -> usize {
+        self.confirmed.len() + self.pending_count
+    }
+
+    /// Bytes held, for the tracking limit.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// A change sent to the server in `group`: defined as `value`, or closed (None).
+    pub fn propose(&mut self, name: &[u8], value: Option<V>, group: u64) {
+        self.bytes += name.len() + value.as_ref().map_or(0, Weight::weight);
+        self.pending_count += 1;
+        self.pending
+            .entry(name.to_vec())
+            .or_default()
+            .push_back((group, value));
+    }
+
+    /// The server answered the oldest pending change of `name`: it takes effect.
+    pub fn confirm(&mut self, name: &[u8]) {
+        let Some((_, change)) = self.take_oldest(name) else {
+            return;
+        };
+        if let Some(old) = self.confirmed.remove(name) {
+            self.bytes = self.bytes.saturating_sub(name.len() + old.weight());
+        }
+        match change {
+            // Its bytes were counted when proposed.
+            Some(v) => {
+                self.confirmed.insert(name.to_vec(), v);
+            }
+            None => self.bytes = self.bytes.saturating_sub(name.len()),
+        }
+    }
+
+    /// The server failed or skipped the oldest pending change of `name`: it never happens.
+    pub fn discard(&mut self, name: &[u8]) {
+        if let Some((_, change)) = self.take_oldest(name) {
+            self.bytes = self
+                .bytes
+                .saturating_sub(name.len() + change.as_ref().map_or(0, Weight::weight));
+        }
+    }
+
+    fn take_oldest(&mut self, name: &[u8]) -> Option<(u64, Option<V>)> {
+        let Entry::Occupied(mut e) = self.pending.entry(name.to_vec()) else {
+            return None;
+        };
+        let oldest = e.get_mut().pop_front();
+        if e.get().is_empty() {
+            e.remove();
+        }
+        if oldest.is_some() {
+            self.pending_count -= 1;
+        }
+        oldest
+    }
+
+    /// Forget every confirmed entry (portals at the end of a transaction).
+    pub fn clear_confirmed(&mut self) {
+        for (name, v) in self.confirmed.drain() {
+            self.bytes = self.bytes.saturating_sub(name.len() + v.weight());
+        }
+    }
+}
+
+impl Weight for std::sync::Arc<str> {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn text(v: Lookup<'_, Arc<str>>) -> String {
+        match v {
+            Lookup::Defined(t) => t.to_string(),
+            Lookup::Undefined => "-".into(),
+            Lookup::Wait => "wait".into(),
+        }
+    }
+
+    #[test]
+    fn changes_take_effect_only_when_answered() {
+        // (step, expected lookup of "s" in group 2 afterwards)
+        let mut n: Names<Arc<str>> = Names::new();
+        assert_eq!(text(n.lookup(b"s", 0)), "-");
+        n.propose(b"s", Some(Arc::from("write")), 0);
+        // Same group: relied on (a failure would skip the later message too).
+        assert_eq!(text(n.lookup(b"s", 0)), "write");
+        // A later group must wait for the answer.
+        assert_eq!(text(n.lookup(b"s", 1)), "wait");
+        n.confirm(b"s");
+        assert_eq!(text(n.lookup(b"s", 1)), "write");
+        // The server refuses a second Parse of a defined name: the gateway proposes nothing,
+        // and a refused change is discarded, never applied.
+        n.propose(b"s", Some(Arc::from("read")), 1);
+        n.discard(b"s");
+        assert_eq!(text(n.lookup(b"s", 2)), "write");
+        n.propose(b"s", None, 2);
+        assert_eq!(text(n.lookup(b"s", 2)), "-");
+        n.confirm(b"s");
+        assert_eq!(text(n.lookup(b"s", 3)), "-");
+        assert_eq!(n.len(), 0);
+        assert_eq!(n.bytes(), 0);
+    }
+
+    #[test]
+    fn bytes_and_counts_follow_every_path() {
+        let mut n: Names<Arc<str>> = Names::new();
+        n.propose(b"a", Some(Arc::from("12345")), 0);
+        n.propose(b"b", Some(Arc::from("123")), 0);
+        assert_eq!((n.len(), n.bytes()), (2, 6 + 4));
+        n.confirm(b"a");
+        n.discard(b"b");
+        assert_eq!((n.len(), n.bytes()), (1, 6));
+        n.propose(b"a", Some(Arc::from("1")), 1);
+        n.confirm(b"a");
+        assert_eq!((n.len(), n.bytes()), (1, 2));
+        n.clear_confirmed();
+        assert_eq!((n.len(), n.bytes()), (0, 0));
+        // Answers for names never proposed are ignored.
+        n.confirm(b"zz");
+        n.discard(b"zz");
+        assert_eq!((n.len(), n.bytes()), (0, 0));
+    }
+}

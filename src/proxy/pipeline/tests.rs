@@ -1,0 +1,1 @@
+//! Table tests of the pipeline: frames in, frames out, no I/O.
