@@ -135,8 +135,7 @@ fn own_password_change_is_undone_reported_and_cut_off() {
         );
         let e = direct(&pg, &h, "agent-chosen-password")
             .await
-            .err()
-            .expect("the agent's password no longer works");
+            .expect_err("the agent's password no longer works");
         assert_eq!(sqlx_state(&e), "28P01", "{e}");
         let (same, tampered) = verifier_state(&pg, &h).await;
         assert!(same, "the gateway's verifier is back");
