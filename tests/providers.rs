@@ -248,12 +248,14 @@ fn spine_on_template() {
     });
 }
 
-/// Names and tags of the pool members on the shared server (`pool-…` databases).
+/// Names and tags of the pool members on the shared server (`pool-…` databases; tags from
+/// the provider's admin-only records table).
 async fn template_pool_members(pg: &shared_pg::SharedPg) -> Vec<(String, Value)> {
     let c = pg.admin("postgres").await;
     c.query(
-        "select datname::text, coalesce(shobj_description(oid, 'pg_database'), '{}') \
-         from pg_database where datname like 'pool-%' order by 1",
+        "select d.datname::text, coalesce(b.tag, '{}') from pg_database d \
+         left join sandpit_template.backends b on b.handle = d.datname \
+         where d.datname like 'pool-%' order by 1",
         &[],
     )
     .await
@@ -297,7 +299,7 @@ fn warm_pool_on_template() {
         assert!(db.starts_with("pool-"), "{db}");
         assert_eq!(row.get::<_, i64>(1), 1000);
         assert!(g.log().contains("method=pool("), "{}", g.log());
-        // Its database comment now carries the token's tag, so a janitor pass keeps it.
+        // Its record now carries the token's tag, so a janitor pass keeps it.
         let claimed: Vec<(String, Value)> = template_pool_members(&pg)
             .await
             .into_iter()
@@ -369,11 +371,25 @@ async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
         "no CONNECT on another task's database"
     );
     assert!(row.get::<_, bool>(8));
-    let comment: String = row.get(9);
-    let tag: Value = serde_json::from_str(&comment).expect("tag json");
+    let comment: Option<String> = row.get(9);
+    assert_eq!(
+        comment, None,
+        "no tag in the database comment, readable by every role"
+    );
+    let tag: String = pg
+        .admin("postgres")
+        .await
+        .query_one(
+            "select tag from sandpit_template.backends where handle = $1",
+            &[&id(&t)],
+        )
+        .await
+        .expect("the tag is in the records table")
+        .get(0);
+    let tag: Value = serde_json::from_str(&tag).expect("tag json");
     assert_eq!(tag["token_id"], id(&t).as_str());
     assert_eq!(tag["task"], "tpl-roles");
-    // The janitor's view: list() reads the tags back from the database comments. Built here
+    // The janitor's view: list() reads the tags back from the records table. Built here
     // on the existing golden, whose objects belong to a role that is not the database owner.
     let key = common::tempdir();
     // Verified TLS this time: the server's certificate as the CA, host name 127.0.0.1.

@@ -145,6 +145,10 @@ pub enum ProviderError {
     /// The admin connection of the template provider failed.
     #[error("template server: {0}")]
     Template(String),
+    /// A backend's access was changed from inside (for `template`: the task role changed its
+    /// own password); the change was undone, and the token should be ended.
+    #[error("backend access changed outside the gateway: {0}")]
+    Tampered(String),
     /// The request itself is wrong (bad masking rules, bad DSN).
     #[error("{0}")]
     Invalid(String),
@@ -171,6 +175,12 @@ pub trait Provider: Send + Sync + 'static {
         &'a self,
         handle: &'a str,
     ) -> BoxFuture<'a, Result<Backend, ProviderError>>;
+    /// Check, before a session and at janitor passes, that a backend is still reachable only
+    /// the way the gateway set it up. A change found is undone on the spot and reported as
+    /// [`ProviderError::Tampered`] (again at every later check): the caller ends the token.
+    fn check_access<'a>(&'a self, _handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Stop a backend and remove everything it had (processes, files). Idempotent.
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
     /// Stop a backend but keep its data, for a graceful gateway shutdown. Idempotent.

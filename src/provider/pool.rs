@@ -207,6 +207,10 @@ impl Provider for WarmPool {
         self.inner.ensure_running(handle)
     }
 
+    fn check_access<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.check_access(handle)
+    }
+
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         self.inner.destroy(handle)
     }

@@ -1,11 +1,16 @@
 //! The `template` provider: scratch databases on a Postgres server you already run. A fork is
-//! `CREATE DATABASE <token> TEMPLATE <golden> OWNER <token>` plus a login role of its own
-//! (named like the database), whose password the gateway derives from a key it keeps; the
-//! golden's objects are handed to that role with `REASSIGN OWNED` inside the new database.
-//! Each scratch database carries its tag as a database comment, so `list()` finds them.
+//! `CREATE DATABASE <token> TEMPLATE <golden>` (owned by the admin role, so the task cannot
+//! change the database's flags, limits or settings) plus a login role of its own (named like
+//! the database) with `CONNECT, CREATE, TEMPORARY` on it, whose password the gateway derives
+//! from a key it keeps; the golden's objects are handed to that role with `REASSIGN OWNED`
+//! inside the new database. Tags and verifiers are kept in an admin-only table
+//! ([`records`]), so `list()` finds the databases and other tasks cannot read them.
 
+mod access;
+mod destroy;
 mod golden;
 mod key;
+pub mod records;
 mod reference;
 
 use std::path::PathBuf;
@@ -51,7 +56,7 @@ pub struct TemplateConfig {
     pub shared_key: Option<String>,
 }
 
-/// What a scratch database's comment holds.
+/// What a scratch database's comment held before tags moved to [`records`].
 #[derive(Debug, Serialize, Deserialize)]
 struct Comment {
     sandpit: String,
@@ -73,6 +78,11 @@ pub struct TemplateProvider {
     reference: String,
     /// Single-flight creation of the reference database.
     reference_lock: tokio::sync::Mutex<()>,
+    /// Admin session kept for the per-session access checks.
+    checker: tokio::sync::Mutex<Option<Client>>,
+    /// Whether the admin role can read `pg_authid` (superuser): without it, a task role's
+    /// password change cannot be detected.
+    can_read_verifiers: bool,
 }
 fn tpl(e: impl std::fmt::Display) -> ProviderError {
     ProviderError::Template(e.to_string())
@@ -173,8 +183,19 @@ impl TemplateProvider {
             secrets,
             reference: String::new(),
             reference_lock: tokio::sync::Mutex::new(()),
+            checker: tokio::sync::Mutex::new(None),
+            can_read_verifiers: false,
         };
         let c = p.connect(None).await?;
+        p.ensure_records(&c).await?;
+        p.can_read_verifiers = c
+            .query_one("SELECT has_table_privilege('pg_authid', 'SELECT')", &[])
+            .await
+            .map_err(|e| pg_err("checking access to pg_authid", e))?
+            .get(0);
+        if !p.can_read_verifiers {
+            tracing::warn!("the template admin role cannot read pg_authid (it is no superuser): a task role that changes its own password is not detected, and can log in to the server directly if the network lets it");
+        }
         p.owner = match &cfg.golden_sql {
             Some(sql) => {
                 let owner = cfg
@@ -248,6 +269,8 @@ impl TemplateProvider {
         let c = self.connect(None).await?;
         // The verifier, not the password, goes over the wire and into any server log.
         let verifier = postgres_protocol::password::scram_sha_256(self.password(h).as_bytes());
+        // Recorded first: a fork cut off midway is tagged, so the janitor can remove it.
+        self.put_record(&c, h, tag, &verifier).await?;
         c.batch_execute(&format!(
             "CREATE ROLE {q} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD {}",
             quote_literal(&verifier)
@@ -255,7 +278,7 @@ impl TemplateProvider {
         .await
         .map_err(|e| pg_err("creating the task role", e))?;
         if let Err(e) = c
-            .batch_execute(&format!("CREATE DATABASE {q} TEMPLATE {g} OWNER {q}"))
+            .batch_execute(&format!("CREATE DATABASE {q} TEMPLATE {g}"))
             .await
         {
             if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE) {
@@ -266,17 +289,13 @@ impl TemplateProvider {
             }
             return Err(pg_err("CREATE DATABASE … TEMPLATE", e));
         }
-        let comment = serde_json::to_string(&Comment {
-            sandpit: "template".into(),
-            tag: tag.clone(),
-        })
-        .map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
+        // The admin keeps the database: its owner may change its template flag, connection
+        // limit and settings, which would let the agent dodge revoke and review.
         c.batch_execute(&format!(
-            "REVOKE ALL ON DATABASE {q} FROM PUBLIC; COMMENT ON DATABASE {q} IS {}",
-            quote_literal(&comment)
+            "REVOKE ALL ON DATABASE {q} FROM PUBLIC; GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {q} TO {q}"
         ))
         .await
-        .map_err(|e| pg_err("tagging the scratch database", e))?;
+        .map_err(|e| pg_err("granting the scratch database", e))?;
         let dc = self.connect(Some(h)).await?;
         // Checked again right before: a shared object owned by the golden owner would move too.
         let shared: i64 = dc
@@ -300,37 +319,22 @@ impl TemplateProvider {
         ))
         .await
         .map_err(|e| pg_err("REASSIGN OWNED", e))?;
-        Ok(())
-    }
-    async fn destroy_inner(&self, h: &str) -> Result<(), ProviderError> {
-        validate_handle(h)?;
-        let q = quote_ident(h);
-        let c = self.connect(None).await?;
-        // Gateways (this one, or replicas sharing its registry) are ending their sessions on
-        // it with the token's reason; let them leave first, so a client reads that reason
-        // rather than the server's "terminating connection due to administrator command".
-        let deadline = Instant::now() + SESSIONS_LEAVE_WAIT;
-        loop {
-            let open: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
-                    &[&h],
-                )
+        // Schemas left to `pg_database_owner` (PostgreSQL 15's `public` in a golden not built
+        // here) would now be the admin's: the task gets them as it got them owning the database.
+        let schemas = dc
+            .query(
+                "SELECT nspname::text FROM pg_namespace \
+                 WHERE nspowner = (SELECT oid FROM pg_roles WHERE rolname = 'pg_database_owner')",
+                &[],
+            )
+            .await
+            .map_err(|e| pg_err("reading schema owners", e))?;
+        for r in schemas {
+            let name: String = r.get(0);
+            dc.batch_execute(&format!("ALTER SCHEMA {} OWNER TO {q}", quote_ident(&name)))
                 .await
-                .map_err(|e| pg_err("reading pg_stat_activity", e))?
-                .get(0);
-            if open == 0 || Instant::now() >= deadline {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                .map_err(|e| pg_err("handing a schema to the task role", e))?;
         }
-        c.batch_execute(&format!("DROP DATABASE IF EXISTS {q} WITH (FORCE)"))
-            .await
-            .map_err(|e| pg_err("dropping the scratch database", e))?;
-        c.batch_execute(&format!("DROP ROLE IF EXISTS {q}"))
-            .await
-            .map_err(|e| pg_err("dropping the task role", e))?;
-        tracing::debug!(handle = h, "scratch database destroyed");
         Ok(())
     }
 }
@@ -369,10 +373,19 @@ impl Provider for TemplateProvider {
                 )
                 .await
                 .map_err(|e| pg_err("looking up the scratch database", e))?;
-            match found {
-                Some(_) => Ok(self.backend(handle, "adopted")),
-                None => Err(ProviderError::NotFound(handle.to_string())),
+            if found.is_none() {
+                return Err(ProviderError::NotFound(handle.to_string()));
             }
+            drop(c);
+            self.check_access_inner(handle).await?;
+            Ok(self.backend(handle, "adopted"))
+        })
+    }
+
+    fn check_access<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            validate_handle(handle)?;
+            self.check_access_inner(handle).await
         })
     }
 
@@ -385,30 +398,19 @@ impl Provider for TemplateProvider {
         Box::pin(async move { validate_handle(handle) })
     }
 
+    /// Also the janitor's access check: every recorded role is compared with what the
+    /// gateway set, and a change is undone here (reported again by [`Provider::check_access`]).
     fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>> {
         Box::pin(async move {
             let c = self.connect(None).await?;
-            let rows = c
-                .query(
-                    "SELECT datname::text, shobj_description(oid, 'pg_database') FROM pg_database \
-                     WHERE datname LIKE 'sp\\_%' OR datname LIKE 'pool-%' ORDER BY 1",
-                    &[],
-                )
-                .await
-                .map_err(|e| pg_err("listing scratch databases", e))?;
-            let mut out = Vec::new();
-            for r in rows {
-                let name: String = r.get(0);
-                // Only names shaped like ours: other `sp_` databases are not ours to reap.
-                if !is_scratch_name(&name) {
-                    continue;
+            let out = self.tagged_databases(&c).await?;
+            match self.check_roles(&c, None).await {
+                Ok(found) => {
+                    for (handle, why) in found {
+                        tracing::warn!(handle, what = %why, "backend access was changed outside the gateway; its token should end");
+                    }
                 }
-                let comment: Option<String> = r.get(1);
-                let tag = comment
-                    .and_then(|c| serde_json::from_str::<Comment>(&c).ok())
-                    .filter(|c| c.sandpit == "template")
-                    .map(|c| c.tag);
-                out.push((name, tag));
+                Err(e) => tracing::warn!(error = %e, "checking task roles failed"),
             }
             Ok(out)
         })
@@ -433,8 +435,8 @@ impl Provider for TemplateProvider {
         })
     }
 
-    /// A claimed warm-pool member gets the token's tag in its database comment, so the
-    /// janitor reads it as that token's backend (the database and role keep the pool name).
+    /// A claimed warm-pool member gets the token's tag in the records table, so the janitor
+    /// reads it as that token's backend (the database and role keep the pool name).
     fn retag<'a>(
         &'a self,
         handle: &'a str,
@@ -442,19 +444,8 @@ impl Provider for TemplateProvider {
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
             validate_handle(handle)?;
-            let comment = serde_json::to_string(&Comment {
-                sandpit: "template".into(),
-                tag: tag.clone(),
-            })
-            .map_err(|e| ProviderError::Other(format!("tag: {e}")))?;
             let c = self.connect(None).await?;
-            c.batch_execute(&format!(
-                "COMMENT ON DATABASE {} IS {}",
-                quote_ident(handle),
-                quote_literal(&comment)
-            ))
-            .await
-            .map_err(|e| pg_err("re-tagging the scratch database", e))
+            self.set_tag(&c, handle, tag).await
         })
     }
 }

@@ -1,0 +1,113 @@
+//! Destroying a scratch database and its task role so that nothing the role did can keep
+//! either alive: not a template flag on the database, not objects or grants elsewhere on the
+//! server, and never a role left able to log in.
+
+use std::time::Instant;
+
+use tokio_postgres::Client;
+
+use super::{pg_err, quote_ident, validate_handle, TemplateProvider, SESSIONS_LEAVE_WAIT};
+use crate::provider::ProviderError;
+
+impl TemplateProvider {
+    /// Removes the database and the role, whatever the role did to either: its login goes
+    /// first (a role that cannot be dropped keeps no way in), the template flag is cleared
+    /// before the drop, and what it owns or was granted anywhere on the server is dropped
+    /// before the role.
+    pub(super) async fn destroy_inner(&self, h: &str) -> Result<(), ProviderError> {
+        validate_handle(h)?;
+        let q = quote_ident(h);
+        let c = self.connect(None).await?;
+        self.mark_destroying(&c, h).await?;
+        let role = c
+            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&h])
+            .await
+            .map_err(|e| pg_err("looking up the task role", e))?
+            .is_some();
+        if role {
+            c.batch_execute(&format!("ALTER ROLE {q} NOLOGIN PASSWORD NULL"))
+                .await
+                .map_err(|e| pg_err("locking the task role", e))?;
+        }
+        // Gateways (this one, or replicas sharing its registry) are ending their sessions on
+        // it with the token's reason; let them leave first, so a client reads that reason
+        // rather than the server's "terminating connection due to administrator command".
+        let deadline = Instant::now() + SESSIONS_LEAVE_WAIT;
+        loop {
+            let open: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                    &[&h],
+                )
+                .await
+                .map_err(|e| pg_err("reading pg_stat_activity", e))?
+                .get(0);
+            if open == 0 || Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        // Sessions of the role in other databases, too (a direct login to `postgres`).
+        c.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE usename = $1 AND pid <> pg_backend_pid()",
+            &[&h],
+        )
+        .await
+        .map_err(|e| pg_err("ending the task role's sessions", e))?;
+        let db = c
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&h])
+            .await
+            .map_err(|e| pg_err("looking up the scratch database", e))?
+            .is_some();
+        if db {
+            // A template database cannot be dropped; harmless when it is not one.
+            c.batch_execute(&format!(
+                "ALTER DATABASE {q} IS_TEMPLATE false ALLOW_CONNECTIONS true"
+            ))
+            .await
+            .map_err(|e| pg_err("clearing the scratch database's flags", e))?;
+        }
+        c.batch_execute(&format!("DROP DATABASE IF EXISTS {q} WITH (FORCE)"))
+            .await
+            .map_err(|e| pg_err("dropping the scratch database", e))?;
+        if role {
+            self.drop_owned_everywhere(&c, h).await?;
+        }
+        c.batch_execute(&format!("DROP ROLE IF EXISTS {q}"))
+            .await
+            .map_err(|e| pg_err("dropping the task role", e))?;
+        self.delete_record(&c, h).await?;
+        tracing::debug!(handle = h, "scratch database destroyed");
+        Ok(())
+    }
+
+    /// `DROP OWNED BY` the role in every database where it owns or was granted something
+    /// (and here, which also covers grants on shared objects), so `DROP ROLE` can succeed.
+    async fn drop_owned_everywhere(&self, c: &Client, h: &str) -> Result<(), ProviderError> {
+        let q = quote_ident(h);
+        let dbs = c
+            .query(
+                "SELECT DISTINCT d.datname::text FROM pg_shdepend s \
+                 JOIN pg_database d ON d.oid = s.dbid \
+                 WHERE s.refclassid = 'pg_authid'::regclass \
+                   AND s.refobjid = (SELECT oid FROM pg_roles WHERE rolname = $1) \
+                   AND d.datname <> current_database()",
+                &[&h],
+            )
+            .await
+            .map_err(|e| pg_err("finding the task role's objects", e))?;
+        c.batch_execute(&format!("DROP OWNED BY {q}"))
+            .await
+            .map_err(|e| pg_err("DROP OWNED", e))?;
+        for r in dbs {
+            let name: String = r.get(0);
+            let other = self.connect(Some(&name)).await?;
+            other
+                .batch_execute(&format!("DROP OWNED BY {q}"))
+                .await
+                .map_err(|e| pg_err(&format!("DROP OWNED in {name}"), e))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,337 @@
+//! The `template` provider against a hostile task role (issue 14, item 7), on a Postgres
+//! server started here (`tests/support/shared_pg.rs`: SCRAM over TCP with TLS): the agent
+//! changes its own password and logs in directly, flags its database so that it cannot be
+//! dropped, and reads other tasks' metadata. Each attack ends with no way in past the gateway,
+//! nothing left after revoke, and nothing of another task to read.
+
+mod common;
+#[path = "support/shared_pg.rs"]
+mod shared_pg;
+
+use common::{connect, sqlstate, Gateway, SMALL_GOLDEN};
+use sandpit::provider::template::{TemplateConfig, TemplateProvider, DEFAULT_GOLDEN_OWNER};
+use sandpit::provider::tls::SslMode;
+use sandpit::provider::{Provider, ProviderError};
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};
+use sqlx::ConnectOptions;
+
+fn dsn(v: &Value) -> String {
+    v["dsn"].as_str().expect("dsn").to_string()
+}
+
+fn id(v: &Value) -> String {
+    v["id"].as_str().expect("id").to_string()
+}
+
+/// A gateway on the shared server; no scheduled janitor pass, so the test says when one runs.
+fn gateway(pg: &shared_pg::SharedPg) -> Gateway {
+    let cfg = format!(
+        "provider = \"template\"\n[template]\nadmin_dsn = \"{}\"\ngolden = \"sandpit_golden\"\n\
+         sslmode = \"require\"\n[janitor]\ninterval = \"0s\"\n",
+        pg.admin_dsn()
+    );
+    Gateway::start(Some(SMALL_GOLDEN), Some(&cfg))
+}
+
+/// A login straight to the shared server, past the gateway, as the agent would try it.
+async fn direct(
+    pg: &shared_pg::SharedPg,
+    user: &str,
+    password: &str,
+) -> Result<PgConnection, sqlx::Error> {
+    PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(pg.port)
+        .username(user)
+        .password(password)
+        .database(user)
+        .ssl_mode(PgSslMode::VerifyCa)
+        .ssl_root_cert(&pg.ca_file)
+        .connect()
+        .await
+}
+
+fn sqlx_state(e: &sqlx::Error) -> String {
+    e.as_database_error()
+        .and_then(|d| d.code().map(|c| c.to_string()))
+        .unwrap_or_else(|| format!("(no code: {e})"))
+}
+
+/// The provider as the gateway runs it (same server, same key), to call its checks directly.
+async fn provider(pg: &shared_pg::SharedPg, g: &Gateway) -> TemplateProvider {
+    TemplateProvider::new(TemplateConfig {
+        admin_dsn: pg.admin_dsn(),
+        golden: "sandpit_golden".into(),
+        golden_sql: None,
+        golden_owner: Some(DEFAULT_GOLDEN_OWNER.into()),
+        sslmode: Some(SslMode::Require),
+        ca_file: None,
+        key_file: g.data_dir.join("template.key"),
+        shared_key: None,
+    })
+    .await
+    .expect("template provider")
+}
+
+/// (password verifier as the gateway recorded it == the one on the server, tampered note).
+async fn verifier_state(pg: &shared_pg::SharedPg, role: &str) -> (bool, Option<String>) {
+    let row = pg
+        .admin("postgres")
+        .await
+        .query_one(
+            "select a.rolpassword = b.verifier, b.tampered from pg_authid a \
+             join sandpit_template.backends b on b.handle = a.rolname where a.rolname = $1",
+            &[&role],
+        )
+        .await
+        .expect("verifier lookup");
+    (row.get(0), row.get(1))
+}
+
+#[test]
+fn own_password_change_is_undone_reported_and_cut_off() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let pg = rt.block_on(shared_pg::SharedPg::start());
+    let g = gateway(&pg);
+    rt.block_on(async {
+        let t = g.issue("tpl-password", 600);
+        let h = id(&t);
+        let c = connect(&dsn(&t)).await.expect("connect");
+        c.simple_query("select 1").await.expect("forked");
+
+        // Role attributes other than the password: refused by the server to a role without
+        // CREATEROLE, so the agent cannot set a connection limit or expiry that locks out
+        // the gateway or the review.
+        for sql in [
+            "alter role current_user valid until '2000-01-01'",
+            "alter role current_user connection limit 0",
+            "alter role current_user nologin",
+            "alter role current_user createdb",
+        ] {
+            let e = c.batch_execute(sql).await.expect_err(sql);
+            assert_eq!(sqlstate(&e), "42501", "{sql}");
+        }
+
+        // The password: PostgreSQL lets every role change its own, and then a direct login
+        // works (the attack), with neither caps nor statement log.
+        c.batch_execute("alter role current_user password 'agent-chosen-password'")
+            .await
+            .expect("a role may change its own password");
+        let mut d = direct(&pg, &h, "agent-chosen-password")
+            .await
+            .expect("direct login with the agent's password");
+        sqlx::query("select 1")
+            .execute(&mut d)
+            .await
+            .expect("direct session works before the check");
+
+        // A janitor pass compares the verifier with the gateway's and puts it back.
+        let (status, report) = g.raw_call("POST", "/v1/reap", None);
+        assert_eq!(status, 200, "{report}");
+        assert!(
+            sqlx::query("select 1").execute(&mut d).await.is_err(),
+            "the direct session was ended"
+        );
+        let e = direct(&pg, &h, "agent-chosen-password")
+            .await
+            .expect_err("the agent's password no longer works");
+        assert_eq!(sqlx_state(&e), "28P01", "{e}");
+        let (same, tampered) = verifier_state(&pg, &h).await;
+        assert!(same, "the gateway's verifier is back");
+        assert!(
+            tampered
+                .as_deref()
+                .unwrap_or("")
+                .contains("password changed"),
+            "{tampered:?}"
+        );
+        assert!(
+            g.log().contains("task role changed outside the gateway"),
+            "{}",
+            g.log()
+        );
+
+        // And it stays reported, for the token to be ended.
+        let p = provider(&pg, &g).await;
+        match p.check_access(&h).await {
+            Err(ProviderError::Tampered(m)) => assert!(m.contains("password changed"), "{m}"),
+            other => panic!("expected Tampered, got {other:?}"),
+        }
+        // The gateway itself: it logs in with its own password again, or (once the lifecycle
+        // ends tampered tokens) the token is over. Never the agent's password.
+        match connect(&dsn(&t)).await {
+            Ok(c2) => {
+                let n: i64 = c2
+                    .query_one("select count(*) from items", &[])
+                    .await
+                    .expect("the gateway's login works again")
+                    .get(0);
+                assert_eq!(n, 1000);
+            }
+            Err(e) => {
+                let msg = e.as_db_error().map(|d| d.message().to_string());
+                assert!(
+                    msg.as_deref().unwrap_or("").contains("revoked"),
+                    "token ended: {e:?}"
+                );
+            }
+        }
+
+        // The per-session check (no janitor pass): another token, another encryption.
+        let t2 = g.issue("tpl-md5", 600);
+        let h2 = id(&t2);
+        let c2 = connect(&dsn(&t2)).await.expect("connect");
+        c2.simple_query("select 1").await.expect("forked");
+        p.check_access(&h2)
+            .await
+            .expect("an untouched role passes the check");
+        c2.batch_execute(
+            "set password_encryption = 'md5'; alter role current_user password 'agent-md5'",
+        )
+        .await
+        .expect("md5 verifier");
+        match p.check_access(&h2).await {
+            Err(ProviderError::Tampered(m)) => assert!(m.contains(&h2), "{m}"),
+            other => panic!("expected Tampered, got {other:?}"),
+        }
+        assert!(verifier_state(&pg, &h2).await.0, "verifier restored");
+        assert!(
+            c2.simple_query("select 1").await.is_err(),
+            "its sessions were ended"
+        );
+        // Password NULL (locking the gateway out) is a change too.
+        let t3 = g.issue("tpl-null", 600);
+        let h3 = id(&t3);
+        let c3 = connect(&dsn(&t3)).await.expect("connect");
+        c3.batch_execute("alter role current_user password null")
+            .await
+            .expect("password null");
+        assert!(matches!(
+            p.check_access(&h3).await,
+            Err(ProviderError::Tampered(_))
+        ));
+        assert!(verifier_state(&pg, &h3).await.0, "verifier restored");
+    });
+}
+
+#[test]
+fn database_flags_refused_revoke_removes_all_tags_private() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let pg = rt.block_on(shared_pg::SharedPg::start());
+    let g = gateway(&pg);
+    rt.block_on(async {
+        let t = g.issue("tpl-flags", 600);
+        let other = g.issue("tpl-secret-task-name", 600);
+        let h = id(&t);
+        let c = connect(&dsn(&t)).await.expect("connect");
+        let o = connect(&dsn(&other)).await.expect("connect other");
+        o.simple_query("select 1").await.expect("other forked");
+
+        // The admin owns the database; the task owns the golden's objects and `public`, and
+        // may still create schemas, tables and temporary tables.
+        let row = c
+            .query_one(
+                "select pg_get_userbyid(d.datdba)::text, \
+                        (select nspowner::regrole::text from pg_namespace where nspname = 'public'), \
+                        (select tableowner::text from pg_tables where tablename = 'items') \
+                 from pg_database d where d.datname = current_database()",
+                &[],
+            )
+            .await
+            .expect("owners");
+        assert_eq!(row.get::<_, String>(0), shared_pg::ADMIN);
+        assert_eq!(row.get::<_, String>(1), h);
+        assert_eq!(row.get::<_, String>(2), h);
+        c.batch_execute(
+            "create schema mine; create table mine.t(x int); create table public.t2(x int); \
+             create temp table tt(x int); insert into items values (5000, 'new')",
+        )
+        .await
+        .expect("the task's own DDL and DML");
+
+        // Database-level changes need its owner: all refused.
+        let q = format!("\"{h}\"");
+        for sql in [
+            format!("alter database {q} is_template true"),
+            format!("alter database {q} connection limit 0"),
+            format!("alter database {q} allow_connections false"),
+            format!("alter database {q} set default_transaction_read_only = on"),
+            format!("alter database {q} rename to sp_elsewhere"),
+            format!("alter database {q} owner to current_user"),
+            format!("comment on database {q} is 'mine'"),
+        ] {
+            let e = c.batch_execute(&sql).await.expect_err(&sql);
+            assert_eq!(sqlstate(&e), "42501", "{sql}");
+        }
+
+        // Other tasks' metadata: no database comment, and the records table is the admin's
+        // alone (tried as the other task's role, in the admin's database).
+        let comment: Option<String> = o
+            .query_one(
+                "select shobj_description(oid, 'pg_database') from pg_database where datname = $1",
+                &[&h],
+            )
+            .await
+            .expect("comment")
+            .get(0);
+        assert_eq!(comment, None);
+        let as_other = pg.admin("postgres").await;
+        as_other
+            .batch_execute(&format!("set role \"{}\"", id(&other)))
+            .await
+            .expect("set role");
+        let e = as_other
+            .query("select tag from sandpit_template.backends", &[])
+            .await
+            .expect_err("records are admin-only");
+        assert_eq!(sqlstate(&e), "42501");
+        let names: i64 = pg
+            .admin("postgres")
+            .await
+            .query_one(
+                "select count(*) from pg_shdescription where description like '%tpl-secret-task-name%'",
+                &[],
+            )
+            .await
+            .expect("descriptions")
+            .get(0);
+        assert_eq!(names, 0, "no task name in any comment");
+
+        // What an agent owning its database could do before (and what the admin stands in
+        // for here): flag it a template closed to connections, and leave objects and grants
+        // in another database. Revoke still removes database, role and record.
+        let admin = pg.admin("postgres").await;
+        admin
+            .batch_execute(&format!(
+                "alter database {q} is_template true allow_connections false; \
+                 create table leftover(x int); alter table leftover owner to {q}; \
+                 create table shared_t(x int); grant select on shared_t to {q}; \
+                 grant connect on database postgres to {q}"
+            ))
+            .await
+            .expect("leftovers");
+        let (status, body) = g.revoke(&h);
+        assert_eq!(status, 200, "{body}");
+        let left: i64 = admin
+            .query_one(
+                "select (select count(*) from pg_database where datname = $1) \
+                      + (select count(*) from pg_roles where rolname = $1) \
+                      + (select count(*) from sandpit_template.backends where handle = $1)",
+                &[&h],
+            )
+            .await
+            .expect("leftovers")
+            .get(0);
+        assert_eq!(left, 0, "database, role and record gone\n{}", g.log());
+        let kept: i64 = admin
+            .query_one("select count(*) from pg_tables where tablename = 'leftover'", &[])
+            .await
+            .expect("leftover table")
+            .get(0);
+        assert_eq!(kept, 0, "objects the role owned elsewhere were dropped with it");
+        o.simple_query("select 1")
+            .await
+            .expect("the other task is untouched");
+    });
+}
