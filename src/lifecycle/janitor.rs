@@ -21,6 +21,7 @@ use tokio::sync::watch;
 
 use super::{EndReason, Gateway, LifecycleError};
 use crate::provider::pool::POOL_PREFIX;
+use crate::provider::ProviderError;
 use crate::registry::{TokenRecord, TokenState};
 
 /// Name of the file in the data dir that holds the gateway id.
@@ -92,6 +93,8 @@ pub struct ReapReport {
     pub skipped: Vec<Skipped>,
     /// Failures, one line each; the pass goes on after one.
     pub errors: Vec<String>,
+    /// Tokens revoked because their backend's access was tampered with.
+    pub tampered: Vec<String>,
 }
 
 /// Reads the gateway id from `<data_dir>/gateway.id`, creating it on first start.
@@ -205,6 +208,13 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         }
         // A first look without locks; `reap_one` decides again under the token's lock.
         if let Verdict::Keep = verdict(rec.as_ref(), handle, now) {
+            if let Err(ProviderError::Tampered(why)) = gw.provider.check_access(handle).await {
+                if !dry_run {
+                    gw.end_tampered(&tag.token_id, &why).await;
+                }
+                report.tampered.push(tag.token_id.clone());
+                continue;
+            }
             report.kept += 1;
             continue;
         }

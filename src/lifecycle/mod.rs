@@ -452,7 +452,14 @@ impl Gateway {
             return Err(LifecycleError::NotUsable(id.into(), state_word(rec.state)));
         }
         if let Some(b) = slot.as_ref() {
-            return Ok(b.clone());
+            let b = b.clone();
+            // Before every session: a backend whose access was tampered with (a template
+            // task role that changed its own password) ends its token.
+            if let Err(ProviderError::Tampered(why)) = self.provider.check_access(&b.handle).await {
+                drop(slot);
+                return Err(self.end_tampered(id, &why).await);
+            }
+            return Ok(b);
         }
         // Across replicas: one fork per token. The record is read again under the lock, so
         // a backend another replica recorded meanwhile is adopted, not forked again.
@@ -476,6 +483,11 @@ impl Gateway {
                 }
                 Err(ProviderError::NotFound(_)) => {
                     tracing::warn!(token = %id, "backend vanished; forking a new one");
+                }
+                Err(ProviderError::Tampered(why)) => {
+                    drop(_across);
+                    drop(slot);
+                    return Err(self.end_tampered(id, &why).await);
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -510,6 +522,27 @@ impl Gateway {
             .await?;
         *slot = Some(b.clone());
         Ok(b)
+    }
+
+    /// A token whose backend access was tampered with is revoked (its sessions end, its
+    /// backend goes); the error for the connection that found it.
+    pub async fn end_tampered(&self, id: &str, why: &str) -> LifecycleError {
+        tracing::warn!(token = %id, why, "backend access tampered with; revoking the token");
+        metrics::counter!("sandpit_tokens_tampered_total").increment(1);
+        if let Err(e) = self.end(id, EndReason::Revoked).await {
+            tracing::warn!(token = %id, error = %e, "revoking a tampered token failed");
+        }
+        LifecycleError::NotUsable(id.into(), "revoked")
+    }
+
+    /// Forget the cached backend of a token whose connection failed (its server may have
+    /// crashed): the next `backend_for` checks it again, restarting it if it is down.
+    pub async fn backend_failed(&self, id: &str) {
+        if let Some(rt) = self.runtimes.get(id).map(|r| r.clone()) {
+            if rt.backend.lock().await.take().is_some() {
+                metrics::gauge!("sandpit_backends").decrement(1.0);
+            }
+        }
     }
 
     /// End a token: mark it, end its sessions with the reason, destroy its backend.

@@ -171,28 +171,6 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     // Subscribe before touching the backend so an end during the fork is not missed.
     let ended = proxy.gw.runtime(&rec.id).ended();
 
-    let backend = match proxy.gw.backend_for(&rec.id).await {
-        Ok(b) => b,
-        Err(LifecycleError::NotUsable(id, state)) => {
-            return fatal(
-                client.get_mut(),
-                "28000",
-                &format!("token \"{id}\" is {state}"),
-            )
-            .await;
-        }
-        Err(e) => {
-            // The detail stays in our log; the client learns only that it failed.
-            tracing::error!(error = %e, "backend unavailable");
-            return fatal(
-                client.get_mut(),
-                "08006",
-                "could not start the scratch database for this token",
-            )
-            .await;
-        }
-    };
-
     let timeouts = [
         (
             "statement_timeout",
@@ -221,22 +199,55 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             .map(|(k, v)| (*k, v.as_bytes())),
     );
     let max_message = limits.max_message;
-    let conn = match backend::connect(&backend.target, &params, max_message).await {
-        Ok(c) => c,
-        Err(BackendError::Refused(raw)) => {
-            let out = messages::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
-                .unwrap_or(raw);
-            let _ = write(client.get_mut(), &out).await;
-            return;
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "backend connect failed");
-            return fatal(
-                client.get_mut(),
-                "08006",
-                "could not connect to the scratch database for this token",
-            )
-            .await;
+    // A connection that fails on a backend the gateway believed running (its server
+    // crashed) is tried once more after the backend is checked again and restarted.
+    let mut retried = false;
+    let (backend, conn) = loop {
+        let backend = match proxy.gw.backend_for(&rec.id).await {
+            Ok(b) => b,
+            Err(LifecycleError::NotUsable(id, state)) => {
+                return fatal(
+                    client.get_mut(),
+                    "28000",
+                    &format!("token \"{id}\" is {state}"),
+                )
+                .await;
+            }
+            Err(e) => {
+                // The detail stays in our log; the client learns only that it failed.
+                tracing::error!(error = %e, "backend unavailable");
+                return fatal(
+                    client.get_mut(),
+                    "08006",
+                    "could not start the scratch database for this token",
+                )
+                .await;
+            }
+        };
+        match backend::connect(&backend.target, &params, max_message).await {
+            Ok(c) => break (backend, c),
+            Err(BackendError::Refused(raw)) => {
+                let out =
+                    messages::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
+                        .unwrap_or(raw);
+                let _ = write(client.get_mut(), &out).await;
+                return;
+            }
+            Err(e) if !retried => {
+                tracing::warn!(error = %e, "backend connect failed; checking the backend again");
+                metrics::counter!("sandpit_backend_reconnects_total").increment(1);
+                proxy.gw.backend_failed(&rec.id).await;
+                retried = true;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "backend connect failed");
+                return fatal(
+                    client.get_mut(),
+                    "08006",
+                    "could not connect to the scratch database for this token",
+                )
+                .await;
+            }
         }
     };
 

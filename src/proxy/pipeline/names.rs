@@ -40,12 +40,24 @@ impl<V> Lookup<'_, V> {
 /// Statements or portals of one session.
 pub(super) struct Names<V> {
     confirmed: HashMap<Vec<u8>, V>,
-    /// Changes not answered yet, per name, oldest first, with the group each was sent in.
-    pending: HashMap<Vec<u8>, VecDeque<(u64, Option<V>)>>,
+    /// Changes not answered yet, per name, oldest first.
+    pending: HashMap<Vec<u8>, VecDeque<Proposed<V>>>,
     /// Changes in `pending`, all names together.
     pending_count: usize,
     /// Bytes of names and values in `confirmed` and `pending`.
     bytes: usize,
+    /// Confirmed entries that a pending Close will free (entries, bytes): already counted
+    /// as free for the limits, so a client that closes one can define another at once.
+    releasing: (usize, usize),
+}
+
+struct Proposed<V> {
+    /// The group it was sent in.
+    group: u64,
+    /// Defined as this, or closed (None).
+    value: Option<V>,
+    /// Bytes of a confirmed entry this Close frees (0: frees nothing confirmed).
+    frees: usize,
 }
 
 impl<V: Weight> Names<V> {
@@ -56,17 +68,18 @@ impl<V: Weight> Names<V> {
             pending: HashMap::new(),
             pending_count: 0,
             bytes: 0,
+            releasing: (0, 0),
         }
     }
 
     /// The state of `name` for a message of group `group`.
     pub fn lookup(&self, name: &[u8], group: u64) -> Lookup<'_, V> {
         if let Some(q) = self.pending.get(name) {
-            if let Some((g, v)) = q.back() {
-                if *g != group {
+            if let Some(p) = q.back() {
+                if p.group != group {
                     return Lookup::Wait;
                 }
-                return match v {
+                return match &p.value {
                     Some(v) => Lookup::Defined(v),
                     None => Lookup::Undefined,
                 };
@@ -78,29 +91,40 @@ impl<V: Weight> Names<V> {
         }
     }
 
-    /// Entries held (confirmed and pending), for the tracking limit.
+    /// Entries held (confirmed and pending, less those being closed), for the limit.
     pub fn len(&self) -> usize {
-        self.confirmed.len() + self.pending_count
+        (self.confirmed.len() + self.pending_count).saturating_sub(self.releasing.0)
     }
 
-    /// Bytes held, for the tracking limit.
+    /// Bytes held (less those being closed), for the tracking limit.
     pub fn bytes(&self) -> usize {
-        self.bytes
+        self.bytes.saturating_sub(self.releasing.1)
     }
 
     /// A change sent to the server in `group`: defined as `value`, or closed (None).
     pub fn propose(&mut self, name: &[u8], value: Option<V>, group: u64) {
         self.bytes += name.len() + value.as_ref().map_or(0, Weight::weight);
         self.pending_count += 1;
-        self.pending
-            .entry(name.to_vec())
-            .or_default()
-            .push_back((group, value));
+        let queue = self.pending.entry(name.to_vec()).or_default();
+        // A Close of a confirmed entry with nothing else pending frees it (and itself).
+        let frees = match (&value, queue.is_empty(), self.confirmed.get(name)) {
+            (None, true, Some(old)) => 2 * name.len() + old.weight(),
+            _ => 0,
+        };
+        if frees > 0 {
+            self.releasing.0 += 2;
+            self.releasing.1 += frees;
+        }
+        queue.push_back(Proposed {
+            group,
+            value,
+            frees,
+        });
     }
 
     /// The server answered the oldest pending change of `name`: it takes effect.
     pub fn confirm(&mut self, name: &[u8]) {
-        let Some((_, change)) = self.take_oldest(name) else {
+        let Some(Proposed { value: change, .. }) = self.take_oldest(name) else {
             return;
         };
         if let Some(old) = self.confirmed.remove(name) {
@@ -117,14 +141,14 @@ impl<V: Weight> Names<V> {
 
     /// The server failed or skipped the oldest pending change of `name`: it never happens.
     pub fn discard(&mut self, name: &[u8]) {
-        if let Some((_, change)) = self.take_oldest(name) {
+        if let Some(Proposed { value: change, .. }) = self.take_oldest(name) {
             self.bytes = self
                 .bytes
                 .saturating_sub(name.len() + change.as_ref().map_or(0, Weight::weight));
         }
     }
 
-    fn take_oldest(&mut self, name: &[u8]) -> Option<(u64, Option<V>)> {
+    fn take_oldest(&mut self, name: &[u8]) -> Option<Proposed<V>> {
         let Entry::Occupied(mut e) = self.pending.entry(name.to_vec()) else {
             return None;
         };
@@ -132,8 +156,12 @@ impl<V: Weight> Names<V> {
         if e.get().is_empty() {
             e.remove();
         }
-        if oldest.is_some() {
+        if let Some(p) = &oldest {
             self.pending_count -= 1;
+            if p.frees > 0 {
+                self.releasing.0 -= 2;
+                self.releasing.1 -= p.frees;
+            }
         }
         oldest
     }
@@ -203,6 +231,17 @@ mod tests {
         n.confirm(b"a");
         assert_eq!((n.len(), n.bytes()), (1, 2));
         n.clear_confirmed();
+        assert_eq!((n.len(), n.bytes()), (0, 0));
+        // A Close of a confirmed entry frees its room at once, and gives it back if refused.
+        n.propose(b"c", Some(Arc::from("123")), 2);
+        n.confirm(b"c");
+        assert_eq!((n.len(), n.bytes()), (1, 4));
+        n.propose(b"c", None, 3);
+        assert_eq!((n.len(), n.bytes()), (0, 0));
+        n.discard(b"c");
+        assert_eq!((n.len(), n.bytes()), (1, 4));
+        n.propose(b"c", None, 4);
+        n.confirm(b"c");
         assert_eq!((n.len(), n.bytes()), (0, 0));
         // Answers for names never proposed are ignored.
         n.confirm(b"zz");
