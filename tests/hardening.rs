@@ -4,12 +4,15 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use common::{Gateway, SMALL_GOLDEN};
 use serde_json::Value;
 
-const CONFIG: &str = "[limits]\nauth_failures_per_minute = 5\n";
+const CONFIG: &str = "[limits]\nauth_failures_per_minute = 5\n[review]\non_end = true\n";
 
 fn gw() -> &'static Gateway {
     static G: OnceLock<&'static Gateway> = OnceLock::new();
@@ -17,7 +20,14 @@ fn gw() -> &'static Gateway {
         common::process_gateway(|| {
             let dir = common::reused_dir(
                 "hardening-gateway",
-                &["tokens", "pg/instances", "gateway.log", "logs", "reviews"],
+                &[
+                    "tokens",
+                    "pg/instances",
+                    "gateway.log",
+                    "logs",
+                    "reviews",
+                    "tls",
+                ],
             );
             Gateway::start_in(&dir, Some(SMALL_GOLDEN), Some(CONFIG))
         })
@@ -170,4 +180,65 @@ fn options_hidden_behind_a_vertical_tab_or_control_byte_are_refused() {
             Ok("1234ms".into())
         );
     });
+}
+
+/// Permission bits of `p` (not following a link).
+fn mode(p: &Path) -> u32 {
+    std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("stat {}: {e}", p.display()))
+        .mode()
+        & 0o7777
+}
+
+#[test]
+fn the_data_dir_is_private() {
+    let g = gw();
+    let t = g.issue("hardening-perms", 600);
+    let id = token_id(&t);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async {
+        let c = common::connect(&dsn(&t)).await.expect("connect");
+        c.batch_execute("insert into items values (100001, 'perms')")
+            .await
+            .expect("insert");
+    });
+    // Revoking stores the review (review.on_end) before the backend goes.
+    let (status, v) = g.revoke(&id);
+    assert!(status < 300, "{status} {v}");
+    let d = &g.data_dir;
+    let review = d.join("reviews/hardening-perms").join(format!("{id}.sql"));
+    assert!(
+        common::wait_until(Duration::from_secs(60), || review.exists()),
+        "no stored review at {}",
+        review.display()
+    );
+
+    // The data dir only lets the Postgres user through to pg/ (searchable, not listable).
+    assert_eq!(mode(d), 0o711, "data dir");
+    for dir in [
+        "tokens",
+        "logs",
+        "logs/hardening-perms",
+        "tls",
+        "reviews",
+        "reviews/hardening-perms",
+    ] {
+        assert_eq!(mode(&d.join(dir)), 0o700, "{dir}/");
+    }
+    let mut files = vec![
+        d.join("admin.key"),
+        d.join("tls/key.pem"),
+        d.join("tls/cert.pem"),
+        d.join("tokens").join(format!("{id}.json")),
+        d.join("logs/hardening-perms").join(format!("{id}.jsonl")),
+    ];
+    for entry in std::fs::read_dir(d.join("reviews/hardening-perms")).expect("reviews") {
+        files.push(entry.expect("entry").path());
+    }
+    for f in files {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
 }
