@@ -78,8 +78,9 @@ fn clone_unsupported(e: &io::Error) -> bool {
 }
 
 /// Recursively copies `src` to `dst` (which must not exist: not even as a symlink),
-/// preserving modes, and hands everything to `owner` once copied. Blocking; run it on a
-/// blocking thread.
+/// preserving modes, and hands everything to `owner` once copied. When we switch users, the
+/// top of `src` (a golden) is first made root-owned, so `owner` cannot change it (see
+/// [`seal`]). Blocking; run it on a blocking thread.
 pub fn copy_tree(
     src: &Path,
     dst: &Path,
@@ -90,10 +91,11 @@ pub fn copy_tree(
         ProviderError::Fork(format!("{what} {}: {e}", p.display()))
     };
     let src_dir = open_path(src, DIR_FLAGS).map_err(|e| fail("opening", src, e))?;
-    let mode = fstat(&src_dir)
-        .map_err(|e| fail("reading", src, e))?
-        .st_mode
-        & 0o7777;
+    let src_stat = fstat(&src_dir).map_err(|e| fail("reading", src, e))?;
+    if owner.switch {
+        seal(&src_dir, &src_stat).map_err(|e| fail("sealing", src, e))?;
+    }
+    let mode = src_stat.st_mode & 0o7777;
     // Root-only until the copy is done; mkdir does not follow a link in the final component.
     fs::DirBuilder::new()
         .mode(0o700)
@@ -104,6 +106,21 @@ pub fn copy_tree(
     copy_dir(&src_dir, &dst_dir, &mut at, method, owner)?;
     // mkdir honours the umask; set the exact mode (Postgres insists on 0700/0750 for the data dir).
     finish(&dst_dir, mode, owner).map_err(|e| fail("handing over", dst, e))
+}
+
+/// Makes the source (a golden's data dir, built by the servers' OS user and never started
+/// again) ours: a root-owned 0700/0750 directory that user can no longer enter, so nothing
+/// it runs can change what every later fork starts from.
+fn seal(src: &OwnedFd, st: &libc::stat) -> io::Result<()> {
+    let (uid, gid) = (
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+    );
+    if st.st_uid == uid && st.st_gid == gid {
+        return Ok(());
+    }
+    // SAFETY: a plain syscall on a descriptor we own.
+    check(unsafe { libc::fchown(src.as_raw_fd(), uid, gid) })
 }
 
 /// Flags of a directory opened to walk it.
@@ -386,6 +403,10 @@ mod tests {
         let src = source(tmp.path(), &outside);
         let dst = tmp.path().join("dst");
         let who = owner();
+        // As a golden is: built by the servers' OS user.
+        if who.switch {
+            std::os::unix::fs::chown(&src, Some(who.uid), Some(who.gid)).unwrap();
+        }
         for method in [CopyMethod::Copy, probe(tmp.path())] {
             let _ = fs::remove_dir_all(&dst);
             copy_tree(&src, &dst, method, &who).unwrap();
@@ -405,6 +426,9 @@ mod tests {
                 assert_eq!((m.uid(), m.gid()), (who.uid, who.gid), "{p}");
             }
         }
+        // The source is root's now: the servers' OS user cannot enter it.
+        let m = fs::metadata(&src).unwrap();
+        assert_eq!(m.uid(), nix::unistd::geteuid().as_raw());
         // The link's target was neither copied nor handed over.
         let m = fs::metadata(outside.join("secret")).unwrap();
         assert_eq!(m.uid(), nix::unistd::geteuid().as_raw());
