@@ -293,8 +293,8 @@ pub struct LimitsConfig {
     pub max_message: usize,
     /// Allow cleartext password auth from loopback / unix clients without TLS.
     pub cleartext_on_loopback: bool,
-    /// Failed authentications allowed per source address and per token id in a sliding
-    /// minute; past it a connection is refused (28000) without checking. 0 = no limit.
+    /// Failed logins per token id (wrong secret) and per source address (unknown id) in a
+    /// sliding minute; past it failures are answered late (28000). 0 = no limit.
     pub auth_failures_per_minute: u32,
 }
 

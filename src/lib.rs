@@ -5,6 +5,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod control;
+pub mod datadir;
 pub mod lifecycle;
 pub mod mcp;
 pub mod pg;

@@ -143,9 +143,11 @@ fn golden_from_a_live_database() {
         shop.batch_execute(&format!("SET ROLE {SOURCE_ROLE}; {SOURCE_SQL}"))
             .await
             .expect("source data");
+        // The source's certificate is verified: the DSN's TLS parameters reach libpq as given.
         let source_dsn = format!(
-            "postgresql://{SOURCE_ROLE}:{password}@127.0.0.1:{}/shop?sslmode=require",
-            src.port
+            "postgresql://{SOURCE_ROLE}:{password}@127.0.0.1:{}/shop?sslmode=verify-full&sslrootcert={}",
+            src.port,
+            src.ca_file.display()
         );
         let before = source_statements(&src.log_path()).len();
 
@@ -173,6 +175,23 @@ fn golden_from_a_live_database() {
         );
         assert_eq!(status, 400, "{body}");
         assert!(body.to_string().contains("orders.customer_id references"), "{body}");
+        assert!(!body.to_string().contains(&password));
+        // A server whose certificate the given CA did not sign is refused before the password
+        // is sent.
+        let other_ca = g.data_dir.join("other-ca.pem");
+        let other = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).expect("cert");
+        std::fs::write(&other_ca, other.cert.pem()).expect("other ca");
+        let (status, body) = g.raw_call(
+            "POST",
+            "/v1/goldens",
+            Some(json!({"from_dsn": format!(
+                "postgresql://{SOURCE_ROLE}:{password}@127.0.0.1:{}/shop?sslmode=verify-full&sslrootcert={}",
+                src.port,
+                other_ca.display()
+            )})),
+        );
+        assert_ne!(status, 201, "{body}");
+        assert!(body.to_string().contains("certificate"), "{body}");
         assert!(!body.to_string().contains(&password));
 
         // Build v1 through the CLI, the DSN in the environment, and use it at once.

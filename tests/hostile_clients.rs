@@ -432,7 +432,7 @@ fn a_client_that_never_reads_does_not_grow_gateway_memory() {
 }
 
 #[test]
-fn authentication_failures_are_rate_limited_per_address_and_token() {
+fn authentication_failures_are_rate_limited_per_token_without_refusing_the_secret() {
     let by = Bystander::start();
     let t = gw().issue("rate-limited", 600);
     let other = gw().issue("rate-other", 600);
@@ -474,14 +474,13 @@ fn authentication_failures_are_rate_limited_per_address_and_token() {
                 "guess {i}"
             );
         }
-        // Over the limit: refused without checking, even with the right secret.
+        // Over the limit, failures are answered late with 28000; a correct secret still
+        // passes, from that address and any other, and the address is limited for no token.
         assert_eq!(from(attacker, wrong.clone()).await, Err("28000".into()));
-        assert_eq!(from(attacker, d.clone()).await, Err("28000".into()));
-        // The token is limited from anywhere; another token from elsewhere is not.
-        assert_eq!(from([127, 0, 0, 3], d.clone()).await, Err("28000".into()));
-        assert_eq!(from([127, 0, 0, 3], dsn(&other)).await, Ok(()));
-        // The address is limited for any token.
-        assert_eq!(from(attacker, dsn(&other)).await, Err("28000".into()));
+        assert_eq!(from(attacker, d.clone()).await, Ok(()));
+        assert_eq!(from([127, 0, 0, 3], d.clone()).await, Ok(()));
+        assert_eq!(from(attacker, dsn(&other)).await, Ok(()));
+        assert_eq!(from(attacker, wrong.clone()).await, Err("28000".into()));
     });
     let g = gw();
     let m = ureq::get(&format!("{}/metrics", g.api))
@@ -499,6 +498,6 @@ fn authentication_failures_are_rate_limited_per_address_and_token() {
         .last()
         .and_then(|v| v.parse().ok())
         .expect("value");
-    assert!(n >= 4.0, "{line}");
+    assert!(n >= 2.0, "{line}");
     by.finish();
 }

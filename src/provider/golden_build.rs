@@ -8,20 +8,20 @@ use std::process::Stdio;
 
 use serde::Serialize;
 
+use super::conninfo;
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
 use super::mask::{self, MaskReport, MaskRules};
 use super::ProviderError;
 use crate::pg::process;
 
-/// A source database, parsed from a DSN (URL or `key=value` form).
+/// A source database, parsed from a DSN (URL or `key=value` form) the way libpq parses it.
+/// Every parameter reaches libpq as given (`sslmode=verify-full&sslrootcert=…` included);
+/// only the password is kept apart, for the child's environment.
 #[derive(Clone)]
 pub struct SourceDsn {
-    hosts: Vec<String>,
-    ports: Vec<u16>,
-    user: Option<String>,
+    /// Everything but the password, in the order given.
+    params: conninfo::Params,
     password: Option<String>,
-    dbname: Option<String>,
-    sslmode: &'static str,
 }
 
 impl std::fmt::Debug for SourceDsn {
@@ -34,54 +34,40 @@ impl std::fmt::Debug for SourceDsn {
 impl SourceDsn {
     /// Parses a libpq-style DSN.
     pub fn parse(dsn: &str) -> Result<SourceDsn, ProviderError> {
-        let cfg: tokio_postgres::Config = dsn.parse().map_err(|e| {
-            // The parser's message never quotes the password; the DSN itself is not echoed.
+        let all = conninfo::parse(dsn).map_err(|e| {
+            // The parser's messages quote keywords and malformed parts, never a value that
+            // parsed; the DSN itself is not echoed.
             ProviderError::Invalid(format!("from_dsn is not a valid PostgreSQL DSN: {e}"))
         })?;
-        let hosts: Vec<String> = cfg
-            .get_hosts()
-            .iter()
-            .map(|h| match h {
-                tokio_postgres::config::Host::Tcp(s) => s.clone(),
-                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-            })
-            .collect();
-        if hosts.is_empty() {
+        if all.iter().any(|(k, _)| k == "sslpassword") {
+            // No environment variable carries it, and a command line is readable by others.
+            return Err(ProviderError::Invalid(
+                "from_dsn: sslpassword is not supported (use an unencrypted key file readable only by the gateway)".to_string(),
+            ));
+        }
+        let password = conninfo::get(&all, "password").map(str::to_string);
+        let params: conninfo::Params = all.into_iter().filter(|(k, _)| k != "password").collect();
+        if conninfo::get(&params, "host")
+            .or(conninfo::get(&params, "hostaddr"))
+            .is_none_or(str::is_empty)
+        {
             return Err(ProviderError::Invalid("from_dsn names no host".to_string()));
         }
-        let sslmode = match cfg.get_ssl_mode() {
-            tokio_postgres::config::SslMode::Disable => "disable",
-            tokio_postgres::config::SslMode::Require => "require",
-            _ => "prefer",
-        };
-        Ok(SourceDsn {
-            hosts,
-            ports: cfg.get_ports().to_vec(),
-            user: cfg.get_user().map(str::to_string),
-            password: cfg
-                .get_password()
-                .map(|p| String::from_utf8_lossy(p).into_owned()),
-            dbname: cfg.get_dbname().map(str::to_string),
-            sslmode,
-        })
+        Ok(SourceDsn { params, password })
     }
 
     /// `postgresql://user@host:port/db`, without the password: safe to store and show.
     pub fn describe(&self) -> String {
-        let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
+        let get = |k| conninfo::get(&self.params, k);
         format!(
             "postgresql://{}{}{}/{}",
-            self.user
-                .as_deref()
-                .map(|u| format!("{u}@"))
+            get("user").map(|u| format!("{u}@")).unwrap_or_default(),
+            get("host").or(get("hostaddr")).unwrap_or(""),
+            get("port")
+                .filter(|p| !p.is_empty())
+                .map(|p| format!(":{p}"))
                 .unwrap_or_default(),
-            self.hosts.join(","),
-            if ports.is_empty() {
-                String::new()
-            } else {
-                format!(":{}", ports.join(","))
-            },
-            self.dbname.as_deref().unwrap_or("")
+            get("dbname").unwrap_or("")
         )
     }
 
@@ -90,24 +76,18 @@ impl SourceDsn {
         self.password.as_deref()
     }
 
-    /// libpq environment for `pg_dump`: nothing on its command line, which others can read.
+    /// The connection string for `pg_dump --dbname`: every parameter but the password
+    /// (a command line is readable by other local users).
+    fn conninfo(&self) -> String {
+        conninfo::render(&self.params)
+    }
+
+    /// libpq environment for `pg_dump`: the password, and defaults the DSN may override.
     fn env(&self) -> Vec<(&'static str, String)> {
         let mut env = vec![
-            ("PGHOST", self.hosts.join(",")),
-            ("PGSSLMODE", self.sslmode.to_string()),
             ("PGAPPNAME", "sandpit golden build".to_string()),
             ("PGCONNECT_TIMEOUT", "10".to_string()),
         ];
-        if !self.ports.is_empty() {
-            let p: Vec<String> = self.ports.iter().map(u16::to_string).collect();
-            env.push(("PGPORT", p.join(",")));
-        }
-        if let Some(u) = &self.user {
-            env.push(("PGUSER", u.clone()));
-        }
-        if let Some(d) = &self.dbname {
-            env.push(("PGDATABASE", d.clone()));
-        }
         if let Some(p) = &self.password {
             env.push(("PGPASSWORD", p.clone()));
         }
@@ -231,7 +211,8 @@ async fn copy_source(
             "--no-subscriptions",
             "--no-security-labels",
             "--no-comments",
-        ]);
+        ])
+        .arg(format!("--dbname={}", spec.source.conninfo()));
     for s in &spec.schemas {
         dump.arg(format!("--schema={s}"));
     }
@@ -291,10 +272,34 @@ mod tests {
         assert_eq!(d.describe(), "postgresql://alice@db.example:5433/shop");
         assert!(!format!("{d:?}").contains("s3cr3t"));
         assert_eq!(d.password(), Some("s3cr3t-pw"));
-        let env = d.env();
-        assert!(env.contains(&("PGSSLMODE", "require".into())));
+        assert!(!d.conninfo().contains("s3cr3t"), "{}", d.conninfo());
+        assert!(d.env().contains(&("PGPASSWORD", "s3cr3t-pw".into())));
         let kv = SourceDsn::parse("host=127.0.0.1 port=5 user=u password=p dbname=d").unwrap();
         assert_eq!(kv.describe(), "postgresql://u@127.0.0.1:5/d");
         assert!(SourceDsn::parse("not a dsn at all ===").is_err());
+        assert!(SourceDsn::parse("postgresql:///db").is_err(), "no host");
+        assert!(SourceDsn::parse("host=h sslpassword=x").is_err());
+    }
+
+    #[test]
+    fn every_parameter_reaches_libpq_as_given() {
+        let d = SourceDsn::parse(
+            "postgresql://alice:pw@db.example:5433/shop?sslmode=verify-full&sslrootcert=/etc/ssl/my%20ca.pem&target_session_attrs=read-only",
+        )
+        .unwrap();
+        let back = conninfo::parse(&d.conninfo()).unwrap();
+        let want: conninfo::Params = [
+            ("user", "alice"),
+            ("host", "db.example"),
+            ("port", "5433"),
+            ("dbname", "shop"),
+            ("sslmode", "verify-full"),
+            ("sslrootcert", "/etc/ssl/my ca.pem"),
+            ("target_session_attrs", "read-only"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(back, want);
     }
 }

@@ -1,6 +1,7 @@
 //! Where scratch databases come from. One trait; the `instance` provider is the
 //! embedded default (its own Postgres process per fork, on a copy of a golden data dir).
 
+pub mod conninfo;
 pub mod copy;
 pub mod golden;
 pub mod golden_build;

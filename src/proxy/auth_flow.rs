@@ -5,6 +5,7 @@
 use time::OffsetDateTime;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
+use super::ratelimit::Key;
 use crate::auth::scram::Binding;
 use crate::auth::{self, ScramError, ScramServer};
 use crate::lifecycle::{state_word, Gateway};
@@ -41,6 +42,16 @@ impl AuthError {
             }
             AuthError::Protocol(_) | AuthError::Lost => "08P01",
             AuthError::Registry(_) => "08006",
+        }
+    }
+
+    /// What the failure counts against in the rate limiter, if it counts: a wrong secret
+    /// against its (existing) token id, an unknown id against the client's address.
+    pub fn limit_key(&self, peer: std::net::IpAddr) -> Option<Key> {
+        match self {
+            AuthError::WrongSecret(id) => Some(Key::Token(id.clone())),
+            AuthError::UnknownToken(_) => Some(Key::unknown_from(peer)),
+            _ => None,
         }
     }
 

@@ -26,8 +26,12 @@ pub fn forbidden(m: &StartupMessage) -> Option<String> {
             ));
         }
         if k.eq_ignore_ascii_case("options") {
-            let text = String::from_utf8_lossy(v);
-            if let Some(bad) = forbidden_in_options(&text) {
+            if let Some(b) = v.iter().find(|b| is_control(**b)) {
+                return Some(format!(
+                    "startup options contain the control byte 0x{b:02x}, which is not allowed through sandpit"
+                ));
+            }
+            if let Some(bad) = forbidden_in_options(v) {
                 return Some(format!(
                     "setting \"{bad}\" in startup options is not allowed through sandpit"
                 ));
@@ -53,37 +57,49 @@ fn forbidden_name(name: &str) -> Option<&'static str> {
     FORBIDDEN.iter().copied().find(|f| *f == norm)
 }
 
+/// The server's `isspace()` in `pg_split_opts` (glibc classifies no byte above 0x7f as
+/// space in any locale): space, `\t`, `\n`, `\v`, `\f`, `\r`.
+fn is_pg_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// Control bytes other than the separators: refused outright, so nothing the server might
+/// read differently from us gets through.
+fn is_control(b: u8) -> bool {
+    (b < 0x20 || b == 0x7f) && !is_pg_space(b)
+}
+
 /// Split like the server's `pg_split_opts`: unescaped whitespace separates, `\x` is `x`.
-fn split_options(s: &str) -> Vec<String> {
+fn split_options(s: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
-    let mut cur = String::new();
+    let mut cur = Vec::new();
     let mut escaped = false;
     let mut in_token = false;
-    for c in s.chars() {
+    for &b in s {
         if escaped {
-            cur.push(c);
+            cur.push(b);
             escaped = false;
-        } else if c == '\\' {
+        } else if b == b'\\' {
             escaped = true;
             in_token = true;
-        } else if c.is_ascii_whitespace() {
+        } else if is_pg_space(b) {
             if in_token {
-                out.push(std::mem::take(&mut cur));
+                out.push(String::from_utf8_lossy(&std::mem::take(&mut cur)).into_owned());
                 in_token = false;
             }
         } else {
-            cur.push(c);
+            cur.push(b);
             in_token = true;
         }
     }
     if in_token {
-        out.push(cur);
+        out.push(String::from_utf8_lossy(&cur).into_owned());
     }
     out
 }
 
 /// The first forbidden setting found in an `options` value.
-fn forbidden_in_options(options: &str) -> Option<&'static str> {
+fn forbidden_in_options(options: &[u8]) -> Option<&'static str> {
     let tokens = split_options(options);
     let check = |arg: &str| forbidden_name(arg.split('=').next().unwrap_or(arg));
     for (i, tok) in tokens.iter().enumerate() {
@@ -211,10 +227,53 @@ mod tests {
 
     #[test]
     fn splits_like_the_server() {
-        assert_eq!(
-            split_options(r" -c  a=b\ c -c\\d "),
-            vec!["-c", "a=b c", r"-c\d"]
-        );
-        assert!(split_options("   ").is_empty());
+        let cases: &[(&[u8], &[&str])] = &[
+            (br" -c  a=b\ c -c\\d ", &["-c", "a=b c", r"-c\d"]),
+            (b"   ", &[]),
+            (b"", &[]),
+            // Every byte the server's isspace() accepts separates.
+            (
+                b"a b\tc\nd\x0be\x0cf\rg",
+                &["a", "b", "c", "d", "e", "f", "g"],
+            ),
+            (b"\x0b-crole=x", &["-crole=x"]),
+            // A backslash escapes any of them, and itself.
+            (b"a\\\x0bb", &["a\x0bb"]),
+            (br"a\\ b", &[r"a\", "b"]),
+            // A trailing backslash still makes a token (as pg_split_opts does).
+            (br"\", &[""]),
+            // Bytes above 0x7f are not whitespace.
+            (b"a\xa0b \x85c", &["a\u{fffd}b", "\u{fffd}c"]),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                &split_options(input),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn vertical_tab_and_control_bytes_cannot_hide_a_setting() {
+        let cases: &[(&[u8], bool)] = &[
+            (b"\x0b-crole=postgres", true),
+            (b"-c\x0brole=postgres", true),
+            (b"-c\x0crole=postgres", true),
+            (b"-c\rrole=postgres", true),
+            (b"\x01-crole=postgres", true),
+            (b"-c statement_timeout=5s\x00", true),
+            (b"-c application_name=a\x1bb", true),
+            (b"-c application_name=a\x7fb", true),
+            (b"-c\x0bstatement_timeout=5s", false),
+            (b"-c\tstatement_timeout=5s\n", false),
+        ];
+        for (v, refused) in cases {
+            let got = forbidden(&msg(&[("user", b"u"), ("options", v)]));
+            assert_eq!(got.is_some(), *refused, "{v:?}: {got:?}");
+        }
+        let got = forbidden(&msg(&[("options", b"\x01")])).expect("refused");
+        assert!(got.contains("control byte 0x01"), "{got}");
     }
 }

@@ -1,9 +1,19 @@
-//! Authentication failure rate limiting, per source address and per token id.
+//! Authentication failure rate limiting that never refuses a valid credential.
 //!
-//! A sliding one-minute window (the previous minute's count weighted by how much of it
-//! still overlaps, plus the current minute's count) per key. Over the limit, a connection is
-//! refused before its credentials are even looked at, so guessing secrets costs the guesser
-//! a minute per `limit` attempts from one address and per token.
+//! Two kinds of failure are counted, each against its own key, so no budget is shared by
+//! everyone behind one address (loopback, a sidecar, a NAT):
+//! - a wrong secret for a token id that exists counts against that token id;
+//! - an id that does not exist (or a cleartext password that is no token) counts against the
+//!   client's address (an IPv6 address by its /64, which one host usually owns whole).
+//!
+//! Nothing is refused before the credentials are checked, and a correct secret always
+//! passes. A failure whose key is over the limit is answered late ([`TARPIT`]) with
+//! `too many authentication failures`: that bounds what a failing client can make the
+//! gateway do per second on one connection. (The secret has 256 bits; the limiter bounds the
+//! cost of failures, it is not what stops guessing.)
+//!
+//! Each key has a sliding one-minute window (the previous minute's count weighted by how much
+//! of it still overlaps, plus the current minute's count).
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -12,17 +22,35 @@ use dashmap::DashMap;
 
 /// Length of one window.
 const WINDOW: Duration = Duration::from_secs(60);
-/// Past this many tracked keys, stale ones are dropped on insert (bounds memory under a
-/// spray of addresses or made-up token ids).
-const PRUNE_AT: usize = 50_000;
+/// Past this many tracked keys, stale ones are dropped on insert; if that is not enough, new
+/// keys are not tracked (bounds memory under a spray of addresses).
+const MAX_KEYS: usize = 50_000;
+/// How long a failure over the limit waits before it is answered.
+pub const TARPIT: Duration = Duration::from_secs(1);
 
-/// What is counted.
+/// One failed authentication, by what it is counted against.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Key {
-    /// A client address.
+    /// An unknown token id (or a password that is not a token) from this address.
     Addr(IpAddr),
-    /// A token id (as given in the user name; made-up ids count too).
+    /// A wrong secret for this existing token id.
     Token(String),
+}
+
+impl Key {
+    /// The key for an unknown id from `addr`: IPv6 addresses count by their /64.
+    pub fn unknown_from(addr: IpAddr) -> Key {
+        match addr {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Key::Addr(IpAddr::V4(v4)),
+                None => {
+                    let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                    Key::Addr(IpAddr::V6(bits.into()))
+                }
+            },
+            v4 => Key::Addr(v4),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +88,7 @@ impl Window {
 /// Failure counters of one listener.
 pub struct AuthLimiter {
     per_minute: u32,
+    max_keys: usize,
     windows: DashMap<Key, Window>,
 }
 
@@ -68,43 +97,38 @@ impl AuthLimiter {
     pub fn new(per_minute: u32) -> AuthLimiter {
         AuthLimiter {
             per_minute,
+            max_keys: MAX_KEYS,
             windows: DashMap::new(),
         }
     }
 
-    /// Whether any of `keys` is over its limit now.
-    pub fn limited(&self, keys: &[Key]) -> bool {
+    /// Count one failed authentication against `key`; true when `key` was already over its
+    /// limit (the caller answers this failure late and says why).
+    pub fn failed(&self, key: &Key) -> bool {
+        self.failed_at(key, Instant::now())
+    }
+
+    fn failed_at(&self, key: &Key, now: Instant) -> bool {
         if self.per_minute == 0 {
             return false;
         }
-        let now = Instant::now();
-        keys.iter().any(|k| {
-            self.windows.get_mut(k).is_some_and(|mut w| {
-                w.roll(now);
-                w.estimate(now) >= self.per_minute as f64
-            })
-        })
-    }
-
-    /// Count one failed authentication against each of `keys`.
-    pub fn failed(&self, keys: &[Key]) {
-        if self.per_minute == 0 {
-            return;
-        }
-        let now = Instant::now();
-        if self.windows.len() >= PRUNE_AT {
+        if !self.windows.contains_key(key) && self.windows.len() >= self.max_keys {
             self.windows
                 .retain(|_, w| now.saturating_duration_since(w.start) < WINDOW * 2);
+            if self.windows.len() >= self.max_keys {
+                // Still full of live keys: this one goes uncounted rather than grow the map.
+                return false;
+            }
         }
-        for k in keys {
-            let mut w = self.windows.entry(k.clone()).or_insert(Window {
-                start: now,
-                current: 0,
-                previous: 0,
-            });
-            w.roll(now);
-            w.current = w.current.saturating_add(1);
-        }
+        let mut w = self.windows.entry(key.clone()).or_insert(Window {
+            start: now,
+            current: 0,
+            previous: 0,
+        });
+        w.roll(now);
+        let over = w.estimate(now) >= self.per_minute as f64;
+        w.current = w.current.saturating_add(1);
+        over
     }
 
     /// Keys tracked now (for tests and metrics).
@@ -117,22 +141,90 @@ impl AuthLimiter {
 mod tests {
     use super::*;
 
+    fn addr(s: &str) -> Key {
+        Key::unknown_from(s.parse().unwrap())
+    }
+
+    fn token(s: &str) -> Key {
+        Key::Token(s.into())
+    }
+
+    /// Failures in order, each with whether it is answered as over the limit.
     #[test]
-    fn limits_per_key_and_slides() {
-        let l = AuthLimiter::new(3);
-        let a = Key::Addr("127.0.0.2".parse().unwrap());
-        let b = Key::Addr("127.0.0.3".parse().unwrap());
-        let t = Key::Token("tok".into());
-        for _ in 0..3 {
-            assert!(!l.limited(&[a.clone(), t.clone()]));
-            l.failed(&[a.clone(), t.clone()]);
+    fn each_key_has_its_own_budget() {
+        struct Case {
+            name: &'static str,
+            limit: u32,
+            failures: Vec<(Key, bool)>,
         }
-        assert!(l.limited(std::slice::from_ref(&a)));
-        assert!(
-            l.limited(&[b.clone(), t.clone()]),
-            "the token is limited from anywhere"
-        );
-        assert!(!l.limited(std::slice::from_ref(&b)));
+        let a = || addr("127.0.0.1");
+        let cases = [
+            Case {
+                name: "unknown ids from one address: limited past the limit",
+                limit: 2,
+                failures: vec![(a(), false), (a(), false), (a(), true), (a(), true)],
+            },
+            Case {
+                name: "wrong secrets for a real id do not use the address's budget",
+                limit: 2,
+                failures: vec![
+                    (a(), false),
+                    (a(), false),
+                    (token("t1"), false),
+                    (token("t1"), false),
+                    (token("t1"), true),
+                    (a(), true),
+                ],
+            },
+            Case {
+                name: "one token's failures do not limit another token",
+                limit: 1,
+                failures: vec![
+                    (token("t1"), false),
+                    (token("t1"), true),
+                    (token("t2"), false),
+                    (token("t2"), true),
+                ],
+            },
+            Case {
+                name: "addresses are separate, IPv6 by /64, v4-mapped as v4",
+                limit: 1,
+                failures: vec![
+                    (addr("10.0.0.1"), false),
+                    (addr("10.0.0.2"), false),
+                    (addr("::ffff:10.0.0.1"), true),
+                    (addr("2001:db8::1"), false),
+                    (addr("2001:db8::2"), true),
+                    (addr("2001:db8:0:1::1"), false),
+                ],
+            },
+            Case {
+                name: "0 turns it off",
+                limit: 0,
+                failures: vec![(a(), false), (a(), false), (token("t"), false)],
+            },
+        ];
+        for c in cases {
+            let l = AuthLimiter::new(c.limit);
+            for (i, (key, over)) in c.failures.iter().enumerate() {
+                assert_eq!(l.failed(key), *over, "{}: failure {i} ({key:?})", c.name);
+            }
+            if c.limit == 0 {
+                assert_eq!(l.tracked(), 0, "{}", c.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_window_slides() {
+        let l = AuthLimiter::new(2);
+        let k = token("t");
+        let t0 = Instant::now();
+        assert!(!l.failed_at(&k, t0));
+        assert!(!l.failed_at(&k, t0));
+        assert!(l.failed_at(&k, t0 + Duration::from_secs(59)));
+        // Two minutes on, the earlier failures no longer count.
+        assert!(!l.failed_at(&k, t0 + Duration::from_secs(180)));
 
         // A window that is a minute and a half old counts half.
         let now = Instant::now();
@@ -155,13 +247,20 @@ mod tests {
     }
 
     #[test]
-    fn zero_turns_it_off_and_memory_is_bounded() {
-        let off = AuthLimiter::new(0);
-        let k = Key::Token("x".into());
-        for _ in 0..100 {
-            off.failed(std::slice::from_ref(&k));
+    fn memory_is_bounded() {
+        let mut l = AuthLimiter::new(1);
+        l.max_keys = 3;
+        let t0 = Instant::now();
+        for i in 0..10 {
+            l.failed_at(&addr(&format!("10.0.0.{i}")), t0);
         }
-        assert!(!off.limited(&[k]));
-        assert_eq!(off.tracked(), 0);
+        assert_eq!(l.tracked(), 3);
+        // A key tracked already is still counted when the map is full.
+        assert!(l.failed_at(&addr("10.0.0.0"), t0));
+        // Stale keys make room for new ones.
+        let later = t0 + Duration::from_secs(150);
+        assert!(!l.failed_at(&addr("10.0.0.9"), later));
+        assert!(l.failed_at(&addr("10.0.0.9"), later));
+        assert_eq!(l.tracked(), 1);
     }
 }

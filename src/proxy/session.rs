@@ -13,7 +13,6 @@ use super::backend::{self, BackendError};
 use super::cancel::CancelTarget;
 use super::caps::CapPolicy;
 use super::pipeline::{Pipeline, SessionIdentity};
-use super::ratelimit::Key;
 use super::relay;
 use super::stream::ClientStream;
 use super::Proxy;
@@ -104,22 +103,6 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         }
     }
 
-    // Over the failure limit for this address or token: refuse without checking anything.
-    let mut limit_keys = vec![Key::Addr(peer.ip())];
-    if crate::auth::token::is_token_id(&user) {
-        limit_keys.push(Key::Token(user.clone()));
-    }
-    if proxy.auth_limiter.limited(&limit_keys) {
-        metrics::counter!("sandpit_auth_rate_limited_total").increment(1);
-        tracing::info!("authentication refused: too many failures");
-        return fatal(
-            client.get_mut(),
-            "28000",
-            "too many authentication failures, try later",
-        )
-        .await;
-    }
-
     let authed = tokio::time::timeout(
         limits.startup_timeout,
         authenticate(
@@ -141,8 +124,14 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         Ok(Err(e)) => {
             metrics::counter!("sandpit_auth_failures_total", "reason" => e.reason()).increment(1);
             tracing::info!(reason = e.reason(), "authentication failed");
-            if matches!(e, AuthError::UnknownToken(_) | AuthError::WrongSecret(_)) {
-                proxy.auth_limiter.failed(&limit_keys);
+            // Only failures are limited (never a correct secret): over the limit, answered late.
+            if let Some(key) = e.limit_key(peer.ip()) {
+                if proxy.auth_limiter.failed(&key) {
+                    metrics::counter!("sandpit_auth_rate_limited_total").increment(1);
+                    tokio::time::sleep(super::ratelimit::TARPIT).await;
+                    let msg = "too many authentication failures, try later";
+                    return fatal(client.get_mut(), "28000", msg).await;
+                }
             }
             if !matches!(e, AuthError::Lost) {
                 fatal(client.get_mut(), e.sqlstate(), &e.to_string()).await;

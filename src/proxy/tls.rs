@@ -192,7 +192,7 @@ fn generate(dir: &Path, hosts: &[String]) -> Result<(), TlsError> {
             path: p.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(err)?;
+        crate::datadir::private_dirs(dir, Path::new("")).map_err(err)?;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -204,7 +204,7 @@ fn generate(dir: &Path, hosts: &[String]) -> Result<(), TlsError> {
         f.sync_all().map_err(err)
     };
     w("key.pem", &ck.key_pair.serialize_pem(), 0o600)?;
-    w("cert.pem", &ck.cert.pem(), 0o644)?;
+    w("cert.pem", &ck.cert.pem(), 0o600)?;
     tracing::info!(dir = %dir.display(), "generated a self-signed TLS certificate");
     Ok(())
 }

@@ -26,7 +26,7 @@ impl FileStore {
             path: dir.to_path_buf(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io)?;
+        crate::datadir::private_dirs(dir, std::path::Path::new("")).map_err(io)?;
         for entry in std::fs::read_dir(dir).map_err(io)? {
             let path = entry.map_err(io)?.path();
             if path.extension().and_then(|e| e.to_str()) != Some("json") {

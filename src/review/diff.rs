@@ -265,6 +265,10 @@ fn render_patch(
         "-- sandpit review patch: token {token}, task {task}, generated {}.\n\
          -- Applied to a fresh fork of the golden it reproduces the scratch database for what the\n\
          -- diff covers. sandpit never applies it. Triggers of the golden fire while it runs.\n\
+         -- Its values were written by the agent: apply it as a low-privilege role that owns\n\
+         -- only what it changes, never as a superuser.\n\
+         -- Strings are quoted for standard_conforming_strings = on, so it is pinned first.\n\
+         SET standard_conforming_strings = on;\n\
          BEGIN;\n",
         now_rfc3339()
     );
@@ -337,4 +341,28 @@ fn render_patch(
     }
     out.push_str("\nCOMMIT;\n");
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_patch_pins_standard_conforming_strings_before_any_value() {
+        let mut t = TablePatch::default();
+        t.inserts
+            .push("INSERT INTO public.t VALUES ('it''s \\'' || x');".to_string());
+        let tables = BTreeMap::from([(1u32, t)]);
+        let patch = render_patch(&Vec::new(), &tables, &Catalog::default(), "tok", "task");
+        let first_sql = patch
+            .lines()
+            .find(|l| !l.starts_with("--"))
+            .expect("a statement");
+        assert_eq!(first_sql, "SET standard_conforming_strings = on;");
+        assert!(patch.contains("low-privilege role"), "{patch}");
+        let set = patch.find("SET standard_conforming_strings").expect("set");
+        let begin = patch.find("BEGIN;").expect("begin");
+        let insert = patch.find("INSERT").expect("insert");
+        assert!(set < begin && begin < insert, "{patch}");
+    }
 }

@@ -110,9 +110,7 @@ impl TokenLog {
             path: path.clone(),
             source,
         };
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
+        crate::datadir::private_dirs(&data_dir.join("logs"), Path::new(task)).map_err(io)?;
         let last = read_statements(&path)?
             .last()
             .map(|s| s.statement.seq)

@@ -214,9 +214,7 @@ pub fn write_all(
     for f in [Format::Json, Format::Text, Format::Sql, Format::Html] {
         let path = review_path(dir, &review.task, &review.token, f);
         let write = || -> std::io::Result<()> {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
+            crate::datadir::private_dirs(dir, Path::new(&review.task))?;
             let tmp = path.with_extension(format!("{}.tmp", f.ext()));
             let mut file = std::fs::OpenOptions::new()
                 .write(true)
