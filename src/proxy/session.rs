@@ -221,7 +221,13 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             .map(|(k, v)| (*k, v.as_bytes())),
     );
     let max_message = limits.max_message;
-    let conn = match backend::connect(&backend.target, &params, max_message).await {
+    // The login role follows the token's policy, so Postgres itself refuses what the
+    // policy forbids (the pipeline's lexical check only labels and refuses earlier).
+    let login = proxy
+        .gw
+        .provider
+        .session_target(&backend, rec.caps.allow.as_deref());
+    let conn = match backend::connect(&login, &params, max_message).await {
         Ok(c) => c,
         Err(BackendError::Refused(raw)) => {
             let out = messages::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
@@ -249,7 +255,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         .await;
     };
     let target = CancelTarget {
-        endpoint: backend.target.endpoint.clone(),
+        endpoint: login.endpoint.clone(),
         pid: real_pid,
         secret: real_secret,
     };
