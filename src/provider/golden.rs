@@ -546,3 +546,45 @@ pub fn sync_dir(dir: &Path) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn login_role_follows_the_widest_kind_the_policy_allows() {
+        let role = |kinds: Option<&[&str]>| {
+            let owned: Option<Vec<String>> =
+                kinds.map(|k| k.iter().map(|s| s.to_string()).collect());
+            login_role(owned.as_deref())
+        };
+        assert_eq!(role(None), AGENT);
+        assert_eq!(role(Some(&["read", "write", "ddl"])), AGENT);
+        assert_eq!(role(Some(&["ddl"])), AGENT);
+        assert_eq!(role(Some(&["read", "write", "transaction"])), AGENT_WRITE);
+        assert_eq!(role(Some(&["write"])), AGENT_WRITE);
+        assert_eq!(role(Some(&["read", "transaction", "utility"])), AGENT_READ);
+        assert_eq!(role(Some(&["read", "privilege"])), AGENT_READ);
+        assert_eq!(role(Some(&[])), AGENT_READ);
+    }
+
+    #[test]
+    fn only_a_readable_map_without_the_review_role_is_a_legacy_fork() {
+        let dir = std::env::temp_dir().join(format!("sandpit-ident-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        assert!(!predates_policy_roles(&dir), "unreadable: fail closed");
+        fs::write(
+            dir.join("pg_ident.conf"),
+            "sandpit root agent\nsandpit root sandpit_admin\n",
+        )
+        .unwrap();
+        assert!(predates_policy_roles(&dir));
+        fs::write(
+            dir.join("pg_ident.conf"),
+            "# x\nsandpit root agent\nsandpit root sandpit_review\n",
+        )
+        .unwrap();
+        assert!(!predates_policy_roles(&dir));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
