@@ -225,14 +225,15 @@ async fn role_escalation_is_refused_and_the_agent_has_only_its_own_role() {
             .as_deref(),
         Some("agent/agent")
     );
-    // Exactly the roles it needs: itself, and pg_database_owner because it owns its database.
+    // Exactly its own role: the database belongs to the admin (so the agent is not in
+    // pg_database_owner), and the seatbelt and review roles are not the agent's.
     let member_of = one(
         &c,
         "select string_agg(rolname, ',' order by rolname) from pg_roles \
          where pg_has_role('agent', oid, 'member')",
     )
     .await;
-    assert_eq!(member_of.as_deref(), Some("agent,pg_database_owner"));
+    assert_eq!(member_of.as_deref(), Some("agent"));
     // Only its own database is open to it.
     let dbs = one(
         &c,

@@ -36,7 +36,9 @@ fn full_token(v: &Value) -> String {
 }
 
 fn issue(task: &str) -> Value {
-    gw().issue_with(json!({"task": task, "ttl_seconds": 600, "max_rows": CAP, "max_bytes": 1_000_000}))
+    gw().issue_with(
+        json!({"task": task, "ttl_seconds": 600, "max_rows": CAP, "max_bytes": 1_000_000}),
+    )
 }
 
 fn login(t: &Value) -> Raw {
@@ -98,7 +100,9 @@ fn caps_hold_when_the_gateway_cannot_split_the_query() {
     assert_eq!(rec["outcome"]["capped"], true, "{rec}");
     s.send(&wire::query("SELECT 42"));
     let msgs = s.until_ready();
-    assert!(msgs.iter().any(|(t, b)| *t == b'D' && wire::first_column(b).as_deref() == Some("42")));
+    assert!(msgs
+        .iter()
+        .any(|(t, b)| *t == b'D' && wire::first_column(b).as_deref() == Some("42")));
 }
 
 #[test]
@@ -124,14 +128,24 @@ fn function_call_results_are_capped_by_bytes_and_logged_with_arguments() {
         .map(|(_, b)| wire::field(b, b'M'))
         .expect("cap notice");
     assert!(notice.contains("max_bytes"), "{notice}");
-    let v = msgs.iter().find(|(t, _)| *t == b'V').expect("function result");
-    assert_eq!(v.1, (-1i32).to_be_bytes().to_vec(), "result replaced by NULL");
+    let v = msgs
+        .iter()
+        .find(|(t, _)| *t == b'V')
+        .expect("function result");
+    assert_eq!(
+        v.1,
+        (-1i32).to_be_bytes().to_vec(),
+        "result replaced by NULL"
+    );
     let relayed: usize = msgs.iter().map(|(_, b)| b.len()).sum();
     assert!(relayed < 100_000, "{relayed} bytes relayed");
     // A small result passes untouched.
     s.send(&wire::function_call(oid, &["ab", "3"]));
     let msgs = s.until_ready();
-    let v = msgs.iter().find(|(t, _)| *t == b'V').expect("function result");
+    let v = msgs
+        .iter()
+        .find(|(t, _)| *t == b'V')
+        .expect("function result");
     assert_eq!(&v.1[4..], b"ababab");
     let log = statements(&id(&t));
     let calls: Vec<&Value> = log.iter().filter(|r| r["protocol"] == "function").collect();
@@ -170,7 +184,8 @@ fn syncs_inside_copy_from_stdin_leave_the_pipeline_in_step() {
     s.send(&wire::sync());
     let msgs = s.until_ready();
     assert!(
-        msgs.iter().any(|(t, b)| *t == b'C' && b.starts_with(b"COPY 1")),
+        msgs.iter()
+            .any(|(t, b)| *t == b'C' && b.starts_with(b"COPY 1")),
         "{:?}",
         msgs.iter().map(|m| m.0 as char).collect::<String>()
     );
@@ -183,7 +198,10 @@ fn syncs_inside_copy_from_stdin_leave_the_pipeline_in_step() {
     }
     s.send(&wire::query("SELECT count(*) FROM landing"));
     let msgs = s.until_ready();
-    let n = msgs.iter().find(|(t, _)| *t == b'D').and_then(|(_, b)| wire::first_column(b));
+    let n = msgs
+        .iter()
+        .find(|(t, _)| *t == b'D')
+        .and_then(|(_, b)| wire::first_column(b));
     assert_eq!(n.as_deref(), Some("3"));
     let log = statements(&id(&t));
     let capped: Vec<&Value> = log
@@ -230,7 +248,11 @@ fn a_second_parse_under_the_same_name_cannot_relabel_the_log() {
             .iter()
             .find(|(t, _)| *t == b'E')
             .map(|(_, b)| wire::field(b, b'C'));
-        assert_eq!(err.as_deref(), Some("42P05"), "duplicate prepared statement");
+        assert_eq!(
+            err.as_deref(),
+            Some("42P05"),
+            "duplicate prepared statement"
+        );
         assert!(
             codes[2]
                 .iter()

@@ -647,12 +647,11 @@ fn row_level_security_cannot_hide_rows_from_the_review() {
         .iter()
         .find(|t| t["table"] == "public.audit")
         .unwrap_or_else(|| panic!("audit missing from {r:#}"));
-    let err = audit["error"].as_str().unwrap_or_default();
-    assert!(err.contains("row-level security"), "{audit:#}");
-    assert!(
-        r["notes"].to_string().contains("could not be compared"),
-        "{r:#}"
-    );
+    // The review role reads past row security (BYPASSRLS, row_security off): the policy,
+    // agent-written code, is never run and hides nothing.
+    assert!(audit.get("error").is_none(), "{audit:#}");
+    assert_eq!(audit["deleted"], 1, "{audit:#}");
+    assert_eq!(audit["inserted"], 0, "{audit:#}");
     g.revoke(&id);
 }
 

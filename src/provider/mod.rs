@@ -90,7 +90,7 @@ impl Endpoint {
 pub struct BackendTarget {
     /// Where it listens.
     pub endpoint: Endpoint,
-    /// Role the gateway logs in as: the agent role, never a superuser.
+    /// Role the gateway logs in as: an agent role (or the review's), never a superuser.
     pub user: String,
     /// Database to connect to.
     pub database: String,
@@ -198,6 +198,18 @@ pub trait Provider: Send + Sync + 'static {
         _tag: &'a BackendTag,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async { Ok(()) })
+    }
+    /// How an agent session whose token allows the statement kinds `allow` (None: no
+    /// policy) logs in to `backend`. Providers with a login role per policy level return
+    /// that role, so the server itself refuses what the policy forbids; the default is the
+    /// backend's own login.
+    fn session_target(&self, backend: &Backend, _allow: Option<&[String]>) -> BackendTarget {
+        backend.target.clone()
+    }
+    /// How the review logs in to a token's `backend`. Providers with a review role return
+    /// it (its settings are out of the agent's reach); the default is the backend's login.
+    fn review_target(&self, backend: &Backend) -> BackendTarget {
+        backend.target.clone()
     }
     /// A pristine fork of the golden, used only as the "before" side of a review diff. Started
     /// on first use and kept running; never handed to an agent, never listed by [`list`]

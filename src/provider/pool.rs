@@ -9,7 +9,7 @@ use tokio::sync::Notify;
 
 use super::golden_build::LiveSpec;
 use super::versions::GoldenInfo;
-use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
+use super::{Backend, BackendTag, BackendTarget, BoxFuture, Provider, ProviderError};
 
 /// Prefix of the token id in the tag of an unclaimed pool member.
 pub const POOL_PREFIX: &str = "pool-";
@@ -247,6 +247,14 @@ impl Provider for WarmPool {
         golden: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         self.inner.reference(golden)
+    }
+
+    fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {
+        self.inner.session_target(backend, allow)
+    }
+
+    fn review_target(&self, backend: &Backend) -> BackendTarget {
+        self.inner.review_target(backend)
     }
 
     fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {

@@ -191,7 +191,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     // A connection that fails on a backend the gateway believed running (its server
     // crashed) is tried once more after the backend is checked again and restarted.
     let mut retried = false;
-    let (backend, conn) = loop {
+    let (login, conn) = loop {
         let backend = match proxy.gw.backend_for(&rec.id).await {
             Ok(b) => b,
             Err(LifecycleError::NotUsable(id, state)) => {
@@ -213,8 +213,14 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
                 .await;
             }
         };
-        match backend::connect(&backend.target, &params, max_message).await {
-            Ok(c) => break (backend, c),
+        // The login role follows the token's policy, so Postgres itself refuses what the
+        // policy forbids (the pipeline's lexical check only labels and refuses earlier).
+        let login = proxy
+            .gw
+            .provider
+            .session_target(&backend, rec.caps.allow.as_deref());
+        match backend::connect(&login, &params, max_message).await {
+            Ok(c) => break (login, c),
             Err(BackendError::Refused(raw)) => {
                 let out =
                     messages::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
@@ -249,7 +255,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         .await;
     };
     let target = CancelTarget {
-        endpoint: backend.target.endpoint.clone(),
+        endpoint: login.endpoint.clone(),
         pid: real_pid,
         secret: real_secret,
     };

@@ -1,4 +1,6 @@
-//! Review connections: as the agent role (never a superuser), over the same kind of socket
+//! Review connections: as the review's own role where the provider has one (never a
+//! superuser; never the agent's role, whose settings the agent controls), else as the agent
+//! role, over the same kind of socket
 //! the relay uses, with a locked-down session (catalog-only search path, fixed output formats, no row
 //! security, timeouts) inside one read-only repeatable-read transaction.
 
@@ -62,7 +64,8 @@ pub struct Timeouts {
 }
 
 impl Side {
-    /// Connect as `target.user` (never a superuser) and lock the session down.
+    /// Connect as `target.user` (never a superuser) and lock the session down. The settings
+    /// are set here, after login, so no default of the role or database survives them.
     pub async fn connect(
         name: &'static str,
         target: &BackendTarget,

@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::catalog::{self, Catalog};
-use super::conn::{ConnError, Side, Timeouts, SESSION_SETTINGS};
+use super::conn::{literal, ConnError, Side, Timeouts, SESSION_SETTINGS};
 use super::data::{self, Limits, TablePatch};
 use super::model::{Review, ScanInfo, TableDiff};
 use super::schema::{self, order};
+use crate::provider::golden::{AGENT, AGENT_READ, AGENT_WRITE, REVIEWER};
 use crate::provider::BackendTarget;
 
 /// Knobs of one diff.
@@ -64,12 +65,12 @@ pub async fn diff(
     let mut new = Side::connect("scratch", scratch, t).await?;
     let mut old = Side::connect("reference", reference, t).await?;
     if opts.end_sessions {
-        // Only the agent role's own sessions: the one thing a non-superuser may signal.
-        new.exec(
+        new.exec(&format!(
             "SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a \
              WHERE a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid() \
-             AND a.usename = CURRENT_USER",
-        )
+             AND {}",
+            agent_sessions(scratch)
+        ))
         .await?;
     }
     let settled = settle(&new, opts.settle_timeout).await?;
@@ -206,6 +207,21 @@ async fn settle(side: &Side, timeout: Duration) -> Result<bool, ConnError> {
         }
         side.rollback().await?;
         tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Which sessions of `pg_stat_activity a` are the agent's: those of the agent roles when
+/// the review logs in as its own role (which may signal them), else those of the role the
+/// review shares with the agent (the one thing a non-superuser may signal).
+fn agent_sessions(scratch: &BackendTarget) -> String {
+    if scratch.user == REVIEWER {
+        let roles: Vec<String> = [AGENT, AGENT_WRITE, AGENT_READ]
+            .iter()
+            .map(|r| literal(r))
+            .collect();
+        format!("a.usename IN ({})", roles.join(", "))
+    } else {
+        "a.usename = CURRENT_USER".to_string()
     }
 }
 

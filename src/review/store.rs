@@ -187,7 +187,10 @@ async fn take_with(
                 end_sessions,
                 ..options(gw)
             };
-            diff::diff(&reference.target, &scratch.target, opts, &rec.id, &rec.task).await?
+            // The review's own login, never the agent's (whose role settings the agent
+            // controls).
+            let scratch = gw.provider.review_target(&scratch);
+            diff::diff(&reference.target, &scratch, opts, &rec.id, &rec.task).await?
         }
     };
     review.statements = summarize(&stmts);

@@ -16,7 +16,7 @@ use nix::sys::signal::Signal;
 use tokio::process::Child;
 
 use super::copy::{self, CopyMethod};
-use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
+use super::golden::{self, GoldenCtx, AGENT, DATABASE, REVIEWER, SUPERUSER};
 use super::golden_build::LiveSpec;
 use super::versions::{self, Golden, GoldenInfo, GOLDEN_FILE};
 use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
@@ -208,6 +208,21 @@ impl InstanceProvider {
         }
     }
 
+    /// `backend`'s login as `role`, unless its fork predates the policy roles.
+    fn login_as(&self, backend: &Backend, role: &str) -> BackendTarget {
+        let mut target = backend.target.clone();
+        let legacy = self
+            .inst_dir(&backend.handle)
+            .map(|inst| golden::predates_policy_roles(&inst.join("data")))
+            .unwrap_or(false);
+        if legacy {
+            tracing::debug!(handle = %backend.handle, "fork of a golden without policy roles: logging in as the agent");
+        } else {
+            target.user = role.to_string();
+        }
+        target
+    }
+
     async fn fork_inner(&self, tag: &BackendTag, inst: &Path) -> Result<(), ProviderError> {
         let t0 = Instant::now();
         {
@@ -324,6 +339,14 @@ impl Provider for InstanceProvider {
         handle: &'a str,
     ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(self.ensure_inner(handle))
+    }
+
+    fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {
+        self.login_as(backend, golden::login_role(allow))
+    }
+
+    fn review_target(&self, backend: &Backend) -> BackendTarget {
+        self.login_as(backend, REVIEWER)
     }
 
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {

@@ -10,7 +10,7 @@ use nix::sys::signal::Signal;
 use super::{make_dir, validate_handle, InstanceProvider, DESTROY_GRACE};
 use crate::pg::process;
 use crate::provider::copy;
-use crate::provider::golden::{self, AGENT, DATABASE};
+use crate::provider::golden::{self, AGENT, DATABASE, REVIEWER};
 use crate::provider::{Backend, BackendTarget, Endpoint, ProviderError};
 
 /// Directory (under the real root, outside `instances/`, so `list()` never sees it) of the
@@ -84,11 +84,17 @@ impl InstanceProvider {
         let inst = self.real_root.join(REFERENCE_DIR).join(&golden.id);
         let data = inst.join("data");
         let sock = golden::socket_dir_for(&inst);
+        // Only the review reads it, as its own role (goldens older than that role: the agent).
+        let user = if golden::predates_policy_roles(&golden.dir.join("data")) {
+            AGENT
+        } else {
+            REVIEWER
+        };
         let backend = Backend {
             handle: key.clone(),
             target: BackendTarget {
                 endpoint: Endpoint::unix(process::socket_path(&sock)),
-                user: AGENT.to_string(),
+                user: user.to_string(),
                 database: DATABASE.to_string(),
                 password: None,
             },
