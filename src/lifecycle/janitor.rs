@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -111,8 +111,10 @@ pub fn gateway_id(data_dir: &Path) -> std::io::Result<String> {
         .write(true)
         .create(true)
         .truncate(true)
-        .mode(0o644)
+        .mode(0o600)
         .open(&path)?;
+    // Private like the rest of the data dir (an older version wrote it 0644).
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     f.write_all(id.as_bytes())?;
     f.sync_all()?;
     Ok(id)
