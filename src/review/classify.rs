@@ -175,17 +175,31 @@ fn from_ast(s: &Statement) -> Kind {
         S::Insert(_) | S::Update { .. } | S::Delete(_) | S::Merge { .. } | S::Truncate { .. } => {
             Kind::Write
         }
-        S::Copy { to, .. } => {
-            if *to {
-                Kind::Read
-            } else {
-                Kind::Write
-            }
-        }
+        S::Copy { to, source, .. } => match (to, source) {
+            // `COPY (DELETE … RETURNING …) TO STDOUT` writes.
+            (true, sqlparser::ast::CopySource::Query(q)) => query_kind(q),
+            (true, _) => Kind::Read,
+            (false, _) => Kind::Write,
+        },
         S::Explain {
-            statement, analyze, ..
+            statement,
+            analyze,
+            options,
+            ..
         } => {
-            if *analyze {
+            // `EXPLAIN ANALYZE` and `EXPLAIN (ANALYZE …)` run the statement.
+            let analyzing = *analyze
+                || options.iter().flatten().any(|o| {
+                    let name = o.name.value.to_ascii_uppercase();
+                    let off = o.arg.as_ref().is_some_and(|a| {
+                        matches!(
+                            a.to_string().to_ascii_lowercase().trim_matches('\''),
+                            "false" | "off" | "0" | "no"
+                        )
+                    });
+                    (name == "ANALYZE" || name == "ANALYSE") && !off
+                });
+            if analyzing {
                 from_ast(statement)
             } else {
                 Kind::Read

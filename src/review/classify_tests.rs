@@ -96,3 +96,25 @@ fn splitting() {
     );
     assert_eq!(split("").unwrap().len(), 0);
 }
+
+#[test]
+fn explain_analyze_and_copy_of_a_write_are_writes() {
+    for (text, kind) in [
+        ("EXPLAIN DELETE FROM t", Kind::Read),
+        ("EXPLAIN ANALYZE DELETE FROM t", Kind::Write),
+        ("EXPLAIN (ANALYZE) DELETE FROM t", Kind::Write),
+        (
+            "explain (format json, analyze true) update t set a = 1",
+            Kind::Write,
+        ),
+        ("EXPLAIN (ANALYSE) INSERT INTO t VALUES (1)", Kind::Write),
+        ("EXPLAIN (ANALYZE false) DELETE FROM t", Kind::Read),
+        ("EXPLAIN (ANALYZE) SELECT 1", Kind::Read),
+        ("COPY t TO STDOUT", Kind::Read),
+        ("COPY (SELECT * FROM t) TO STDOUT", Kind::Read),
+        ("COPY (DELETE FROM t RETURNING *) TO STDOUT", Kind::Write),
+        ("COPY t FROM STDIN", Kind::Write),
+    ] {
+        assert_eq!(classify(text), kind, "{text}");
+    }
+}
