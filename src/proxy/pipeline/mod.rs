@@ -256,6 +256,21 @@ impl Pipeline {
 
     /// Move what may be sent now into `to_backend`.
     pub fn drain_outbox(&mut self, to_backend: &mut BytesMut) {
+        loop {
+            self.drain_ready(to_backend);
+            // Skipped messages may have settled a change a held message waits for.
+            let held = self.held.len();
+            if held == 0 {
+                return;
+            }
+            self.release_held();
+            if self.held.len() == held {
+                return;
+            }
+        }
+    }
+
+    fn drain_ready(&mut self, to_backend: &mut BytesMut) {
         while !self.blocked() {
             let Some(o) = self.outbox.pop_front() else {
                 break;
