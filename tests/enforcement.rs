@@ -300,3 +300,17 @@ fn one_tokens_worst_message_leaves_other_tokens_working() {
         Some("7")
     );
 }
+
+#[test]
+fn a_session_the_server_ends_gets_the_servers_reason_once() {
+    let t = issue("terminated");
+    let mut s = login(&t);
+    s.send(&wire::query("SELECT pg_terminate_backend(pg_backend_pid())"));
+    let mut errors = Vec::new();
+    while let Some((tag, body)) = s.read() {
+        if tag == b'E' {
+            errors.push((wire::field(&body, b'V'), wire::field(&body, b'C')));
+        }
+    }
+    assert_eq!(errors, vec![("FATAL".to_string(), "57P01".to_string())]);
+}

@@ -63,6 +63,8 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     let mut unanswered: u64 = 0;
     let mut busy_since: Option<tokio::time::Instant> = None;
     let mut cancelled = false;
+    // The backend said why it is ending the session: the client gets exactly that.
+    let mut backend_said_fatal = false;
 
     let ending = 'relay: loop {
         pl.drain_outbox(&mut to_backend);
@@ -122,6 +124,7 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
             f = b_reader.read_frame(), if read_backend => match f {
                 Ok(Some(f)) => {
                     note_backend(f.tag, &mut unanswered, &mut busy_since, &mut cancelled);
+                    backend_said_fatal |= f.tag == b'E' && messages::is_fatal(f.body());
                     pl.on_backend(f, &mut to_client, secrets);
                     // Syncs sent inside COPY FROM STDIN are never answered.
                     unanswered = unanswered.saturating_sub(pl.take_ignored_syncs());
@@ -130,6 +133,7 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
                         match b_reader.try_frame() {
                             Ok(Some(f)) => {
                                 note_backend(f.tag, &mut unanswered, &mut busy_since, &mut cancelled);
+                                backend_said_fatal |= f.tag == b'E' && messages::is_fatal(f.body());
                                 pl.on_backend(f, &mut to_client, secrets);
                                 n += 1;
                             }
@@ -177,14 +181,17 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
                 "lost the connection to the scratch database",
             ))
         }
+        // Its own FATAL (termination, shutdown, idle timeout) already went to the client.
+        Ending::BackendGone if backend_said_fatal => None,
         Ending::BackendGone => Some(fatal("08006", "the scratch database closed the connection")),
         Ending::ClientGone | Ending::ClientTerminated => None,
     };
+    // What the client was already owed goes first (unless the token ended), then the reason
+    // for the end.
+    if !matches!(ending, Ending::Ended(_) | Ending::ClientGone) {
+        let _ = c_write.write_all(&to_client).await;
+    }
     if let Some(m) = last {
-        // What the client was already owed goes first, then the reason for the end.
-        if !matches!(ending, Ending::Ended(_)) {
-            let _ = c_write.write_all(&to_client).await;
-        }
         let _ = c_write.write_all(&m).await;
     }
     if !matches!(ending, Ending::ClientTerminated) {

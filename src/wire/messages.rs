@@ -148,6 +148,14 @@ pub fn error_code(body: &[u8]) -> Option<String> {
         .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
 }
 
+/// Whether an ErrorResponse body ends the session (severity FATAL or PANIC).
+pub fn is_fatal(body: &[u8]) -> bool {
+    error_fields(body).is_some_and(|f| {
+        f.iter()
+            .any(|(t, v)| matches!(t, b'V' | b'S') && matches!(*v, b"FATAL" | b"PANIC"))
+    })
+}
+
 /// Rebuild an ErrorResponse/NoticeResponse without the server's source location fields
 /// (F, L, R) and with every `secret` replaced in the text fields. Returns None when the
 /// frame needs no change, so it is relayed as it came.
