@@ -314,3 +314,43 @@ fn a_session_the_server_ends_gets_the_servers_reason_once() {
     }
     assert_eq!(errors, vec![("FATAL".to_string(), "57P01".to_string())]);
 }
+
+#[test]
+fn the_client_sees_the_real_backend_pid_and_only_the_gateways_secret_cancels() {
+    let t = issue("backend-pid");
+    let mut s = login(&t);
+    let (pid, secret) = s.key.expect("BackendKeyData");
+    s.send(&wire::query("SELECT pg_backend_pid()"));
+    let real = s
+        .until_ready()
+        .iter()
+        .find(|(t, _)| *t == b'D')
+        .and_then(|(_, b)| wire::first_column(b))
+        .expect("pid");
+    assert_eq!(real, pid.to_string(), "PQbackendPID matches pg_backend_pid()");
+    let watcher = Raw::login(gw().pg_port, &full_token(&t));
+    let mut watcher = watcher;
+    let running = |w: &mut Raw| -> bool {
+        w.send(&wire::query(&format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = {pid} AND state = 'active'"
+        )));
+        w.until_ready()
+            .iter()
+            .find(|(t, _)| *t == b'D')
+            .and_then(|(_, b)| wire::first_column(b))
+            .as_deref()
+            == Some("1")
+    };
+    s.send(&wire::query("SELECT pg_sleep(60)"));
+    assert!(common::wait_until(std::time::Duration::from_secs(30), || running(&mut watcher)));
+    // The right pid with a wrong secret does nothing.
+    wire::cancel(gw().pg_port, (pid, secret.wrapping_add(1)));
+    assert!(running(&mut watcher), "a wrong secret cancelled the query");
+    wire::cancel(gw().pg_port, (pid, secret));
+    let msgs = s.until_ready();
+    let code = msgs
+        .iter()
+        .find(|(t, _)| *t == b'E')
+        .map(|(_, b)| wire::field(b, b'C'));
+    assert_eq!(code.as_deref(), Some("57014"));
+}

@@ -99,9 +99,11 @@ pub async fn send(t: &CancelTarget) -> std::io::Result<()> {
     }
 }
 
-fn random_key() -> (i32, i32) {
-    let mut rng = rand::thread_rng();
-    (rng.gen_range(1..i32::MAX), rng.gen())
+/// The key a client sees: the backend's real pid (drivers compare it with
+/// `pg_backend_pid()` and notification pids; a made-up one hides nothing) and a secret the
+/// gateway draws, which alone routes a cancel (the real secret never leaves the gateway).
+fn client_key(real_pid: i32) -> (i32, i32) {
+    (real_pid, rand::thread_rng().gen())
 }
 
 impl CancelMap {
@@ -122,7 +124,7 @@ impl CancelMap {
         target: CancelTarget,
     ) -> Result<CancelKey, crate::registry::RegistryError> {
         loop {
-            let key = random_key();
+            let key = client_key(target.pid);
             if let dashmap::mapref::entry::Entry::Vacant(v) = self.map.entry(key) {
                 v.insert(target.clone());
             } else {

@@ -13,6 +13,8 @@ pub type Msg = (u8, Vec<u8>);
 /// A logged-in raw session.
 pub struct Raw {
     pub s: TcpStream,
+    /// BackendKeyData (pid, secret) as the gateway sent it.
+    pub key: Option<(i32, i32)>,
 }
 
 /// A framed message.
@@ -125,7 +127,7 @@ impl Raw {
         let mut startup = ((body.len() + 4) as u32).to_be_bytes().to_vec();
         startup.extend(body);
         s.write_all(&startup).expect("startup");
-        let mut raw = Raw { s };
+        let mut raw = Raw { s, key: None };
         let (tag, _) = raw.read().expect("auth request");
         assert_eq!(tag, b'R');
         let mut pw = full_token.as_bytes().to_vec();
@@ -134,6 +136,11 @@ impl Raw {
         loop {
             let (tag, body) = raw.read().expect("login response");
             match tag {
+                b'K' if body.len() == 8 => {
+                    let pid = i32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+                    let secret = i32::from_be_bytes([body[4], body[5], body[6], body[7]]);
+                    raw.key = Some((pid, secret));
+                }
                 b'Z' => return raw,
                 b'E' => panic!("login failed: {}", field(&body, b'C')),
                 _ => {}
@@ -200,4 +207,16 @@ pub fn rows_per_result(msgs: &[Msg]) -> Vec<usize> {
         }
     }
     out
+}
+
+/// Send a CancelRequest for `key` to the gateway on 127.0.0.1:`port`.
+pub fn cancel(port: u16, key: (i32, i32)) {
+    let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut m = 16u32.to_be_bytes().to_vec();
+    m.extend_from_slice(&80877102u32.to_be_bytes());
+    m.extend_from_slice(&key.0.to_be_bytes());
+    m.extend_from_slice(&key.1.to_be_bytes());
+    c.write_all(&m).expect("cancel");
+    let mut sink = Vec::new();
+    let _ = c.read_to_end(&mut sink);
 }
