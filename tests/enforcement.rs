@@ -305,7 +305,9 @@ fn one_tokens_worst_message_leaves_other_tokens_working() {
 fn a_session_the_server_ends_gets_the_servers_reason_once() {
     let t = issue("terminated");
     let mut s = login(&t);
-    s.send(&wire::query("SELECT pg_terminate_backend(pg_backend_pid())"));
+    s.send(&wire::query(
+        "SELECT pg_terminate_backend(pg_backend_pid())",
+    ));
     let mut errors = Vec::new();
     while let Some((tag, body)) = s.read() {
         if tag == b'E' {
@@ -327,7 +329,11 @@ fn the_client_sees_the_real_backend_pid_and_only_the_gateways_secret_cancels() {
         .find(|(t, _)| *t == b'D')
         .and_then(|(_, b)| wire::first_column(b))
         .expect("pid");
-    assert_eq!(real, pid.to_string(), "PQbackendPID matches pg_backend_pid()");
+    assert_eq!(
+        real,
+        pid.to_string(),
+        "PQbackendPID matches pg_backend_pid()"
+    );
     let watcher = Raw::login(gw().pg_port, &full_token(&t));
     let mut watcher = watcher;
     let running = |w: &mut Raw| -> bool {
@@ -342,7 +348,10 @@ fn the_client_sees_the_real_backend_pid_and_only_the_gateways_secret_cancels() {
             == Some("1")
     };
     s.send(&wire::query("SELECT pg_sleep(60)"));
-    assert!(common::wait_until(std::time::Duration::from_secs(30), || running(&mut watcher)));
+    assert!(common::wait_until(
+        std::time::Duration::from_secs(30),
+        || running(&mut watcher)
+    ));
     // The right pid with a wrong secret does nothing.
     wire::cancel(gw().pg_port, (pid, secret.wrapping_add(1)));
     assert!(running(&mut watcher), "a wrong secret cancelled the query");

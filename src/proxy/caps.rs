@@ -67,6 +67,9 @@ pub struct ResultCount {
     pub truncated: bool,
     /// It was the byte cap that cut it.
     pub by_bytes: bool,
+    /// Its RowDescription says every column comes from a system catalog: a driver's own
+    /// catalog query, not cut by the row cap (the byte cap still applies).
+    pub catalog: bool,
 }
 
 impl ResultCount {
@@ -87,7 +90,7 @@ impl ResultCount {
 
     /// Count one row of `len` bytes; false when it must not be passed on.
     pub fn admit(&mut self, policy: &CapPolicy, len: usize) -> bool {
-        if !self.truncated && self.rows >= policy.max_rows {
+        if !self.truncated && !self.catalog && self.rows >= policy.max_rows {
             self.truncated = true;
         }
         // Past the row check a row is capped by bytes exactly as a COPY message is.

@@ -342,6 +342,17 @@ pub fn from_keywords(text: &str) -> Kind {
     }
 }
 
+/// Whether a statement may read system catalogs (it names `pg_…` or
+/// `information_schema`): the backend is then not stopped at the row cap, so that a
+/// driver's own catalog query can be recognised from its RowDescription and passed whole.
+/// A wrong guess only costs the early stop: rows are still capped from the stream.
+pub fn may_read_catalogs(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.windows(3).any(|w| w.eq_ignore_ascii_case(b"pg_"))
+        || b.windows(18)
+            .any(|w| w.eq_ignore_ascii_case(b"information_schema"))
+}
+
 /// Whether the statement's first word (after comments and parentheses) is `word`.
 pub fn leading_word_is(text: &str, word: &str) -> bool {
     leading_words(text, 1)

@@ -148,6 +148,39 @@ pub fn error_code(body: &[u8]) -> Option<String> {
         .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
 }
 
+/// Whether a RowDescription body describes columns that all come from system catalogs
+/// (table OID below 16384, PostgreSQL's FirstNormalObjectId); computed columns (OID 0) or
+/// any user table make it false.
+pub fn reads_only_catalogs(body: &[u8]) -> bool {
+    let Some(n) = body.get(..2).map(|b| i16::from_be_bytes([b[0], b[1]])) else {
+        return false;
+    };
+    if n <= 0 {
+        return false;
+    }
+    let mut rest = &body[2..];
+    for _ in 0..n {
+        let Some((_, after)) = cstr(rest) else {
+            return false;
+        };
+        let Some(oid) = after
+            .get(..4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        else {
+            return false;
+        };
+        if oid == 0 || oid >= 16384 {
+            return false;
+        }
+        // table oid 4, attnum 2, type oid 4, typlen 2, typmod 4, format 2
+        let Some(next) = after.get(18..) else {
+            return false;
+        };
+        rest = next;
+    }
+    true
+}
+
 /// Whether an ErrorResponse body ends the session (severity FATAL or PANIC).
 pub fn is_fatal(body: &[u8]) -> bool {
     error_fields(body).is_some_and(|f| {

@@ -70,12 +70,21 @@ impl Pipeline {
             b'P' => self.on_parse(f),
             b'B' => self.on_bind(f),
             b'E' => self.on_execute(f),
-            b'D' => self.push(
-                f.raw,
-                vec![Pending::Describe {
-                    swallow_nodata: false,
-                }],
-            ),
+            b'D' => {
+                let (portal_key, statement) = match frontend::target(f.body()) {
+                    Some((b'P', name)) => (Some((name.to_vec(), self.binds)), None),
+                    Some((_, name)) => (None, Some(name.to_vec())),
+                    None => (None, None),
+                };
+                self.push(
+                    f.raw,
+                    vec![Pending::Describe {
+                        swallow_nodata: false,
+                        portal_key,
+                        statement,
+                    }],
+                );
+            }
             b'C' => {
                 let change = match frontend::target(f.body()) {
                     Some((b'S', name)) => {
@@ -153,7 +162,11 @@ impl Pipeline {
                 return self.refuse();
             }
             let text: Arc<str> = Arc::from(text_of(query));
-            self.prepared.propose(name, Some(text), self.group);
+            let p = Prepared {
+                text,
+                catalog: false,
+            };
+            self.prepared.propose(name, Some(p), self.group);
             Some(Change::Stmt(name.to_vec()))
         };
         self.push(
@@ -166,6 +179,7 @@ impl Pipeline {
     }
 
     fn on_bind(&mut self, f: Frame) {
+        self.binds += 1;
         let Some(b) = frontend::bind(f.body()) else {
             return self.push(
                 f.raw,
@@ -192,8 +206,8 @@ impl Pipeline {
             // A Bind replaces the unnamed portal whatever it held.
             self.portal_dirty = false;
         }
-        let text = match self.prepared.lookup(b.statement, self.group) {
-            Lookup::Defined(t) => Some(t.clone()),
+        let stmt = match self.prepared.lookup(b.statement, self.group) {
+            Lookup::Defined(p) => Some(p.clone()),
             _ => None,
         };
         // A named portal that exists is refused by the server, and so is a Bind of a
@@ -203,14 +217,18 @@ impl Pipeline {
                 self.portals.lookup(b.portal, self.group),
                 Lookup::Defined(_)
             );
-        let change = match text {
-            Some(text) if !portal_exists => {
+        let change = match stmt {
+            Some(Prepared { text, catalog }) if !portal_exists => {
                 let params: Vec<Option<String>> = b
                     .params
                     .iter()
                     .map(|(fmt, v)| log_param(*fmt, *v))
                     .collect();
-                let portal = Portal { text, params };
+                let portal = Portal {
+                    text,
+                    params,
+                    catalog,
+                };
                 let size = b.portal.len() + portal.weight();
                 if over_limit(self.portals.len(), b.portal, self.tracked_bytes() + size) {
                     return self.refuse();
@@ -307,7 +325,10 @@ impl Pipeline {
         // transaction and skip-on-error, like a simple query, but the backend stops at the cap.
         let error_mode = self.id.caps.mode == CapMode::Error;
         for (piece, mut stmt) in pieces.unwrap_or_default().into_iter().zip(stmts) {
-            let lower = error_mode || stmt.kind != Kind::Write;
+            let lower = self.stops_early(&stmt, piece);
+            self.binds += 1;
+            let key = Some((Vec::new(), self.binds));
+            stmt.portal_key = key.clone();
             let max = if lower {
                 self.id.caps.lowered(0).unwrap_or(0)
             } else {
@@ -332,6 +353,8 @@ impl Pipeline {
                     },
                     Pending::Describe {
                         swallow_nodata: true,
+                        portal_key: key,
+                        statement: None,
                     },
                     Pending::Execute {
                         stmt,
@@ -356,11 +379,12 @@ impl Pipeline {
         if self.portal_dirty && portal.is_empty() {
             self.close_unnamed_portal();
         }
-        let (text, params) = match self.portals.lookup(&portal, self.group) {
-            Lookup::Defined(p) => (p.text.clone(), p.params.clone()),
-            _ => (Arc::from(""), Vec::new()),
+        let (text, params, catalog) = match self.portals.lookup(&portal, self.group) {
+            Lookup::Defined(p) => (p.text.clone(), p.params.clone(), p.catalog),
+            _ => (Arc::from(""), Vec::new(), false),
         };
         let mut stmt = self.new_stmt("extended", &text, params);
+        stmt.count.catalog = catalog;
         let refusal = if self.denies(stmt.kind) {
             stmt.denied = true;
             metrics::counter!("sandpit_denied_statements_total", "kind" => stmt.kind.as_str())
@@ -400,12 +424,13 @@ impl Pipeline {
             return;
         }
         let error_mode = self.id.caps.mode == CapMode::Error;
-        let lowered = if error_mode || stmt.kind != Kind::Write {
+        let lowered = if self.stops_early(&stmt, &text) {
             self.id.caps.lowered(asked)
         } else {
             None
         };
         stmt.copy_ends_before = self.copy_ends;
+        stmt.portal_key = Some((portal.clone(), self.binds));
         match lowered {
             Some(max) => {
                 stmt.lowered = true;
@@ -434,6 +459,16 @@ impl Pipeline {
                 }],
             ),
         }
+    }
+
+    /// Whether the backend is asked to stop right after the row cap: in error mode always;
+    /// otherwise for what the classifier takes for a read, unless it may read catalogs (a
+    /// driver's catalog query is passed whole when its RowDescription shows only catalog
+    /// columns) — a write's RETURNING rows are all owed. A wrong guess costs only the early
+    /// stop: every result is still counted and capped from the stream.
+    fn stops_early(&self, stmt: &Stmt, text: &str) -> bool {
+        self.id.caps.mode == CapMode::Error
+            || (stmt.kind != Kind::Write && !classify::may_read_catalogs(text))
     }
 
     /// Close the unnamed portal the gateway's own messages left behind, before a client

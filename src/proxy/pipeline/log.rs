@@ -61,6 +61,8 @@ impl Stmt {
             started: Instant::now(),
             count: ResultCount::default(),
             held: Vec::new(),
+            beyond: Vec::new(),
+            portal_key: None,
             copy_out: false,
             lowered: false,
             verb,

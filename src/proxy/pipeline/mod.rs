@@ -75,6 +75,13 @@ struct Stmt {
     count: ResultCount,
     /// Rows held back in error mode until the result is known to fit.
     held: Vec<Bytes>,
+    /// Rows past the row cap of a statement the backend runs to its end, held (within the
+    /// byte cap) until its tag says whether they are a write's RETURNING rows (all owed)
+    /// or a read's (dropped).
+    beyond: Vec<Bytes>,
+    /// For an Execute: the portal and the client's Bind count when it was sent, so a
+    /// RowDescription from a Describe of the very same portal can be matched to it.
+    portal_key: Option<(Vec<u8>, u64)>,
     copy_out: bool,
     /// Lowered Execute.max_rows: the backend stops at cap + 1.
     lowered: bool,
@@ -122,6 +129,10 @@ enum Pending {
     },
     Describe {
         swallow_nodata: bool,
+        /// For a portal Describe: the portal and the Bind count (see `Stmt::portal_key`).
+        portal_key: Option<(Vec<u8>, u64)>,
+        /// For a statement Describe: the statement's name.
+        statement: Option<Vec<u8>>,
     },
     Execute {
         stmt: Stmt,
@@ -165,11 +176,26 @@ struct Outgoing {
     pending: Vec<Pending>,
 }
 
+/// A prepared statement: its text, and whether a Describe showed that its result has only
+/// catalog columns (a driver's own catalog query, not cut by the row cap).
+#[derive(Clone)]
+struct Prepared {
+    text: Arc<str>,
+    catalog: bool,
+}
+
+impl Weight for Prepared {
+    fn weight(&self) -> usize {
+        self.text.len()
+    }
+}
+
 /// A bound portal: the text its statement had when the Bind was sent, and its parameters.
 #[derive(Clone)]
 struct Portal {
     text: Arc<str>,
     params: Vec<Option<String>>,
+    catalog: bool,
 }
 
 impl Weight for Portal {
@@ -187,7 +213,7 @@ pub struct Pipeline {
     id: SessionIdentity,
     fifo: Fifo,
     outbox: VecDeque<Outgoing>,
-    prepared: Names<Arc<str>>,
+    prepared: Names<Prepared>,
     portals: Names<Portal>,
     /// Client Syncs, Queries and FunctionCalls so far: the group a message belongs to.
     group: u64,
@@ -198,6 +224,8 @@ pub struct Pipeline {
     /// next relies on them.
     stmt_dirty: bool,
     portal_dirty: bool,
+    /// Binds sent so far (the client's and the gateway's own).
+    binds: u64,
     /// Client COPY ends (CopyDone, CopyFail) so far.
     copy_ends: u64,
     /// A COPY FROM STDIN runs until the client's COPY end number `n + 1`; Syncs before it
@@ -227,6 +255,7 @@ impl Pipeline {
             held: VecDeque::new(),
             stmt_dirty: false,
             portal_dirty: false,
+            binds: 0,
             copy_ends: 0,
             copy_in_until: None,
             ignored_syncs: 0,

@@ -166,6 +166,15 @@ impl<V: Weight> Names<V> {
         oldest
     }
 
+    /// The confirmed entry of `name`, when no change of it is pending (so what the server
+    /// answers now is about this very entry).
+    pub fn settled_mut(&mut self, name: &[u8]) -> Option<&mut V> {
+        if self.pending.contains_key(name) {
+            return None;
+        }
+        self.confirmed.get_mut(name)
+    }
+
     /// Forget every confirmed entry (portals at the end of a transaction).
     pub fn clear_confirmed(&mut self) {
         for (name, v) in self.confirmed.drain() {

@@ -53,13 +53,30 @@ impl Pipeline {
                 }
             }
             b'n' | b'T' => {
-                if let Some(Pending::Describe { swallow_nodata }) = self.fifo.front() {
-                    let swallow = *swallow_nodata && f.tag == b'n';
-                    self.fifo.pop_front();
-                    if !swallow {
-                        out.extend_from_slice(&f.raw);
+                if let Some(Pending::Describe { .. }) = self.fifo.front() {
+                    if let Some(Pending::Describe {
+                        swallow_nodata,
+                        portal_key,
+                        statement,
+                    }) = self.fifo.pop_front()
+                    {
+                        if f.tag == b'T' {
+                            let catalog = messages::reads_only_catalogs(f.body());
+                            self.described(portal_key, catalog);
+                            if let Some(p) = statement.and_then(|n| self.prepared.settled_mut(&n)) {
+                                p.catalog = catalog;
+                            }
+                        }
+                        if !(swallow_nodata && f.tag == b'n') {
+                            out.extend_from_slice(&f.raw);
+                        }
                     }
                 } else {
+                    if f.tag == b'T' {
+                        // A simple query's result starts: its columns decide the row cap.
+                        let catalog = messages::reads_only_catalogs(f.body());
+                        self.counting().count.catalog = catalog;
+                    }
                     out.extend_from_slice(&f.raw);
                 }
             }
@@ -92,6 +109,17 @@ impl Pipeline {
         }
         if !self.held.is_empty() {
             self.release_held();
+        }
+    }
+
+    /// A portal's RowDescription: if the Execute right behind it runs that very portal (no
+    /// Bind in between), its result is a catalog read or not by these columns.
+    fn described(&mut self, portal_key: Option<(Vec<u8>, u64)>, catalog: bool) {
+        let Some(key) = portal_key else { return };
+        if let Some(Pending::Execute { stmt, .. }) = self.fifo.front_mut() {
+            if stmt.portal_key.as_ref() == Some(&key) {
+                stmt.count.catalog = catalog;
+            }
         }
     }
 
@@ -145,6 +173,20 @@ impl Pipeline {
     fn on_row(&mut self, f: Frame, out: &mut BytesMut) {
         let policy = self.id.caps;
         let s = self.counting();
+        let past_row_cap = !s.count.catalog && s.count.rows >= policy.max_rows;
+        if past_row_cap && !s.lowered && policy.mode == CapMode::Truncate && !s.count.truncated {
+            // The backend runs this one to its end: if it is a write, these are RETURNING
+            // rows the client is owed (its tag decides). Held within the byte cap.
+            let len = f.raw.len() as u64;
+            if s.count.bytes + len <= policy.max_bytes {
+                s.count.bytes += len;
+                s.beyond.push(f.raw);
+            } else {
+                s.count.truncated = true;
+                s.count.by_bytes = true;
+            }
+            return;
+        }
         if s.count.admit(&policy, f.raw.len()) {
             if policy.mode == CapMode::Error && s.lowered {
                 s.held.push(f.raw);
@@ -247,11 +289,26 @@ impl Pipeline {
         out: &mut BytesMut,
     ) -> Closed {
         let policy = self.id.caps;
-        let count = std::mem::take(&mut stmt.count);
+        let mut count = std::mem::take(&mut stmt.count);
         let held = std::mem::take(&mut stmt.held);
+        let beyond = std::mem::take(&mut stmt.beyond);
         let copy_out = std::mem::replace(&mut stmt.copy_out, false);
+        if !beyond.is_empty() {
+            if tag.as_deref().is_some_and(is_write_tag) {
+                // A write's RETURNING rows: all of them (within the byte cap) are owed.
+                count.rows += beyond.len() as u64;
+                out.extend_from_slice(&beyond.concat());
+            } else {
+                count.truncated = true;
+            }
+        }
         stmt.results += 1;
-        stmt.total_rows += count.rows;
+        stmt.total_rows += match (&tag, copy_out, count.truncated) {
+            // COPY: the tag counts rows; its data messages are not rows (binary COPY has a
+            // trailer message).
+            (Some(t), true, false) => messages::tag_rows(t).unwrap_or(count.rows),
+            _ => count.rows,
+        };
         stmt.capped |= count.truncated;
         let function_result = completion.as_ref().is_some_and(|c| c.tag == b'V');
         if function_result {
@@ -417,6 +474,13 @@ impl Pipeline {
             out.extend_from_slice(&scrubbed);
         }
     }
+}
+
+/// Tags of writes, whose RETURNING rows are never cut by the row cap.
+fn is_write_tag(tag: &str) -> bool {
+    ["INSERT", "UPDATE", "DELETE", "MERGE"]
+        .iter()
+        .any(|w| tag.starts_with(w))
 }
 
 /// Tags whose count is rows returned, not rows written (a cut result shows what was sent).
