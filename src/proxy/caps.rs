@@ -35,7 +35,7 @@ impl CapPolicy {
             )
         } else {
             format!(
-                "sandpit: result cut at {rows} rows (max_rows is {}); ask for fewer rows with LIMIT, or page with OFFSET/keyset",
+                "sandpit: result cut at {rows} rows (max_rows is {}); ask for fewer rows with LIMIT, or page with OFFSET/keyset (rows returned by INSERT/UPDATE/DELETE/MERGE … RETURNING and results of catalog columns only are not cut by max_rows)",
                 self.max_rows
             )
         };
