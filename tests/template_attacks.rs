@@ -249,6 +249,12 @@ fn database_flags_refused_revoke_removes_all_tags_private() {
         )
         .await
         .expect("the task's own DDL and DML");
+        // A prepared transaction left behind holds locks and would block DROP DATABASE.
+        c.batch_execute(
+            "begin; insert into items values (6000, 'prepared'); prepare transaction 'left-behind'",
+        )
+        .await
+        .expect("two-phase commit works for a task");
 
         // Database-level changes need its owner: all refused.
         let q = format!("\"{h}\"");
@@ -324,6 +330,12 @@ fn database_flags_refused_revoke_removes_all_tags_private() {
             .expect("leftovers")
             .get(0);
         assert_eq!(left, 0, "database, role and record gone\n{}", g.log());
+        let prepared: i64 = admin
+            .query_one("select count(*) from pg_prepared_xacts", &[])
+            .await
+            .expect("prepared transactions")
+            .get(0);
+        assert_eq!(prepared, 0, "the task's prepared transaction was rolled back");
         let kept: i64 = admin
             .query_one("select count(*) from pg_tables where tablename = 'leftover'", &[])
             .await

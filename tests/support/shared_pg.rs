@@ -107,6 +107,8 @@ impl SharedPg {
             ("ssl", "on".to_string()),
             ("ssl_cert_file", "server.crt".to_string()),
             ("ssl_key_file", "server.key".to_string()),
+            // Tasks may use two-phase commit; destroy must still succeed.
+            ("max_prepared_transactions", "10".to_string()),
         ];
         let log = tmp.path().join("postgres.log");
         let spec = ServerSpec {

@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use tokio_postgres::Client;
 
-use super::{pg_err, quote_ident, validate_handle, TemplateProvider, SESSIONS_LEAVE_WAIT};
+use super::{
+    pg_err, quote_ident, quote_literal, validate_handle, TemplateProvider, SESSIONS_LEAVE_WAIT,
+};
 use crate::provider::ProviderError;
 
 impl TemplateProvider {
@@ -60,6 +62,9 @@ impl TemplateProvider {
             .await
             .map_err(|e| pg_err("looking up the scratch database", e))?
             .is_some();
+        // A prepared transaction holds its locks and blocks DROP DATABASE (and, if the role
+        // prepared one elsewhere, DROP ROLE): roll back every one the task left behind.
+        self.rollback_prepared(&c, h).await?;
         if db {
             // A template database cannot be dropped; harmless when it is not one.
             c.batch_execute(&format!(
@@ -79,6 +84,29 @@ impl TemplateProvider {
             .map_err(|e| pg_err("dropping the task role", e))?;
         self.delete_record(&c, h).await?;
         tracing::debug!(handle = h, "scratch database destroyed");
+        Ok(())
+    }
+
+    /// Rolls back the prepared transactions in the task's database or owned by its role,
+    /// each from the database it was prepared in (Postgres requires that).
+    async fn rollback_prepared(&self, c: &Client, h: &str) -> Result<(), ProviderError> {
+        let rows = c
+            .query(
+                "SELECT gid, database::text FROM pg_prepared_xacts                  WHERE database = $1 OR owner = $1 ORDER BY database",
+                &[&h],
+            )
+            .await
+            .map_err(|e| pg_err("listing prepared transactions", e))?;
+        for r in rows {
+            let gid: String = r.get(0);
+            let db: String = r.get(1);
+            let other = self.connect(Some(&db)).await?;
+            other
+                .batch_execute(&format!("ROLLBACK PREPARED {}", quote_literal(&gid)))
+                .await
+                .map_err(|e| pg_err("rolling back a prepared transaction", e))?;
+            tracing::info!(handle = h, database = %db, "rolled back a prepared transaction left by the task");
+        }
         Ok(())
     }
 
