@@ -349,38 +349,7 @@ pub mod frontend {
     pub fn bind(body: &[u8]) -> Option<Bind<'_>> {
         let (portal, rest) = cstr(body)?;
         let (statement, rest) = cstr(rest)?;
-        let nfmt = i16_at(rest, 0)?;
-        if nfmt < 0 {
-            return None;
-        }
-        let mut at = 2;
-        let mut formats = Vec::with_capacity((nfmt as usize).min(rest.len() / 2));
-        for _ in 0..nfmt {
-            formats.push(i16_at(rest, at)?);
-            at += 2;
-        }
-        let nparams = i16_at(rest, at)?;
-        if nparams < 0 {
-            return None;
-        }
-        at += 2;
-        let mut params = Vec::with_capacity((nparams as usize).min(rest.len() / 4));
-        for i in 0..nparams as usize {
-            let len = i32_at(rest, at)?;
-            at += 4;
-            let fmt = match formats.len() {
-                0 => 0,
-                1 => formats[0],
-                _ => *formats.get(i)?,
-            };
-            if len < 0 {
-                params.push((fmt, None));
-            } else {
-                let end = at.checked_add(len as usize)?;
-                params.push((fmt, Some(rest.get(at..end)?)));
-                at = end;
-            }
-        }
+        let params = values_with_formats(rest)?;
         Some(Bind {
             portal,
             statement,
@@ -392,7 +361,12 @@ pub mod frontend {
     /// 1 binary; None is NULL). Every count and length is checked against the body.
     pub fn function_call(body: &[u8]) -> Option<(u32, Vec<(i16, Option<&[u8]>)>)> {
         let oid = u32::from_be_bytes([*body.first()?, *body.get(1)?, *body.get(2)?, *body.get(3)?]);
-        let rest = &body[4..];
+        Some((oid, values_with_formats(&body[4..])?))
+    }
+
+    /// The format codes, then the values, of a Bind or FunctionCall: each value with the
+    /// format that applies to it (none given: text; one: all; else one each).
+    fn values_with_formats(rest: &[u8]) -> Option<Vec<(i16, Option<&[u8]>)>> {
         let nfmt = i16_at(rest, 0)?;
         if nfmt < 0 {
             return None;
@@ -403,13 +377,13 @@ pub mod frontend {
             formats.push(i16_at(rest, at)?);
             at += 2;
         }
-        let nargs = i16_at(rest, at)?;
-        if nargs < 0 {
+        let n = i16_at(rest, at)?;
+        if n < 0 {
             return None;
         }
         at += 2;
-        let mut args = Vec::with_capacity((nargs as usize).min(rest.len() / 4));
-        for i in 0..nargs as usize {
+        let mut values = Vec::with_capacity((n as usize).min(rest.len() / 4));
+        for i in 0..n as usize {
             let len = i32_at(rest, at)?;
             at += 4;
             let fmt = match formats.as_slice() {
@@ -418,14 +392,14 @@ pub mod frontend {
                 many => *many.get(i)?,
             };
             if len < 0 {
-                args.push((fmt, None));
+                values.push((fmt, None));
             } else {
                 let end = at.checked_add(len as usize)?;
-                args.push((fmt, Some(rest.get(at..end)?)));
+                values.push((fmt, Some(rest.get(at..end)?)));
                 at = end;
             }
         }
-        Some((oid, args))
+        Some(values)
     }
 
     /// An Execute message: portal and max rows (0 = all).

@@ -335,33 +335,13 @@ impl Pipeline {
                 0
             };
             stmt.lowered = lower;
-            let mut bytes = BytesMut::new();
-            bytes.extend_from_slice(&frontend::build_parse(b"", piece.as_bytes()));
-            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
-            bytes.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
-            bytes.extend_from_slice(&frontend::build_execute(b"", max));
-            self.push(
-                bytes.freeze(),
-                vec![
-                    Pending::Parse {
-                        swallow: true,
-                        change: None,
-                    },
-                    Pending::Bind {
-                        swallow: true,
-                        change: None,
-                    },
-                    Pending::Describe {
-                        swallow_nodata: true,
-                        portal_key: key,
-                        statement: None,
-                    },
-                    Pending::Execute {
-                        stmt,
-                        barrier: error_mode && lower,
-                    },
-                ],
-            );
+            let barrier = error_mode && lower;
+            self.outbox.push_back(Outgoing::unnamed_run(
+                piece.as_bytes(),
+                max,
+                key,
+                Pending::Execute { stmt, barrier },
+            ));
         }
         let copy_ends_before = self.copy_ends;
         self.push(
@@ -400,27 +380,15 @@ impl Pipeline {
             // them again.
             self.stmt_dirty = true;
             self.portal_dirty = true;
-            let mut bytes = BytesMut::new();
-            bytes.extend_from_slice(&frontend::build_parse(b"", DENY_SQL.as_bytes()));
-            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
-            bytes.extend_from_slice(&frontend::build_execute(b"", 0));
-            self.push(
-                bytes.freeze(),
-                vec![
-                    Pending::Parse {
-                        swallow: true,
-                        change: None,
-                    },
-                    Pending::Bind {
-                        swallow: true,
-                        change: None,
-                    },
-                    Pending::Execute {
-                        stmt,
-                        barrier: false,
-                    },
-                ],
-            );
+            self.outbox.push_back(Outgoing::unnamed_run(
+                DENY_SQL.as_bytes(),
+                0,
+                None,
+                Pending::Execute {
+                    stmt,
+                    barrier: false,
+                },
+            ));
             return;
         }
         let error_mode = self.id.caps.mode == CapMode::Error;

@@ -176,6 +176,47 @@ struct Outgoing {
     pending: Vec<Pending>,
 }
 
+impl Outgoing {
+    /// The gateway's own statement through the unnamed statement and portal: Parse, Bind,
+    /// a Describe when `describe` names the portal's key, Execute(`max_rows`); the client
+    /// sees none of the answers but those of `last` (the Execute's entry).
+    fn unnamed_run(
+        sql: &[u8],
+        max_rows: i32,
+        describe: Option<(Vec<u8>, u64)>,
+        last: Pending,
+    ) -> Outgoing {
+        use crate::wire::messages::frontend;
+        let mut bytes = BytesMut::new();
+        bytes.extend_from_slice(&frontend::build_parse(b"", sql));
+        bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+        let mut pending = vec![
+            Pending::Parse {
+                swallow: true,
+                change: None,
+            },
+            Pending::Bind {
+                swallow: true,
+                change: None,
+            },
+        ];
+        if describe.is_some() {
+            bytes.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
+            pending.push(Pending::Describe {
+                swallow_nodata: true,
+                portal_key: describe,
+                statement: None,
+            });
+        }
+        bytes.extend_from_slice(&frontend::build_execute(b"", max_rows));
+        pending.push(last);
+        Outgoing {
+            bytes: bytes.freeze(),
+            pending,
+        }
+    }
+}
+
 /// A prepared statement: its text, and whether a Describe showed that its result has only
 /// catalog columns (a driver's own catalog query, not cut by the row cap).
 #[derive(Clone)]

@@ -6,7 +6,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::*;
 use crate::proxy::caps::CapMode;
-use crate::wire::messages::{self, frontend, Severity};
+use crate::wire::messages::{self, Severity};
 
 /// How a result ended for the client.
 enum Closed {
@@ -358,26 +358,14 @@ impl Pipeline {
             // Make the backend itself fail here, so the transaction state and the skipping of
             // the rest of the pipeline are real, then show the client a clean 54000.
             let sql = "DO $sandpit$ BEGIN RAISE EXCEPTION 'sandpit cap' USING ERRCODE = '54000'; END $sandpit$";
-            let mut bytes = BytesMut::new();
-            bytes.extend_from_slice(&frontend::build_parse(b"", sql.as_bytes()));
-            bytes.extend_from_slice(&frontend::build_bind(b"", b""));
-            bytes.extend_from_slice(&frontend::build_execute(b"", 0));
             self.stmt_dirty = true;
             self.portal_dirty = true;
-            self.outbox.push_front(Outgoing {
-                bytes: bytes.freeze(),
-                pending: vec![
-                    Pending::Parse {
-                        swallow: true,
-                        change: None,
-                    },
-                    Pending::Bind {
-                        swallow: true,
-                        change: None,
-                    },
-                    Pending::InjectedError,
-                ],
-            });
+            self.outbox.push_front(Outgoing::unnamed_run(
+                sql.as_bytes(),
+                0,
+                None,
+                Pending::InjectedError,
+            ));
             return Closed::Injected;
         }
         // Not lowered: the server ran the statement to its end, the gateway dropped the rest.
