@@ -506,11 +506,16 @@ fn check_config(mut cfg: Config, args: &ServeArgs) -> Result<()> {
 fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
     init_logging(&args.log_format)?;
     apply_serve_flags(&mut cfg, args);
-    // Buckets make the fork time a real Prometheus histogram (not a summary).
+    // Buckets make fork and review times real Prometheus histograms (not summaries).
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full("sandpit_fork_seconds".into()),
             &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
+        )
+        .context("configuring metric buckets")?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full("sandpit_review_seconds".into()),
+            &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0],
         )
         .context("configuring metric buckets")?
         .install_recorder()
