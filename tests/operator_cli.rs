@@ -50,9 +50,47 @@ fn serve_until_exit(dir: &Path, listen: &str, api_listen: &str) -> (Option<i32>,
     (status.and_then(|s| s.code()), err)
 }
 
+/// Pids in the `postmaster.pid` files under `dir` (Postgres servers, not their backends,
+/// which come and go with connections).
+fn postmasters_under(dir: &Path, depth: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(text) = std::fs::read_to_string(dir.join("postmaster.pid")) {
+        out.extend(
+            text.lines()
+                .next()
+                .and_then(|l| l.trim().parse::<i32>().ok()),
+        );
+    }
+    if depth > 0 {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                out.extend(postmasters_under(&e.path(), depth - 1));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn a_second_gateway_on_the_same_data_dir_is_refused_and_the_first_is_untouched() {
     let g = Gateway::start(Some(SMALL_GOLDEN), None);
+    // Fresh from start: every metric described, the main counters at 0 before any event.
+    let text = ureq::get(&format!("{}/metrics", g.api))
+        .call()
+        .expect("GET /metrics")
+        .into_string()
+        .expect("metrics text");
+    for want in [
+        "# HELP sandpit_statement_timeouts_total ",
+        "# TYPE sandpit_statement_timeouts_total counter",
+        "\nsandpit_statement_timeouts_total 0\n",
+        "\nsandpit_tokens_issued_total 0\n",
+        "\nsandpit_unlogged_refusals_total 0\n",
+        "\nsandpit_tokens_ended_total{reason=\"revoked\"} 0\n",
+        "# HELP sandpit_sessions ",
+    ] {
+        assert!(text.contains(want), "/metrics lacks {want:?}:\n{text}");
+    }
     let t = g.issue("first-gateway", 600);
     let id = s(&t, "id");
     let rt = tokio::runtime::Runtime::new().expect("rt");
@@ -65,11 +103,18 @@ fn a_second_gateway_on_the_same_data_dir_is_refused_and_the_first_is_untouched()
     // A review starts the review reference backend: the second gateway must not stop it.
     let (code, _) = g.raw_call("GET", &format!("/v1/tokens/{id}/diff"), None);
     assert_eq!(code, 200);
-    let servers_before = common::processes_in(&g.data_dir);
+    let m = common::metrics(&g.api);
+    assert!(
+        m.keys()
+            .any(|k| k.starts_with("sandpit_review_seconds_bucket")),
+        "review time is a histogram: {m:?}"
+    );
+    let servers_before = postmasters_under(&g.data_dir.join("pg"), 4);
     assert!(
         servers_before.len() >= 2,
         "token and reference servers: {servers_before:?}"
     );
+    assert!(servers_before.iter().all(|p| pid_alive(*p)));
     let first_pid = g.child.as_ref().expect("child").id();
     let log_before = g.log();
     let tokens_before = std::fs::read_dir(g.data_dir.join("tokens"))
