@@ -226,17 +226,197 @@ pub fn parse_meta(s: &str) -> Result<(String, String), CliError> {
     }
 }
 
+/// The header line of `token list`, aligned with [`token_line`].
+pub fn token_list_header() -> String {
+    token_columns("ID", "STATE", "TASK", "EXPIRES", "SESSIONS")
+}
+
+fn token_columns(id: &str, state: &str, task: &str, expires: &str, sessions: &str) -> String {
+    format!("{id:<23}  {state:<8} {task:<24} {expires:<25} {sessions}")
+}
+
 /// One line per token for `token list`.
 pub fn token_line(v: &Value) -> String {
     let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
-    format!(
-        "{}  {:<8} {:<24} expires {}  sessions {}",
-        s("id"),
-        s("state"),
-        s("task"),
-        s("expires_at"),
-        v.get("sessions").and_then(Value::as_u64).unwrap_or(0)
+    token_columns(
+        &s("id"),
+        &s("state"),
+        &s("task"),
+        &s("expires_at"),
+        &v.get("sessions")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .to_string(),
     )
+}
+
+/// `token show` without `--json`: one `key: value` line per field, in the API's order.
+pub fn token_text(v: &Value) -> String {
+    let Some(map) = v.as_object() else {
+        return v.to_string();
+    };
+    let width = map.keys().map(String::len).max().unwrap_or(0);
+    map.iter()
+        .map(|(k, val)| {
+            let shown = match val {
+                Value::String(s) => s.clone(),
+                Value::Null => "-".into(),
+                Value::Object(o) if o.is_empty() => "-".into(),
+                Value::Object(o) => o
+                    .iter()
+                    .map(|(mk, mv)| format!("{mk}={}", mv.as_str().unwrap_or(&mv.to_string())))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Value::Array(a) => a
+                    .iter()
+                    .map(|x| x.as_str().map(str::to_string).unwrap_or(x.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                other => other.to_string(),
+            };
+            format!("{k:<width$}  {shown}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The token id an argument names: the id itself, or a DSN (any form `token issue` prints,
+/// URL or `key=value`, even one that does not parse) or whole token `<id>.<secret>` carrying
+/// it. The argument is never quoted back in an error: it may hold the secret.
+pub fn token_id_arg(arg: &str) -> Result<String, CliError> {
+    let arg = arg.trim();
+    if crate::auth::is_token_id(arg) {
+        return Ok(arg.to_string());
+    }
+    let ids = token_ids_in(arg);
+    match ids.as_slice() {
+        [id] => Ok(id.clone()),
+        [] => Err(CliError::BadArgument(
+            "expected a token id (sp_…) or a token's DSN; the argument is neither (not shown: it may hold a secret)".into(),
+        )),
+        _ => Err(CliError::BadArgument(
+            "the argument names more than one token id; give one token's id or DSN".into(),
+        )),
+    }
+}
+
+/// Whether an argument looks like a DSN or a whole token rather than a name.
+pub fn looks_like_dsn(arg: &str) -> bool {
+    arg.contains("://") || arg.contains('=') || arg.contains('@') || !token_ids_in(arg).is_empty()
+}
+
+/// Distinct token ids standing as whole words in `s` (a secret's base64url characters
+/// around an id would make it part of a longer word).
+fn token_ids_in(s: &str) -> Vec<String> {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    let bytes = s.as_bytes();
+    let mut out: Vec<String> = Vec::new();
+    for (i, _) in s.match_indices("sp_") {
+        if i > 0 && word(bytes[i - 1]) {
+            continue;
+        }
+        let end = i + 23;
+        let Some(cand) = s.get(i..end) else { continue };
+        if !crate::auth::is_token_id(cand) || bytes.get(end).is_some_and(|&b| word(b)) {
+            continue;
+        }
+        if !out.iter().any(|x| x == cand) {
+            out.push(cand.to_string());
+        }
+    }
+    out
+}
+
+/// Secrets an argument or environment value may carry: a DSN's password (URL userinfo or
+/// `password=`), the secret of a whole token `<id>.<secret>`, or the value itself for
+/// variables that are keys. Short strings are left out: hiding them would garble text.
+pub fn secrets_in(value: &str, whole_is_secret: bool) -> Vec<String> {
+    const SHORTEST: usize = 6;
+    let mut out = Vec::new();
+    if whole_is_secret {
+        out.push(value.to_string());
+    }
+    if let Some(rest) = value.split_once("://").map(|x| x.1) {
+        // The userinfo ends at an '@' (a password may hold one only percent-encoded; be
+        // generous and try the last one too).
+        for at in [rest.find('@'), rest.rfind('@')].into_iter().flatten() {
+            if let Some((_, pw)) = rest[..at].split_once(':') {
+                out.push(pw.to_string());
+                if let Ok(decoded) = percent_decode(pw) {
+                    out.push(decoded);
+                }
+            }
+        }
+    }
+    for (i, _) in value.match_indices("password=") {
+        let v = &value[i + "password=".len()..];
+        let v = match v.strip_prefix('\'') {
+            Some(q) => q.split('\'').next().unwrap_or(q),
+            None => v.split([' ', '&', '\t', '\n']).next().unwrap_or(v),
+        };
+        out.push(v.to_string());
+    }
+    for id in token_ids_in(value) {
+        for (i, _) in value.match_indices(&format!("{id}.")) {
+            let after = &value[i + id.len() + 1..];
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                .unwrap_or(after.len());
+            out.push(after[..end].to_string());
+        }
+    }
+    out.retain(|s| s.len() >= SHORTEST);
+    out
+}
+
+fn percent_decode(s: &str) -> Result<String, ()> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).ok_or(())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| ())
+}
+
+/// Secrets the command line and environment of this process hold (DSN passwords, whole
+/// tokens, keys), so that no error the CLI prints ever repeats one.
+pub fn secrets_of_invocation() -> Vec<String> {
+    let mut out: Vec<String> = std::env::args()
+        .skip(1)
+        .flat_map(|a| secrets_in(&a, false))
+        .collect();
+    for (var, whole) in [
+        ("SANDPIT_DSN", false),
+        ("SANDPIT_GOLDEN_SOURCE_DSN", false),
+        ("SANDPIT_API", false),
+        ("SANDPIT_ADMIN_KEY", true),
+        ("SANDPIT_REMOTE_API_KEY", true),
+    ] {
+        if let Ok(v) = std::env::var(var) {
+            out.extend(secrets_in(&v, whole));
+        }
+    }
+    out
+}
+
+/// `text` with every one of `secrets` replaced by `***` (longest first, so a secret that
+/// contains another is hidden whole).
+pub fn redact(text: &str, secrets: &[String]) -> String {
+    let mut sorted: Vec<&String> = secrets.iter().filter(|s| !s.is_empty()).collect();
+    sorted.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    let mut out = text.to_string();
+    for s in sorted {
+        out = out.replace(s.as_str(), "***");
+    }
+    out
 }
 
 /// `sandpit reap` output: a summary line, then one line per finding.
@@ -340,16 +520,5 @@ pub fn statement_line(v: &Value) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sizes_and_meta() {
-        assert_eq!(parse_size("1MiB").unwrap(), 1 << 20);
-        assert_eq!(parse_size("512k").unwrap(), 512 * 1024);
-        assert_eq!(parse_size("42").unwrap(), 42);
-        assert!(parse_size("12 parsecs").is_err());
-        assert_eq!(parse_meta("a=b=c").unwrap(), ("a".into(), "b=c".into()));
-        assert!(parse_meta("=x").is_err());
-    }
-}
+#[path = "cli_tests.rs"]
+mod tests;

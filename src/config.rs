@@ -396,6 +396,24 @@ pub(crate) fn check_sslmode(key: &'static str, v: &str) -> Result<(), ConfigErro
     Ok(())
 }
 
+/// A duration the way the config writes them (`24h`, `90m`, `30s`, `1h 30m`): hours at most,
+/// never days, so a message quotes a limit as the operator wrote it.
+pub fn display_duration(d: Duration) -> String {
+    let mut s = d.as_secs();
+    let ms = d.subsec_millis();
+    let mut parts = Vec::new();
+    for (unit, len) in [("h", 3600), ("m", 60), ("s", 1)] {
+        if s >= len {
+            parts.push(format!("{}{unit}", s / len));
+            s %= len;
+        }
+    }
+    if ms > 0 || parts.is_empty() {
+        parts.push(format!("{ms}ms"));
+    }
+    parts.join(" ")
+}
+
 fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
     humantime::parse_duration(&s)
@@ -457,6 +475,10 @@ impl Config {
 
     /// Check values that types alone do not rule out.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_listeners()?;
+        if let Some(k) = &self.admin_key {
+            check_admin_key("admin_key", k)?;
+        }
         match self.provider.as_str() {
             "instance" => {}
             "template" => {
@@ -586,6 +608,10 @@ impl Config {
         }
     }
 }
+
+#[path = "config_preflight.rs"]
+mod preflight;
+pub use preflight::{check_admin_key, MIN_ADMIN_KEY_BYTES};
 
 #[path = "config_registry.rs"]
 mod registry_section;

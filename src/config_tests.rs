@@ -129,3 +129,105 @@ fn shared_registry_needs_network_backends_and_no_pool() {
     // The file registry stays the default.
     assert!(Config::default().registry.url.is_none());
 }
+
+#[test]
+fn listeners_must_not_clash() {
+    let c: Config =
+        toml::from_str("listen = \"127.0.0.1:7000\"\napi_listen = \"127.0.0.1:7000\"").unwrap();
+    assert!(c.validate().unwrap_err().to_string().contains("api_listen"));
+    let c: Config =
+        toml::from_str("listen = \"0.0.0.0:7000\"\napi_listen = \"127.0.0.1:7000\"").unwrap();
+    assert!(c.validate().unwrap_err().to_string().contains("api_listen"));
+    // Two kernel-chosen ports never clash; different ports or addresses are fine.
+    let c: Config =
+        toml::from_str("listen = \"127.0.0.1:0\"\napi_listen = \"127.0.0.1:0\"").unwrap();
+    c.validate().unwrap();
+    let c: Config =
+        toml::from_str("listen = \"127.0.0.1:7000\"\napi_listen = \"127.0.0.2:7000\"").unwrap();
+    c.validate().unwrap();
+    Config::default().validate().unwrap();
+}
+
+#[test]
+fn admin_key_is_absent_or_at_least_32_bytes() {
+    let c: Config = toml::from_str("admin_key = \"\"").unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("admin_key") && e.contains("empty"), "{e}");
+    let c: Config = toml::from_str("admin_key = \"hunter2\"").unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("admin_key") && e.contains("32 bytes"), "{e}");
+    // The message never quotes the key itself.
+    assert!(!e.contains("hunter2"), "{e}");
+    let c: Config = toml::from_str(&format!("admin_key = \"{}\"", "k".repeat(32))).unwrap();
+    c.validate().unwrap();
+    assert!(check_admin_key("SANDPIT_ADMIN_KEY", "short")
+        .unwrap_err()
+        .to_string()
+        .contains("SANDPIT_ADMIN_KEY"));
+}
+
+#[test]
+fn durations_display_as_the_config_writes_them() {
+    assert_eq!(display_duration(Duration::from_secs(24 * 3600)), "24h");
+    assert_eq!(display_duration(Duration::from_secs(90 * 60)), "1h 30m");
+    assert_eq!(display_duration(Duration::from_secs(45)), "45s");
+    assert_eq!(display_duration(Duration::from_millis(1500)), "1s 500ms");
+    assert_eq!(display_duration(Duration::ZERO), "0ms");
+    let back = humantime::parse_duration(&display_duration(Duration::from_secs(3723))).unwrap();
+    assert_eq!(back, Duration::from_secs(3723));
+}
+
+#[test]
+fn preflight_checks_binaries_data_dir_files_and_env_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let with_dir = |d: &Path| Config {
+        data_dir: d.to_path_buf(),
+        ..Config::default()
+    };
+    // A data dir that does not exist yet is fine, and is not left behind.
+    let fresh = tmp.path().join("a/b/data");
+    with_dir(&fresh).preflight(None).unwrap();
+    assert!(!tmp.path().join("a").exists());
+    with_dir(tmp.path()).preflight(None).unwrap();
+    assert_eq!(
+        std::fs::read_dir(tmp.path()).unwrap().count(),
+        0,
+        "probe left behind"
+    );
+    // A file where the data dir (or a parent) should be.
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    for d in [file.clone(), file.join("data")] {
+        let e = with_dir(&d).preflight(None).unwrap_err().to_string();
+        assert!(e.contains("data_dir"), "{e}");
+    }
+    // Not writable even for root: sysfs refuses new directories, procfs new files.
+    for d in ["/sys/sandpit-data", "/proc/self"] {
+        let e = with_dir(Path::new(d))
+            .preflight(None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("data_dir") && e.contains(d), "{e}");
+    }
+    // Postgres binaries: an explicit bin_dir must hold them.
+    let mut c = with_dir(tmp.path());
+    c.postgres.bin_dir = Some(tmp.path().join("no-such-bin"));
+    let e = c.preflight(None).unwrap_err().to_string();
+    assert!(e.contains("postgres.bin_dir"), "{e}");
+    c.provider = "remote".into();
+    c.preflight(None).unwrap();
+    // The admin key from the environment, when the config has none.
+    let c = with_dir(tmp.path());
+    let e = c.preflight(Some("short")).unwrap_err().to_string();
+    assert!(
+        e.contains("SANDPIT_ADMIN_KEY") && !e.contains("short"),
+        "{e}"
+    );
+    c.preflight(Some("")).unwrap();
+    c.preflight(Some(&"k".repeat(40))).unwrap();
+    // Files the config names must be there.
+    let mut c = with_dir(tmp.path());
+    c.template.ca_file = Some(tmp.path().join("missing-ca.pem"));
+    let e = c.preflight(None).unwrap_err().to_string();
+    assert!(e.contains("template.ca_file"), "{e}");
+}

@@ -44,9 +44,9 @@ enum Cmd {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Print the statement log of a token (by id) or of every token of a task (by name).
+    /// Print the statement log of a token (by id or DSN) or of every token of a task (by name).
     Log {
-        /// Token id or task name.
+        /// Token id (or the token's DSN) or task name.
         target: String,
         #[command(flatten)]
         api: ApiArgs,
@@ -69,7 +69,7 @@ enum Cmd {
     },
     /// What a token's agent changed: schema and data diff against the golden, or the SQL patch.
     Review {
-        /// Token id.
+        /// Token id, or the token's DSN (only the id is used).
         id: String,
         /// text, json, sql or html.
         #[arg(long, default_value = "text")]
@@ -157,14 +157,14 @@ enum TokenCmd {
     },
     /// Show one token.
     Show {
-        /// Token id.
+        /// Token id, or the token's DSN (only the id is used).
         id: String,
         #[command(flatten)]
         api: ApiArgs,
     },
     /// Revoke a token: ends its sessions and destroys its scratch database.
     Revoke {
-        /// Token id.
+        /// Token id, or the token's DSN as `token issue` printed it (only the id is used).
         id: String,
         #[command(flatten)]
         api: ApiArgs,
@@ -238,8 +238,33 @@ fn print(
     Ok(())
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            // clap quotes arguments it did not expect, which may be a DSN.
+            let text = cli::redact(&e.render().to_string(), &cli::secrets_of_invocation());
+            if e.use_stderr() {
+                eprint!("{text}");
+            } else {
+                print!("{text}");
+            }
+            return std::process::ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!(
+                "Error: {}",
+                cli::redact(&format!("{e:?}"), &cli::secrets_of_invocation())
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     let cfg = load_config(&cli)?;
     match &cli.cmd {
         Cmd::Serve(args) if args.check_config => check_config(cfg, args),
@@ -252,8 +277,8 @@ fn main() -> Result<()> {
         Cmd::Golden { cmd } => golden(&cfg, cmd),
         Cmd::Log { target, api } => {
             let c = client(&cfg, api)?;
-            let ids: Vec<String> = if sandpit::auth::is_token_id(target) {
-                vec![target.clone()]
+            let ids: Vec<String> = if cli::looks_like_dsn(target) {
+                vec![cli::token_id_arg(target)?]
             } else {
                 let all = c.list()?;
                 all.as_array()
@@ -299,7 +324,8 @@ fn main() -> Result<()> {
                 api: api.clone(),
                 json: false,
             };
-            let body = client(&cfg, &api)?.review(id, format, *full_scan)?;
+            let id = cli::token_id_arg(id)?;
+            let body = client(&cfg, &api)?.review(&id, format, *full_scan)?;
             print!("{body}");
             if !body.ends_with('\n') {
                 println!();
@@ -349,23 +375,24 @@ fn main() -> Result<()> {
             TokenCmd::List { api } => {
                 let v = client(&cfg, api)?.list()?;
                 print(&v, api.json, |v| {
-                    v.as_array()
-                        .map(|a| a.iter().map(cli::token_line).collect::<Vec<_>>().join("\n"))
-                        .unwrap_or_default()
+                    std::iter::once(cli::token_list_header())
+                        .chain(v.as_array().into_iter().flatten().map(cli::token_line))
+                        .collect::<Vec<_>>()
+                        .join("\n")
                 })
             }
             TokenCmd::Show { id, api } => {
-                let v = client(&cfg, api)?.show(id)?;
-                print(&v, api.json, |v| {
-                    serde_json::to_string_pretty(v).unwrap_or_default()
-                })
+                let id = cli::token_id_arg(id)?;
+                let v = client(&cfg, api)?.show(&id)?;
+                print(&v, api.json, cli::token_text)
             }
             TokenCmd::Revoke { id, api } => {
-                let v = client(&cfg, api)?.revoke(id)?;
+                let id = cli::token_id_arg(id)?;
+                let v = client(&cfg, api)?.revoke(&id)?;
                 print(&v, api.json, |v| {
                     format!(
                         "revoked {}",
-                        v.get("id").and_then(|d| d.as_str()).unwrap_or(id)
+                        v.get("id").and_then(|d| d.as_str()).unwrap_or(&id)
                     )
                 })
             }
@@ -470,22 +497,8 @@ fn check_config(mut cfg: Config, args: &ServeArgs) -> Result<()> {
         );
     }
     cfg.validate()?;
-    let files = [
-        ("golden.sql", cfg.golden.sql.as_ref()),
-        (
-            "tls.cert",
-            cfg.tls.cert.as_ref().filter(|_| cfg.tls.mode == "files"),
-        ),
-        (
-            "tls.key",
-            cfg.tls.key.as_ref().filter(|_| cfg.tls.mode == "files"),
-        ),
-    ];
-    for (key, path) in files {
-        if let Some(p) = path {
-            std::fs::metadata(p).with_context(|| format!("config key `{key}`: {}", p.display()))?;
-        }
-    }
+    let env_key = std::env::var("SANDPIT_ADMIN_KEY").ok();
+    cfg.preflight(env_key.as_deref())?;
     println!("config ok");
     Ok(())
 }
@@ -493,20 +506,27 @@ fn check_config(mut cfg: Config, args: &ServeArgs) -> Result<()> {
 fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
     init_logging(&args.log_format)?;
     apply_serve_flags(&mut cfg, args);
-    // Buckets make the fork time a real Prometheus histogram (not a summary).
+    // Buckets make fork and review times real Prometheus histograms (not summaries).
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Full("sandpit_fork_seconds".into()),
             &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0],
         )
         .context("configuring metric buckets")?
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full("sandpit_review_seconds".into()),
+            &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0],
+        )
+        .context("configuring metric buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
+    sandpit::control::describe_metrics();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let data_dir = cfg.data_dir.clone();
         tokio::spawn(async move {
             use tokio::signal::unix::{signal, SignalKind};
             let (Ok(mut term), Ok(mut int)) = (
@@ -517,9 +537,8 @@ fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
             };
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
             let _ = stop_tx.send(true);
-            // A second signal exits at once.
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            std::process::exit(130);
+            sandpit::server::stop_now::second_signal(&data_dir).await;
         });
         sandpit::server::run(cfg, Some(metrics), stop_rx, |pg, api| {
             println!("sandpit ready postgres={pg} api=http://{api}");

@@ -21,6 +21,11 @@ use crate::proxy::{tls, Proxy};
 use crate::registry::postgres::PgRegistryConfig;
 use crate::registry::Registry;
 
+#[path = "server_lock.rs"]
+pub mod lock;
+#[path = "server_stop.rs"]
+pub mod stop_now;
+
 /// The demo golden shipped with the binary, used when no golden SQL is configured.
 pub const DEMO_GOLDEN_SQL: &str = include_str!("../config/demo_golden.sql");
 
@@ -45,6 +50,8 @@ pub enum ServeError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Locked(#[from] lock::LockError),
 }
 
 /// The admin key: config, then `SANDPIT_ADMIN_KEY`, then `<data_dir>/admin.key` (created
@@ -169,6 +176,16 @@ async fn build_provider(
     }
 }
 
+/// Binds a listener, returning it with the address it got (the real port for port 0).
+async fn bind(
+    addr: std::net::SocketAddr,
+) -> Result<(TcpListener, std::net::SocketAddr), ServeError> {
+    let err = |source| ServeError::Listen { addr, source };
+    let l = TcpListener::bind(addr).await.map_err(err)?;
+    let local = l.local_addr().map_err(err)?;
+    Ok((l, local))
+}
+
 /// Run the gateway until `stop` turns true; then end sessions and stop backends.
 /// `ready` is called once both listeners are bound, with their addresses.
 pub async fn run(
@@ -179,6 +196,12 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     cfg.validate()?;
     prepare_data_dir(&cfg.data_dir)?;
+    // First, before anything in the data dir is read or changed: a second gateway on the
+    // same data dir stops here, having touched nothing of the first one's.
+    let _data_dir_lock = lock::lock_data_dir(&cfg.data_dir)?;
+    // Then the ports, so that one in use is reported now and not after a golden build.
+    let (pg_listener, pg_addr) = bind(cfg.listen).await?;
+    let (api_listener, api_addr) = bind(cfg.api_listen).await?;
     let data_dir = cfg
         .data_dir
         .canonicalize()
@@ -186,6 +209,15 @@ pub async fn run(
             path: cfg.data_dir.clone(),
             source,
         })?;
+    if cfg.admin_key.is_none() {
+        // Empty counts as unset, as in `admin_key()`.
+        if let Some(k) = std::env::var("SANDPIT_ADMIN_KEY")
+            .ok()
+            .filter(|k| !k.is_empty())
+        {
+            crate::config::check_admin_key("SANDPIT_ADMIN_KEY", &k)?;
+        }
+    }
     let key = admin_key(&cfg, true)
         .map_err(|source| ServeError::DataDir {
             path: data_dir.join("admin.key"),
@@ -218,37 +250,19 @@ pub async fn run(
         ),
         None => None,
     };
+    // The first start builds the golden (tens of seconds): say so, the API is not up yet.
+    tracing::info!(
+        provider = %cfg.provider,
+        postgres = %pg_addr,
+        api = %api_addr,
+        "ports bound; preparing the provider (a golden build can take a minute; ready follows)"
+    );
     let provider = build_provider(&cfg, &data_dir, shared_key).await?;
     let tls = tls::acceptor(
         &cfg.tls,
         &data_dir,
         &cfg.public_host.iter().cloned().collect::<Vec<_>>(),
     )?;
-    let pg_listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|source| ServeError::Listen {
-            addr: cfg.listen,
-            source,
-        })?;
-    let api_listener =
-        TcpListener::bind(cfg.api_listen)
-            .await
-            .map_err(|source| ServeError::Listen {
-                addr: cfg.api_listen,
-                source,
-            })?;
-    let pg_addr = pg_listener
-        .local_addr()
-        .map_err(|source| ServeError::Listen {
-            addr: cfg.listen,
-            source,
-        })?;
-    let api_addr = api_listener
-        .local_addr()
-        .map_err(|source| ServeError::Listen {
-            addr: cfg.api_listen,
-            source,
-        })?;
 
     let replica_id = janitor::gateway_id(&data_dir).map_err(|source| ServeError::DataDir {
         path: data_dir.join(janitor::GATEWAY_ID_FILE),

@@ -257,3 +257,74 @@ fn readme_names_every_mcp_tool() {
     }
     assert!(read("docs/api.yaml").contains(&format!("`{}`", sandpit::mcp::TOOL_NAMES[0])));
 }
+
+/// Metric names the code records: the string literal after `counter!(`, `gauge!(` or
+/// `histogram!(` in every source file (the describe macros take names from a table).
+fn recorded_metrics() -> BTreeSet<String> {
+    fn walk(dir: &Path, out: &mut BTreeSet<String>) {
+        for e in std::fs::read_dir(dir).expect("read src").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let src = std::fs::read_to_string(&p).expect("read source");
+                for mac in ["counter!(", "gauge!(", "histogram!("] {
+                    for (i, _) in src.match_indices(mac) {
+                        let rest = src[i + mac.len()..].trim_start();
+                        if let Some(lit) = rest.strip_prefix('"') {
+                            let name = lit.split('"').next().unwrap_or("");
+                            out.insert(name.to_string());
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(&Path::new(ROOT).join("src"), &mut out);
+    out
+}
+
+/// Metric names in the README's metrics table.
+fn readme_metrics() -> BTreeSet<String> {
+    let readme = read("README.md");
+    let section = readme
+        .split("\n### Metrics\n")
+        .nth(1)
+        .and_then(|s| s.split("\n### ").next())
+        .expect("README has a Metrics section");
+    section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_metric_is_in_the_readme_table_and_described() {
+    let code = recorded_metrics();
+    assert!(code.len() >= 30, "{code:?}");
+    assert!(code.iter().all(|n| n.starts_with("sandpit_")), "{code:?}");
+    let readme = readme_metrics();
+    let described: BTreeSet<String> = sandpit::control::METRICS
+        .iter()
+        .map(|m| m.0.to_string())
+        .collect();
+    let undocumented: Vec<_> = code.difference(&readme).collect();
+    assert!(
+        undocumented.is_empty(),
+        "metrics missing from README's table: {undocumented:?}"
+    );
+    let undescribed: Vec<_> = code.difference(&described).collect();
+    assert!(
+        undescribed.is_empty(),
+        "metrics missing from control::METRICS (# HELP): {undescribed:?}"
+    );
+    assert_eq!(readme, described, "README table vs control::METRICS");
+    let unused: Vec<_> = described.difference(&code).collect();
+    assert!(
+        unused.is_empty(),
+        "described but never recorded: {unused:?}"
+    );
+}

@@ -17,6 +17,9 @@ use subtle::ConstantTimeEq;
 use crate::lifecycle::{janitor, EndReason, Gateway, IssueRequest, LifecycleError};
 
 mod goldens;
+mod metrics_help;
+
+pub use metrics_help::{describe_metrics, MetricKind, METRICS};
 
 /// State of the API server.
 #[derive(Clone)]

@@ -1,0 +1,298 @@
+//! `# HELP` / `# TYPE` for every metric, and zero values for those a dashboard or alert
+//! reads before the first event (an absent series and a zero differ in PromQL: `increase()`
+//! of a counter born at 1 misses that first event). README's metrics table lists the same
+//! names; `tests/docs.rs` keeps the two and the code in step.
+
+/// Kind of a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Monotonic count.
+    Counter,
+    /// Value that goes up and down.
+    Gauge,
+    /// Distribution (buckets for `sandpit_fork_seconds`, a summary otherwise).
+    Histogram,
+}
+
+use MetricKind::{Counter, Gauge, Histogram};
+
+/// Every metric sandpit records: name, kind, help text, label sets present from the start
+/// (empty: none; `&[&[]]`: the unlabelled series).
+#[allow(clippy::type_complexity)]
+pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
+    (
+        "sandpit_backends",
+        Gauge,
+        "Scratch databases that exist now.",
+        &[&[]],
+    ),
+    (
+        "sandpit_tokens",
+        Gauge,
+        "Tokens in the registry, by state.",
+        &[],
+    ),
+    (
+        "sandpit_sessions",
+        Gauge,
+        "Client sessions open now.",
+        &[&[]],
+    ),
+    (
+        "sandpit_pool_ready",
+        Gauge,
+        "Warm-pool forks ready for new tokens.",
+        &[],
+    ),
+    (
+        "sandpit_sessions_total",
+        Counter,
+        "Client sessions opened.",
+        &[&[]],
+    ),
+    (
+        "sandpit_forks_total",
+        Counter,
+        "Backends forked, by method.",
+        &[],
+    ),
+    (
+        "sandpit_fork_seconds",
+        Histogram,
+        "Time to fork and start a backend, by method.",
+        &[],
+    ),
+    (
+        "sandpit_destroys_total",
+        Counter,
+        "Backends destroyed (revoke, expiry, janitor).",
+        &[&[]],
+    ),
+    (
+        "sandpit_suspends_total",
+        Counter,
+        "Idle backends stopped with their data kept.",
+        &[&[]],
+    ),
+    (
+        "sandpit_golden_builds_total",
+        Counter,
+        "Golden versions built from a live database.",
+        &[&[]],
+    ),
+    (
+        "sandpit_tokens_issued_total",
+        Counter,
+        "Tokens issued.",
+        &[&[]],
+    ),
+    (
+        "sandpit_tokens_ended_total",
+        Counter,
+        "Tokens ended, by reason (expired, revoked).",
+        &[&[("reason", "expired")], &[("reason", "revoked")]],
+    ),
+    (
+        "sandpit_tokens_tampered_total",
+        Counter,
+        "Tokens revoked because their backend's access was changed from inside.",
+        &[&[]],
+    ),
+    (
+        "sandpit_template_tampered_total",
+        Counter,
+        "Template task roles found changed outside the gateway and restored.",
+        &[&[]],
+    ),
+    (
+        "sandpit_janitor_runs_total",
+        Counter,
+        "Janitor passes (dry runs not counted).",
+        &[&[]],
+    ),
+    (
+        "sandpit_janitor_reaped_total",
+        Counter,
+        "Backends the janitor destroyed, by reason.",
+        &[
+            &[("reason", "expired")],
+            &[("reason", "revoked")],
+            &[("reason", "unknown")],
+            &[("reason", "orphan")],
+        ],
+    ),
+    (
+        "sandpit_janitor_vanished_total",
+        Counter,
+        "Tokens whose backend had vanished.",
+        &[&[]],
+    ),
+    (
+        "sandpit_janitor_errors_total",
+        Counter,
+        "Failures during janitor passes.",
+        &[&[]],
+    ),
+    (
+        "sandpit_statements_total",
+        Counter,
+        "Statements relayed, by kind.",
+        &[],
+    ),
+    (
+        "sandpit_capped_statements_total",
+        Counter,
+        "Statements whose result hit a row or byte cap.",
+        &[&[]],
+    ),
+    (
+        "sandpit_denied_statements_total",
+        Counter,
+        "Statements refused by a token's seatbelt policy, by kind.",
+        &[],
+    ),
+    (
+        "sandpit_statement_timeouts_total",
+        Counter,
+        "Requests the gateway cancelled past the token's statement_timeout.",
+        &[&[]],
+    ),
+    (
+        "sandpit_log_errors_total",
+        Counter,
+        "Statement log writes that failed.",
+        &[&[]],
+    ),
+    (
+        "sandpit_unlogged_refusals_total",
+        Counter,
+        "Requests refused (58030) because their statement record could not be written.",
+        &[&[]],
+    ),
+    (
+        "sandpit_stray_results_total",
+        Counter,
+        "Results no statement expected, capped and passed on.",
+        &[&[]],
+    ),
+    (
+        "sandpit_tracking_limit_refusals_total",
+        Counter,
+        "Parse/Bind refused past the session's prepared-statement tracking limit.",
+        &[&[]],
+    ),
+    (
+        "sandpit_bytes_total",
+        Counter,
+        "Bytes relayed, by direction.",
+        &[],
+    ),
+    (
+        "sandpit_auth_failures_total",
+        Counter,
+        "Failed client logins, by reason.",
+        &[],
+    ),
+    (
+        "sandpit_auth_rate_limited_total",
+        Counter,
+        "Failed logins answered late past limits.auth_failures_per_minute.",
+        &[&[]],
+    ),
+    (
+        "sandpit_api_auth_failures_total",
+        Counter,
+        "Control API calls without the right admin key.",
+        &[&[]],
+    ),
+    (
+        "sandpit_mcp_auth_failures_total",
+        Counter,
+        "POST /mcp calls without a valid token.",
+        &[&[]],
+    ),
+    (
+        "sandpit_mcp_requests_total",
+        Counter,
+        "MCP requests served, by transport.",
+        &[],
+    ),
+    (
+        "sandpit_cancel_requests_total",
+        Counter,
+        "Cancel requests, by result.",
+        &[],
+    ),
+    (
+        "sandpit_backend_reconnects_total",
+        Counter,
+        "Backend connections that failed and were retried after checking the backend.",
+        &[&[]],
+    ),
+    (
+        "sandpit_registry_reconnects_total",
+        Counter,
+        "Times the shared registry's change feed was lost and re-established.",
+        &[&[]],
+    ),
+    (
+        "sandpit_protocol_violations_total",
+        Counter,
+        "Connections closed for protocol abuse, by kind.",
+        &[],
+    ),
+    (
+        "sandpit_review_seconds",
+        Histogram,
+        "Time to take a review.",
+        &[],
+    ),
+    (
+        "sandpit_review_failures_total",
+        Counter,
+        "Reviews at the end of a token that failed.",
+        &[&[]],
+    ),
+    (
+        "sandpit_remote_failures_total",
+        Counter,
+        "Calls to the remote provider's service that failed after their retries.",
+        &[&[]],
+    ),
+    (
+        "sandpit_remote_retries_total",
+        Counter,
+        "Calls to the remote provider's service retried.",
+        &[&[]],
+    ),
+];
+
+/// Registers the help text of every metric with the installed recorder and creates the
+/// series that start at zero. Call once, after the recorder is installed.
+pub fn describe_metrics() {
+    for &(name, kind, help, zeros) in METRICS {
+        match kind {
+            Counter => {
+                metrics::describe_counter!(name, help);
+                for labels in zeros {
+                    let labels: Vec<metrics::Label> = labels
+                        .iter()
+                        .map(|&(k, v)| metrics::Label::new(k, v))
+                        .collect();
+                    metrics::counter!(name, labels).increment(0);
+                }
+            }
+            Gauge => {
+                metrics::describe_gauge!(name, help);
+                for labels in zeros {
+                    let labels: Vec<metrics::Label> = labels
+                        .iter()
+                        .map(|&(k, v)| metrics::Label::new(k, v))
+                        .collect();
+                    metrics::gauge!(name, labels).increment(0.0);
+                }
+            }
+            Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
+}
