@@ -262,7 +262,7 @@ impl Gateway {
         if ttl.is_zero() || ttl > d.max_ttl {
             return Err(LifecycleError::Invalid(format!(
                 "ttl must be between 1s and {}",
-                humantime::format_duration(d.max_ttl)
+                crate::config::display_duration(d.max_ttl)
             )));
         }
         let max_rows = req.max_rows.unwrap_or(d.max_rows);
