@@ -1,14 +1,13 @@
 //! The golden snapshot: a stopped, cleanly shut down data directory built from the golden SQL
 //! file, which every fork copies. Rebuilt only when its identity (SQL bytes, server major
-//! version, [`GOLDEN_FORMAT`]) changes.
+//! version, [`GOLDEN_FORMAT`]) changes (see [`super::golden_sql`]).
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
 use sha2::{Digest, Sha256};
 
@@ -67,168 +66,6 @@ pub fn golden_name(sql: &[u8], major: u32) -> String {
     h.update(major.to_string().as_bytes());
     h.update(GOLDEN_FORMAT.as_bytes());
     format!("golden-{}", &hex::encode(h.finalize())[..16])
-}
-
-/// File under the provider root naming the golden built from the SQL file that served last,
-/// so that a failed build of a changed SQL file can fall back to it.
-const BASE_FILE: &str = "golden.base";
-
-/// What [`ensure`] found or did.
-#[derive(Debug)]
-pub struct Ensured {
-    /// Directory of the golden to serve (its data dir is `<dir>/data`).
-    pub dir: PathBuf,
-    /// Whether it was built now.
-    pub built: bool,
-    /// Why the golden of the current SQL file could not be built, when `dir` is the previous
-    /// golden, kept serving instead.
-    pub failed: Option<ProviderError>,
-}
-
-/// Makes sure the golden of the current SQL file exists under `ctx.root`, building it if
-/// needed, beside the previous one: a new golden is built in a staging directory and renamed
-/// into place only when complete. If it cannot be built (a typo in the new SQL), the previous
-/// golden is returned with the error, so the service goes on as before; only when there is
-/// none is the error returned. Older goldens are never removed here: forks and pins may
-/// still name them (see `InstanceProvider::collect_versions`).
-pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<Ensured, ProviderError> {
-    // One builder at a time per root, across processes (and across providers in one process).
-    let lock_path = ctx.root.join("golden.lock");
-    let _lock = tokio::task::spawn_blocking(move || -> Result<Flock<fs::File>, ProviderError> {
-        let f = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)?;
-        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| {
-            ProviderError::Golden(format!("locking {}: {e}", lock_path.display()))
-        })
-    })
-    .await
-    .map_err(|e| ProviderError::Other(format!("lock task: {e}")))??;
-
-    remove_interrupted_builds(ctx.root);
-    match ensure_current(ctx).await {
-        Ok((dir, built)) => {
-            record_base(ctx.root, &dir);
-            Ok(Ensured {
-                dir,
-                built,
-                failed: None,
-            })
-        }
-        Err(e) => match previous(ctx.root, ctx.bins.major) {
-            Some(dir) => Ok(Ensured {
-                dir,
-                built: false,
-                failed: Some(e),
-            }),
-            None => Err(e),
-        },
-    }
-}
-
-/// The golden of the current SQL bytes: found ready, or built now (call with the build lock).
-async fn ensure_current(ctx: &GoldenCtx<'_>) -> Result<(PathBuf, bool), ProviderError> {
-    let sql = fs::read(ctx.sql_path).map_err(|e| {
-        ProviderError::Golden(format!(
-            "reading golden SQL {}: {e}",
-            ctx.sql_path.display()
-        ))
-    })?;
-    let name = golden_name(&sql, ctx.bins.major);
-    let dir = ctx.root.join(&name);
-    if is_ready(&dir) {
-        tracing::debug!(golden = %dir.display(), "golden is up to date");
-        return Ok((dir, false));
-    }
-    if dir.exists() {
-        tracing::warn!(golden = %dir.display(), "removing half-built golden");
-        fs::remove_dir_all(&dir)?;
-    }
-    let tmp = ctx
-        .root
-        .join(format!("{name}.building-{}", std::process::id()));
-    let started = Instant::now();
-    tracing::info!(sql = %ctx.sql_path.display(), "building golden snapshot (first start or golden SQL changed)");
-    match build(ctx, &tmp, Load::Sql(ctx.sql_path)).await {
-        Ok(_) => {
-            fs::rename(&tmp, &dir)?;
-            sync_dir(ctx.root);
-            tracing::info!(golden = %dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "golden built");
-            Ok((dir, true))
-        }
-        Err(e) => {
-            let _ = fs::remove_dir_all(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// Whether `dir` holds a finished golden.
-pub(crate) fn is_ready(dir: &Path) -> bool {
-    dir.join(READY_MARKER).is_file() && dir.join("data").is_dir()
-}
-
-/// Whether `name` is the directory name of a golden built from a SQL file.
-pub(crate) fn is_sql_golden_name(name: &str) -> bool {
-    name.strip_prefix("golden-")
-        .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
-}
-
-/// Removes the staging directories of builds that did not finish (we hold the build lock, so
-/// none is in progress).
-fn remove_interrupted_builds(root: &Path) {
-    let Ok(rd) = fs::read_dir(root) else { return };
-    for e in rd.flatten() {
-        let n = e.file_name().to_string_lossy().to_string();
-        if n.starts_with("golden-") && n.contains(".building-") && e.path().is_dir() {
-            tracing::info!(dir = %e.path().display(), "removing an interrupted golden build");
-            if let Err(err) = fs::remove_dir_all(e.path()) {
-                tracing::warn!(dir = %e.path().display(), error = %err, "could not remove an interrupted golden build");
-            }
-        }
-    }
-}
-
-/// Remembers which golden built from the SQL file serves now.
-fn record_base(root: &Path, dir: &Path) {
-    let Some(name) = dir.file_name() else { return };
-    let tmp = root.join(format!("{BASE_FILE}.tmp"));
-    let written = fs::write(&tmp, format!("{}\n", name.to_string_lossy()))
-        .and_then(|()| fs::rename(&tmp, root.join(BASE_FILE)));
-    if let Err(e) = written {
-        tracing::warn!(error = %e, "could not record the golden in use");
-    }
-}
-
-/// The golden built from the SQL file that served before, if it is still whole and runs on
-/// these binaries: the one [`BASE_FILE`] names, else (data dirs of gateways that did not
-/// record it kept only one) the newest finished one.
-fn previous(root: &Path, major: u32) -> Option<PathBuf> {
-    let usable = |dir: &Path| {
-        is_ready(dir)
-            && fs::read_to_string(dir.join("data").join("PG_VERSION"))
-                .is_ok_and(|v| v.trim() == major.to_string())
-    };
-    let named = fs::read_to_string(root.join(BASE_FILE)).unwrap_or_default();
-    let named = named.trim();
-    if is_sql_golden_name(named) && usable(&root.join(named)) {
-        return Some(root.join(named));
-    }
-    let mut found: Vec<(std::time::SystemTime, PathBuf)> = fs::read_dir(root)
-        .ok()?
-        .flatten()
-        .filter(|e| is_sql_golden_name(&e.file_name().to_string_lossy()) && usable(&e.path()))
-        .filter_map(|e| {
-            let t = fs::metadata(e.path().join(READY_MARKER))
-                .and_then(|m| m.modified())
-                .ok()?;
-            Some((t, e.path()))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, p)| p)
 }
 
 /// What fills a new golden's `sandpit` database.

@@ -5,6 +5,7 @@ pub mod conninfo;
 pub mod copy;
 pub mod golden;
 pub mod golden_build;
+pub mod golden_sql;
 pub mod instance;
 pub mod mask;
 pub mod pool;

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::golden::{self, GoldenCtx, READY_MARKER};
 use super::golden_build::LiveSpec;
+use super::golden_sql;
 use super::instance::{make_dir, validate_handle, InstanceProvider};
 use super::ProviderError;
 
@@ -91,7 +92,7 @@ fn versions_dir(root: &Path) -> PathBuf {
 }
 
 fn ready(dir: &Path) -> bool {
-    golden::is_ready(dir)
+    golden_sql::is_ready(dir)
 }
 
 /// The version named in `versions/active` if it is a finished built version, else the base.
@@ -167,7 +168,7 @@ impl InstanceProvider {
         }
         validate_handle(id).map_err(|_| ProviderError::NotFound(format!("golden {id}")))?;
         // A golden of the SQL file as it was before it changed, kept for its forks.
-        let dir = if golden::is_sql_golden_name(id) {
+        let dir = if golden_sql::is_sql_golden_name(id) {
             self.real_root.join(id)
         } else {
             versions_dir(&self.real_root).join(id)
@@ -425,7 +426,7 @@ impl InstanceProvider {
                 rd.flatten()
                     .map(|e| (e.file_name().to_string_lossy().to_string(), e.path()))
                     .filter(|(n, p)| {
-                        golden::is_sql_golden_name(n) && *n != self.base.id && p.is_dir()
+                        golden_sql::is_sql_golden_name(n) && *n != self.base.id && p.is_dir()
                     })
                     .collect()
             })

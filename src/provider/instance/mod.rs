@@ -18,6 +18,7 @@ use tokio::process::Child;
 use super::copy::{self, CopyMethod};
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, REVIEWER, SUPERUSER};
 use super::golden_build::LiveSpec;
+use super::golden_sql;
 use super::versions::{self, Golden, GoldenInfo, GOLDEN_FILE};
 use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
 use crate::pg::process;
@@ -132,7 +133,7 @@ impl InstanceProvider {
             gateway_user: &gateway_user,
             max_connections: cfg.max_connections,
         };
-        let ensured = golden::ensure(&ctx).await?;
+        let ensured = golden_sql::ensure(&ctx).await?;
         if let Some(e) = &ensured.failed {
             // Loud, but the service goes on: an operator's typo must not take it down, and
             // the live tokens forked from the previous golden stay reviewable.

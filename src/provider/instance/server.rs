@@ -23,8 +23,8 @@ impl InstanceProvider {
         let log = inst.join("postgres.log");
         // A commit is acknowledged only once its WAL is written (to the OS, not synced: fsync
         // stays off): a crashed postmaster loses no acknowledged write, so the review after a
-        // restart shows everything the agent was told was committed. Operator settings come
-        // after and may say otherwise.
+        // restart shows everything the agent was told was committed. The configured settings
+        // come after it.
         let mut extra: Vec<(&str, String)> = vec![("synchronous_commit", "on".to_string())];
         extra.extend(self.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let spec = ServerSpec {
