@@ -1,7 +1,8 @@
 //! The janitor: finds what the registry and the provider disagree on and settles it. Every
 //! tagged backend whose token is expired, revoked or unknown is destroyed; a token whose
-//! backend vanished is marked so its next connection forks anew. It runs at start, on a
-//! schedule, and by hand (`sandpit reap`).
+//! backend vanished is marked so its next connection forks anew; a live token's server that
+//! died under a running gateway (kill -9, OOM killer) is restarted (Postgres recovers it from
+//! its WAL). It runs at start, on a schedule, and by hand (`sandpit reap`).
 //!
 //! Safety rules: an untagged backend is never touched (it is not provably ours); a backend
 //! tagged by another gateway is left alone unless its token is in our registry; and every
@@ -95,6 +96,10 @@ pub struct ReapReport {
     pub errors: Vec<String>,
     /// Tokens revoked because their backend's access was tampered with.
     pub tampered: Vec<String>,
+    /// Tokens whose server was found dead although the gateway had it running (not
+    /// suspended while idle, not stopped at shutdown): restarted by this pass, unless it is
+    /// a dry run or `errors` says the restart failed (then the next connection tries again).
+    pub dead: Vec<String>,
 }
 
 /// Reads the gateway id from `<data_dir>/gateway.id`, creating it on first start.
@@ -217,6 +222,16 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
                 report.tampered.push(tag.token_id.clone());
                 continue;
             }
+            match restart_dead(gw, &tag.token_id, handle, dry_run).await {
+                Ok(false) => {}
+                Ok(true) => report.dead.push(tag.token_id.clone()),
+                Err(e) => {
+                    report.dead.push(tag.token_id.clone());
+                    report
+                        .errors
+                        .push(format!("backend {handle}: restarting its dead server: {e}"));
+                }
+            }
             report.kept += 1;
             continue;
         }
@@ -276,7 +291,11 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         }
         refresh_gauges(gw);
     }
-    if report.reaped.is_empty() && report.vanished.is_empty() && report.errors.is_empty() {
+    if report.reaped.is_empty()
+        && report.vanished.is_empty()
+        && report.dead.is_empty()
+        && report.errors.is_empty()
+    {
         tracing::debug!(
             backends = report.backends,
             kept = report.kept,
@@ -289,6 +308,7 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             kept = report.kept,
             reaped = report.reaped.len(),
             vanished = report.vanished.len(),
+            dead = report.dead.len(),
             skipped = report.skipped.len(),
             errors = report.errors.len(),
             dry_run,
@@ -356,6 +376,47 @@ async fn reap_one(
 
 fn count_destroy() {
     metrics::counter!("sandpit_destroys_total").increment(1);
+}
+
+/// Restarts the server of a live token's backend that this gateway has running (cached in the
+/// token's runtime: not suspended while idle, not stopped at shutdown) when its process is
+/// gone. Under the token's backend mutex, skipped while something else holds it (a fork, a
+/// restart or a suspend settles the backend itself). Returns whether it was found dead.
+async fn restart_dead(
+    gw: &Arc<Gateway>,
+    token: &str,
+    handle: &str,
+    dry_run: bool,
+) -> Result<bool, LifecycleError> {
+    let Some(rt) = gw.runtimes.get(token).map(|r| r.clone()) else {
+        return Ok(false);
+    };
+    let Ok(mut slot) = rt.backend.try_lock() else {
+        return Ok(false);
+    };
+    if slot.as_ref().map(|b| b.handle.as_str()) != Some(handle)
+        || gw.provider.server_running(handle) != Some(false)
+    {
+        return Ok(false);
+    }
+    if dry_run {
+        return Ok(true);
+    }
+    metrics::counter!("sandpit_janitor_dead_backends_total").increment(1);
+    tracing::warn!(token = %token, handle = %handle, "janitor: scratch server found dead; restarting it");
+    match gw.provider.ensure_running(handle).await {
+        Ok(b) => {
+            tracing::info!(token = %token, method = %b.method, "janitor: scratch server restarted");
+            *slot = Some(b);
+            Ok(true)
+        }
+        Err(e) => {
+            // Forgotten, so the next connection checks it again (as after a failed connect).
+            slot.take();
+            metrics::gauge!("sandpit_backends").decrement(1.0);
+            Err(e.into())
+        }
+    }
 }
 
 /// Forgets a token's recorded backend that no longer exists. Checked again under the token's

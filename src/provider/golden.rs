@@ -1,14 +1,13 @@
 //! The golden snapshot: a stopped, cleanly shut down data directory built from the golden SQL
 //! file, which every fork copies. Rebuilt only when its identity (SQL bytes, server major
-//! version, [`GOLDEN_FORMAT`]) changes.
+//! version, [`GOLDEN_FORMAT`]) changes (see [`super::golden_sql`]).
 
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::Signal;
 use sha2::{Digest, Sha256};
 
@@ -67,75 +66,6 @@ pub fn golden_name(sql: &[u8], major: u32) -> String {
     h.update(major.to_string().as_bytes());
     h.update(GOLDEN_FORMAT.as_bytes());
     format!("golden-{}", &hex::encode(h.finalize())[..16])
-}
-
-/// Makes sure the golden exists under `ctx.root`, building it if needed. Returns its directory
-/// (the data dir is `<dir>/data`) and whether it was built now.
-pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<(PathBuf, bool), ProviderError> {
-    let sql = fs::read(ctx.sql_path).map_err(|e| {
-        ProviderError::Golden(format!(
-            "reading golden SQL {}: {e}",
-            ctx.sql_path.display()
-        ))
-    })?;
-    let name = golden_name(&sql, ctx.bins.major);
-    let dir = ctx.root.join(&name);
-    // One builder at a time per root, across processes (and across providers in one process).
-    let lock_path = ctx.root.join("golden.lock");
-    let _lock = tokio::task::spawn_blocking(move || -> Result<Flock<fs::File>, ProviderError> {
-        let f = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)?;
-        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| {
-            ProviderError::Golden(format!("locking {}: {e}", lock_path.display()))
-        })
-    })
-    .await
-    .map_err(|e| ProviderError::Other(format!("lock task: {e}")))??;
-
-    remove_stale(ctx.root, &name);
-    if dir.join(READY_MARKER).is_file() && dir.join("data").is_dir() {
-        tracing::debug!(golden = %dir.display(), "golden is up to date");
-        return Ok((dir, false));
-    }
-    if dir.exists() {
-        tracing::warn!(golden = %dir.display(), "removing half-built golden");
-        fs::remove_dir_all(&dir)?;
-    }
-    let tmp = ctx
-        .root
-        .join(format!("{name}.building-{}", std::process::id()));
-    let started = Instant::now();
-    tracing::info!(sql = %ctx.sql_path.display(), "building golden snapshot (first start or golden SQL changed)");
-    match build(ctx, &tmp, Load::Sql(ctx.sql_path)).await {
-        Ok(_) => {
-            fs::rename(&tmp, &dir)?;
-            sync_dir(ctx.root);
-            tracing::info!(golden = %dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "golden built");
-            Ok((dir, true))
-        }
-        Err(e) => {
-            let _ = fs::remove_dir_all(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// Removes other goldens and leftovers of interrupted builds (we hold the build lock, so no
-/// build is in progress; forks copy the golden, so no instance uses an old one).
-fn remove_stale(root: &Path, keep: &str) {
-    let Ok(rd) = fs::read_dir(root) else { return };
-    for e in rd.flatten() {
-        let n = e.file_name().to_string_lossy().to_string();
-        if n.starts_with("golden-") && n != keep && e.path().is_dir() {
-            tracing::info!(dir = %e.path().display(), "removing stale golden");
-            if let Err(err) = fs::remove_dir_all(e.path()) {
-                tracing::warn!(dir = %e.path().display(), error = %err, "could not remove stale golden");
-            }
-        }
-    }
 }
 
 /// What fills a new golden's `sandpit` database.

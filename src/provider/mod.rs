@@ -5,6 +5,7 @@ pub mod conninfo;
 pub mod copy;
 pub mod golden;
 pub mod golden_build;
+pub mod golden_sql;
 pub mod instance;
 pub mod mask;
 pub mod pool;
@@ -181,6 +182,12 @@ pub trait Provider: Send + Sync + 'static {
     /// [`ProviderError::Tampered`] (again at every later check): the caller ends the token.
     fn check_access<'a>(&'a self, _handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async { Ok(()) })
+    }
+    /// Whether a backend's server process runs now, when the provider can tell cheaply
+    /// (None: it cannot, or the backend does not exist). The janitor restarts a backend the
+    /// gateway believes running that is found dead.
+    fn server_running(&self, _handle: &str) -> Option<bool> {
+        None
     }
     /// Stop a backend and remove everything it had (processes, files). Idempotent.
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;

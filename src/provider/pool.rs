@@ -211,6 +211,10 @@ impl Provider for WarmPool {
         self.inner.check_access(handle)
     }
 
+    fn server_running(&self, handle: &str) -> Option<bool> {
+        self.inner.server_running(handle)
+    }
+
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         self.inner.destroy(handle)
     }

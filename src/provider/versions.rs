@@ -4,7 +4,8 @@
 //! every instance names its own in `golden-version`. A token issued while a version is active
 //! is pinned to it (`<root>/pins/<token>`: version and expiry) until its fork names it or
 //! the token ends. A built version that is not active and that no instance or live pin names
-//! any more is removed.
+//! any more is removed. So is a golden built from an earlier content of the SQL file (it is
+//! kept beside the current one, and reviews of its forks compare against it, until then).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::golden::{self, GoldenCtx, READY_MARKER};
 use super::golden_build::LiveSpec;
+use super::golden_sql;
 use super::instance::{make_dir, validate_handle, InstanceProvider};
 use super::ProviderError;
 
@@ -90,7 +92,7 @@ fn versions_dir(root: &Path) -> PathBuf {
 }
 
 fn ready(dir: &Path) -> bool {
-    dir.join(READY_MARKER).is_file() && dir.join("data").is_dir()
+    golden_sql::is_ready(dir)
 }
 
 /// The version named in `versions/active` if it is a finished built version, else the base.
@@ -165,7 +167,12 @@ impl InstanceProvider {
             return Ok(self.base.clone());
         }
         validate_handle(id).map_err(|_| ProviderError::NotFound(format!("golden {id}")))?;
-        let dir = versions_dir(&self.real_root).join(id);
+        // A golden of the SQL file as it was before it changed, kept for its forks.
+        let dir = if golden_sql::is_sql_golden_name(id) {
+            self.real_root.join(id)
+        } else {
+            versions_dir(&self.real_root).join(id)
+        };
         if ready(&dir) {
             Ok(Golden {
                 id: id.to_string(),
@@ -297,6 +304,20 @@ impl InstanceProvider {
             exclude_tables: Vec::new(),
             report: serde_json::Value::Null,
         }];
+        for (id, dir) in self.replaced_sql_goldens() {
+            out.push(GoldenInfo {
+                active: active == id,
+                forks: counts.get(&id).copied().unwrap_or(0),
+                kind: "sql".into(),
+                created_at: created(&dir),
+                source: "golden SQL file before it changed (kept while forks or pins name it)"
+                    .into(),
+                schemas: Vec::new(),
+                exclude_tables: Vec::new(),
+                report: serde_json::Value::Null,
+                id,
+            });
+        }
         let mut built = Vec::new();
         if let Ok(rd) = fs::read_dir(versions_dir(&self.real_root)) {
             for e in rd.flatten() {
@@ -398,13 +419,50 @@ impl InstanceProvider {
             .ok_or_else(|| ProviderError::NotFound(format!("golden {id}")))
     }
 
-    /// Removes every built version that is not active and that no instance was copied from
-    /// (with its reference backend). The base golden is kept: it is the configured one.
+    /// Goldens built from earlier contents of the SQL file (not the base), oldest first.
+    fn replaced_sql_goldens(&self) -> Vec<(String, PathBuf)> {
+        let mut out: Vec<(String, PathBuf)> = fs::read_dir(&self.real_root)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| (e.file_name().to_string_lossy().to_string(), e.path()))
+                    .filter(|(n, p)| {
+                        golden_sql::is_sql_golden_name(n) && *n != self.base.id && p.is_dir()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let built = |p: &Path| {
+            fs::metadata(p.join(READY_MARKER))
+                .and_then(|m| m.modified())
+                .ok()
+        };
+        out.sort_by_key(|(_, p)| built(p));
+        out
+    }
+
+    /// Removes every built version, and every golden of an earlier SQL file, that is not
+    /// active and that no instance was copied from and no live pin names (with its reference
+    /// backend). The base golden is kept: it is the configured one.
     pub(super) async fn collect_versions(&self) {
         let _gate = self.versions_gate.write().await;
         let active = self.active_golden_now().id;
         let counts = self.fork_counts();
         let pinned = self.pinned_versions();
+        for (name, dir) in self.replaced_sql_goldens() {
+            if name == active || counts.contains_key(&name) || pinned.contains(&name) {
+                continue;
+            }
+            if let Err(err) = self.remove_reference(&name).await {
+                tracing::warn!(golden = %name, error = %err, "removing a reference failed");
+            }
+            match fs::remove_dir_all(&dir) {
+                Ok(()) => tracing::info!(golden = %name,
+                    "golden of an earlier golden SQL file removed: no fork or pin uses it"),
+                Err(err) => {
+                    tracing::warn!(golden = %name, error = %err, "removing an earlier golden failed")
+                }
+            }
+        }
         let vdir = versions_dir(&self.real_root);
         let Ok(rd) = fs::read_dir(&vdir) else { return };
         for e in rd.flatten() {

@@ -18,6 +18,7 @@ use tokio::process::Child;
 use super::copy::{self, CopyMethod};
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, REVIEWER, SUPERUSER};
 use super::golden_build::LiveSpec;
+use super::golden_sql;
 use super::versions::{self, Golden, GoldenInfo, GOLDEN_FILE};
 use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
 use crate::pg::process;
@@ -132,8 +133,24 @@ impl InstanceProvider {
             gateway_user: &gateway_user,
             max_connections: cfg.max_connections,
         };
-        let (golden_dir, _built) = golden::ensure(&ctx).await?;
-        let base = Golden::base(golden_dir);
+        let ensured = golden_sql::ensure(&ctx).await?;
+        if let Some(e) = &ensured.failed {
+            // Loud, but the service goes on: an operator's typo must not take it down, and
+            // the live tokens forked from the previous golden stay reviewable.
+            tracing::error!(
+                sql = %cfg.golden_sql.display(),
+                error = %e,
+                serving = %ensured.dir.display(),
+                "THE GOLDEN SQL COULD NOT BE BUILT: new tokens still get the previous golden; \
+                 fix the SQL file and restart the gateway"
+            );
+        }
+        metrics::gauge!("sandpit_golden_sql_stale").set(if ensured.failed.is_some() {
+            1.0
+        } else {
+            0.0
+        });
+        let base = Golden::base(ensured.dir);
         versions::remove_unfinished(&real_root);
         let active = versions::active_at_start(&real_root, &base);
         tracing::info!(golden = %active.id, "active golden");
@@ -339,6 +356,10 @@ impl Provider for InstanceProvider {
         handle: &'a str,
     ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(self.ensure_inner(handle))
+    }
+
+    fn server_running(&self, handle: &str) -> Option<bool> {
+        InstanceProvider::server_running(self, handle)
     }
 
     fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {

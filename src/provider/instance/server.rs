@@ -21,11 +21,12 @@ impl InstanceProvider {
         golden::prepare_socket_dir(&sock, &self.run_as)?;
         let data = inst.join("data");
         let log = inst.join("postgres.log");
-        let extra: Vec<(&str, String)> = self
-            .settings
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
+        // A commit is acknowledged only once its WAL is written (to the OS, not synced: fsync
+        // stays off): a crashed postmaster loses no acknowledged write, so the review after a
+        // restart shows everything the agent was told was committed. The configured settings
+        // come after it.
+        let mut extra: Vec<(&str, String)> = vec![("synchronous_commit", "on".to_string())];
+        extra.extend(self.settings.iter().map(|(k, v)| (k.as_str(), v.clone())));
         let spec = ServerSpec {
             bins: &self.bins,
             run_as: &self.run_as,
@@ -68,6 +69,18 @@ impl InstanceProvider {
         }
     }
 
+    /// Whether the postmaster of instance `handle` runs (starting, ready or stopping).
+    pub(super) fn server_running(&self, handle: &str) -> Option<bool> {
+        let data = self.inst_dir(handle).ok()?.join("data");
+        if !data.is_dir() {
+            return None;
+        }
+        Some(
+            process::read_pid_file(&data)
+                .is_some_and(|pf| process::is_postmaster_of(pf.pid, &data)),
+        )
+    }
+
     pub(super) async fn ensure_inner(&self, handle: &str) -> Result<Backend, ProviderError> {
         let inst = self.inst_dir(handle)?;
         let data = inst.join("data");
@@ -76,8 +89,11 @@ impl InstanceProvider {
         }
         let sock = golden::socket_dir_for(&inst);
         let deadline = Instant::now() + process::READY_TIMEOUT;
+        let mut dead_pid = None;
         loop {
-            match process::read_pid_file(&data) {
+            let pid_file = process::read_pid_file(&data);
+            dead_pid = pid_file.as_ref().map(|pf| pf.pid).or(dead_pid);
+            match pid_file {
                 Some(pf) if process::is_postmaster_of(pf.pid, &data) => {
                     if pf.status == "ready" {
                         if process::socket_path(&sock).exists() {
@@ -105,6 +121,11 @@ impl InstanceProvider {
                 _ => break,
             }
         }
+        // A postmaster that died (kill -9, OOM killer) leaves its backends running until they
+        // notice; while one lives, the new server refuses to start on the same data dir.
+        if let Some(pid) = dead_pid {
+            end_orphans(pid, &data, &self.bins.postgres).await;
+        }
         // Stale lock files could name a pid that now belongs to someone else; no postmaster of
         // this instance runs, so they are safe to drop. Postgres does crash recovery itself.
         let _ = fs::remove_file(data.join("postmaster.pid"));
@@ -120,4 +141,45 @@ impl InstanceProvider {
         );
         Ok(self.backend(handle, "restart"))
     }
+}
+
+/// How long the orphans of a dead postmaster get to go after SIGKILL.
+const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+
+/// SIGKILLs what is left of a server whose postmaster (`pid`) died: processes of the server
+/// binary `postgres` that still work in `data` (each chdirs there; backends lead process
+/// groups of their own, so the postmaster's group does not find them). Called only when no
+/// postmaster of `data` runs, so every such process is an orphan. Waits until they are gone.
+async fn end_orphans(pid: i32, data: &Path, postgres: &Path) {
+    let want = fs::canonicalize(data).unwrap_or_else(|_| data.to_path_buf());
+    let exe = fs::canonicalize(postgres).unwrap_or_else(|_| postgres.to_path_buf());
+    let orphans: Vec<i32> = match fs::read_dir("/proc") {
+        Ok(rd) => rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|&p| process::pid_alive(p))
+            .filter(|&p| fs::read_link(format!("/proc/{p}/cwd")).is_ok_and(|c| c == want))
+            .filter(|&p| fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == exe))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    if orphans.is_empty() {
+        return;
+    }
+    tracing::warn!(
+        pid,
+        orphans = orphans.len(),
+        "postmaster died; ending the server processes it left"
+    );
+    for p in &orphans {
+        process::signal(*p, Signal::SIGKILL);
+    }
+    let deadline = Instant::now() + ORPHAN_GRACE;
+    while Instant::now() < deadline {
+        if orphans.iter().all(|&p| !process::pid_alive(p)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::warn!(pid, "processes of a dead postmaster did not exit");
 }
