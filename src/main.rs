@@ -272,20 +272,15 @@ fn main() -> Result<()> {
             if ids.is_empty() {
                 anyhow::bail!("no token or task named {target:?}");
             }
-            let mut all = Vec::new();
+            // Page by page: a long log is never held whole.
             for id in ids {
-                if let Some(a) = c.statements(&id)?.as_array() {
-                    all.extend(a.iter().cloned());
-                }
-            }
-            if api.json {
-                for v in &all {
-                    println!("{}", serde_json::to_string(v)?);
-                }
-            } else {
-                for v in &all {
-                    println!("{}", cli::statement_line(v));
-                }
+                c.each_statement(&id, |v| {
+                    if api.json {
+                        println!("{v}");
+                    } else {
+                        println!("{}", cli::statement_line(v));
+                    }
+                })?;
             }
             Ok(())
         }
