@@ -19,7 +19,7 @@ pub enum CliError {
 }
 
 /// Statements per page read by `sandpit log`.
-const LOG_PAGE: usize = 5000;
+const LOG_PAGE: usize = 1000;
 
 /// A client for the control API.
 pub struct ApiClient {
