@@ -432,10 +432,13 @@ fn init_logging(format: &str) -> Result<()> {
         .unwrap_or_else(|_| "info".into());
     // Colour only on a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A log line that cannot be written (stderr on a full disk) is dropped: reporting that
+    // failure goes through `eprintln!`, which panics the task that logged.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(ansi);
+        .with_ansi(ansi)
+        .log_internal_errors(false);
     match format {
         "json" => builder.json().init(),
         "text" => builder.init(),
