@@ -76,7 +76,7 @@ fn head(line: &[u8]) -> Head {
     } else if let Some(r) = line.strip_prefix(OUTCOME) {
         (r, false)
     } else {
-        return Head::Other;
+        return head_slow(line);
     };
     let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
     // A line cut short by a crash has no closing brace: it is not a record.
@@ -90,6 +90,21 @@ fn head(line: &[u8]) -> Head {
         (Some(s), true) => Head::Statement(s),
         (Some(s), false) => Head::Outcome(s),
         (None, _) => Head::Other,
+    }
+}
+
+/// [`head`] of a line whose keys are in another order (written by another tool): parsed.
+fn head_slow(line: &[u8]) -> Head {
+    #[derive(Deserialize)]
+    struct AnyRecord {
+        #[serde(rename = "type")]
+        kind: String,
+        seq: u64,
+    }
+    match serde_json::from_slice::<AnyRecord>(line) {
+        Ok(r) if r.kind == "statement" => Head::Statement(r.seq),
+        Ok(r) if r.kind == "outcome" => Head::Outcome(r.seq),
+        _ => Head::Other,
     }
 }
 
@@ -371,6 +386,11 @@ mod tests {
         // Torn: no closing brace.
         assert_eq!(head(&line[..line.len() - 5]), Head::Other);
         assert_eq!(head(b"garbage"), Head::Other);
+        // Keys in another order (a log written by hand or another tool).
+        assert_eq!(
+            head(br#"{"kind":"read","seq":5,"text":"x","type":"statement"}"#),
+            Head::Statement(5)
+        );
     }
 
     #[test]
