@@ -18,6 +18,9 @@ pub enum CliError {
     BadArgument(String),
 }
 
+/// Statements per page read by `sandpit log`.
+const LOG_PAGE: usize = 1000;
+
 /// A client for the control API.
 pub struct ApiClient {
     base: String,
@@ -97,13 +100,60 @@ impl ApiClient {
         self.call("GET", &format!("/v1/tokens/{}", encode(id)), None)
     }
 
-    /// GET /v1/tokens/{id}/statements.
+    /// GET /v1/tokens/{id}/statements: the first page (see [`ApiClient::each_statement`]).
     pub fn statements(&self, id: &str) -> Result<Value, CliError> {
         self.call(
             "GET",
             &format!("/v1/tokens/{}/statements", encode(id)),
             None,
         )
+    }
+
+    /// GET /v1/tokens/{id}/statements?after=…&limit=…: one page, and the `after` of the
+    /// next when more may follow.
+    pub fn statements_page(
+        &self,
+        id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<(Vec<Value>, Option<u64>), CliError> {
+        let url = format!(
+            "{}/v1/tokens/{}/statements?after={after}&limit={limit}",
+            self.base,
+            encode(id)
+        );
+        let res = self
+            .agent
+            .get(&url)
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .call();
+        match res {
+            Ok(r) => {
+                let next = r
+                    .header(crate::control::NEXT_AFTER_HEADER)
+                    .and_then(|v| v.parse().ok());
+                let page = r.into_json::<Vec<Value>>().map_err(|e| CliError::Api {
+                    status: 200,
+                    message: e.to_string(),
+                })?;
+                Ok((page, next))
+            }
+            Err(e) => Err(self.failure(e)),
+        }
+    }
+
+    /// Every statement of a token's log in order, a page at a time (only one page is held).
+    pub fn each_statement(&self, id: &str, mut f: impl FnMut(&Value)) -> Result<(), CliError> {
+        let mut after = 0;
+        loop {
+            let (page, next) = self.statements_page(id, after, LOG_PAGE)?;
+            page.iter().for_each(&mut f);
+            match next {
+                // A cursor that does not move would loop forever.
+                Some(n) if n > after => after = n,
+                _ => return Ok(()),
+            }
+        }
     }
 
     /// DELETE /v1/tokens/{id}.

@@ -98,11 +98,17 @@ impl Default for JanitorConfig {
 pub struct LogConfig {
     /// Write every statement to `<data_dir>/logs/<task>/<token>.jsonl` before it runs.
     pub statements: bool,
+    /// Bytes of statement log per token (0 = no limit): a statement whose record would
+    /// pass it is refused (SQLSTATE 58030), so no statement runs unlogged.
+    pub max_bytes_per_token: u64,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { statements: true }
+        LogConfig {
+            statements: true,
+            max_bytes_per_token: crate::review::log::DEFAULT_MAX_BYTES_PER_TOKEN,
+        }
     }
 }
 

@@ -297,20 +297,15 @@ fn run(cli: Cli) -> Result<()> {
             if ids.is_empty() {
                 anyhow::bail!("no token or task named {target:?}");
             }
-            let mut all = Vec::new();
+            // Page by page: a long log is never held whole.
             for id in ids {
-                if let Some(a) = c.statements(&id)?.as_array() {
-                    all.extend(a.iter().cloned());
-                }
-            }
-            if api.json {
-                for v in &all {
-                    println!("{}", serde_json::to_string(v)?);
-                }
-            } else {
-                for v in &all {
-                    println!("{}", cli::statement_line(v));
-                }
+                c.each_statement(&id, |v| {
+                    if api.json {
+                        println!("{v}");
+                    } else {
+                        println!("{}", cli::statement_line(v));
+                    }
+                })?;
             }
             Ok(())
         }
@@ -464,10 +459,13 @@ fn init_logging(format: &str) -> Result<()> {
         .unwrap_or_else(|_| "info".into());
     // Colour only on a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A log line that cannot be written (stderr on a full disk) is dropped: reporting that
+    // failure goes through `eprintln!`, which panics the task that logged.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(ansi);
+        .with_ansi(ansi)
+        .log_internal_errors(false);
     match format {
         "json" => builder.json().init(),
         "text" => builder.init(),

@@ -296,6 +296,8 @@ pub async fn run(
         None => provider,
     };
     let gw = Gateway::with_id(cfg, registry, provider, gateway_id);
+    gw.logs
+        .set_max_bytes_per_token(gw.config.log.max_bytes_per_token);
     let follower = gw.follow_replicas();
     gw.resume().await;
     // Before `ready`: whatever an earlier (killed) run left behind is settled first.

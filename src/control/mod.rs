@@ -232,20 +232,61 @@ async fn metrics_text(State(s): State<ApiState>) -> Response {
     }
 }
 
+/// Query of `GET /v1/tokens/{id}/statements`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatementsQuery {
+    /// Statements with a greater `seq` (0 = from the start).
+    #[serde(default)]
+    pub after: u64,
+    /// Statements per page (default [`STATEMENTS_PAGE`], at most [`STATEMENTS_PAGE_MAX`]).
+    pub limit: Option<usize>,
+}
+
+/// Default page size of `GET /v1/tokens/{id}/statements`.
+pub const STATEMENTS_PAGE: usize = 1000;
+/// Largest page size of `GET /v1/tokens/{id}/statements`.
+pub const STATEMENTS_PAGE_MAX: usize = 10_000;
+/// Response header naming the `after` of the next page, present when more may follow.
+pub const NEXT_AFTER_HEADER: &str = "sandpit-next-after";
+
+/// One page of a token's statement log, read from the file a line at a time.
 async fn token_statements(
     State(s): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<StatementsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     if let Err(r) = check_auth(&s, &headers) {
         return r;
+    }
+    let Query(q) = match q {
+        Ok(q) => q,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let limit = q.limit.unwrap_or(STATEMENTS_PAGE);
+    if !(1..=STATEMENTS_PAGE_MAX).contains(&limit) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("limit must be between 1 and {STATEMENTS_PAGE_MAX}"),
+        );
     }
     let Some(rec) = s.gw.registry.get(&id) else {
         return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
     };
     let path = crate::review::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
-    match tokio::task::spawn_blocking(move || crate::review::log::read_statements(&path)).await {
-        Ok(Ok(v)) => Json(v).into_response(),
+    let after = q.after;
+    match tokio::task::spawn_blocking(move || crate::review::log::read_page(&path, after, limit))
+        .await
+    {
+        Ok(Ok(page)) => {
+            let mut r = Json(page.statements).into_response();
+            if let Some(next) = page.next_after {
+                r.headers_mut()
+                    .insert(NEXT_AFTER_HEADER, axum::http::HeaderValue::from(next));
+            }
+            r
+        }
         Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }

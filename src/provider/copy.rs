@@ -78,7 +78,8 @@ fn clone_unsupported(e: &io::Error) -> bool {
 }
 
 /// Recursively copies `src` to `dst` (which must not exist: not even as a symlink),
-/// preserving modes, and hands everything to `owner` once copied. When we switch users, the
+/// preserving modes, and hands everything to `owner` once copied; a copy that fails midway
+/// is removed. When we switch users, the
 /// top of `src` (a golden) is first made root-owned, so `owner` cannot change it (see
 /// [`seal`]). Blocking; run it on a blocking thread.
 pub fn copy_tree(
@@ -101,11 +102,22 @@ pub fn copy_tree(
         .mode(0o700)
         .create(dst)
         .map_err(|e| fail("creating", dst, e))?;
-    let dst_dir = open_path(dst, DIR_FLAGS).map_err(|e| fail("opening", dst, e))?;
-    let mut at = src.to_path_buf();
-    copy_dir(&src_dir, &dst_dir, &mut at, method, owner)?;
-    // mkdir honours the umask; set the exact mode (Postgres insists on 0700/0750 for the data dir).
-    finish(&dst_dir, mode, owner).map_err(|e| fail("handing over", dst, e))
+    let copied = (|| {
+        let dst_dir = open_path(dst, DIR_FLAGS).map_err(|e| fail("opening", dst, e))?;
+        let mut at = src.to_path_buf();
+        copy_dir(&src_dir, &dst_dir, &mut at, method, owner)?;
+        // mkdir honours the umask; set the exact mode (Postgres insists on 0700/0750 for the
+        // data dir).
+        finish(&dst_dir, mode, owner).map_err(|e| fail("handing over", dst, e))
+    })();
+    if copied.is_err() {
+        // A copy cut short (a full disk) is removed: it is of no use and holds space. We made
+        // `dst`, and std's remove_dir_all never follows links.
+        if let Err(e) = fs::remove_dir_all(dst) {
+            tracing::warn!(path = %dst.display(), error = %e, "removing a partial copy failed");
+        }
+    }
+    copied
 }
 
 /// Makes the source (a golden's data dir, built by the servers' OS user and never started
@@ -432,6 +444,38 @@ mod tests {
         // The link's target was neither copied nor handed over.
         let m = fs::metadata(outside.join("secret")).unwrap();
         assert_eq!(m.uid(), nix::unistd::geteuid().as_raw());
+    }
+
+    #[test]
+    fn a_copy_that_runs_out_of_space_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        let src = source(tmp.path(), &outside);
+        fs::write(src.join("base/2"), vec![9u8; 400_000]).unwrap();
+        let small = tmp.path().join("small");
+        fs::create_dir(&small).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+            .arg(&small)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            eprintln!("skipped: cannot mount a tmpfs (needs root)");
+            return;
+        }
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(self.0).status();
+            }
+        }
+        let _unmount = Unmount(&small);
+        let dst = small.join("dst");
+        let err = copy_tree(&src, &dst, CopyMethod::Copy, &owner()).unwrap_err();
+        assert!(err.to_string().contains("No space"), "{err}");
+        assert!(!dst.exists(), "the partial copy is left behind");
+        assert_eq!(fs::read_dir(&small).unwrap().count(), 0);
     }
 
     #[test]

@@ -2,15 +2,26 @@
 //! `<data dir>/logs/<task>/<token id>.jsonl`. A `statement` record is appended before the
 //! statement is forwarded, an `outcome` record (same `seq`) after it completed, so a
 //! statement that ran is never missing even if the gateway dies mid-statement.
+//!
+//! Each token's log has a quota (`log.max_bytes_per_token`) and statement text past
+//! [`TEXT_MAX`] is stored cut with its length and SHA-256, so an agent cannot fill the disk
+//! through its log nor run statements unlogged by filling it: a record that cannot be
+//! written refuses its statement. Readers (`read`) stream the file, a page at a time.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+mod read;
+
+pub use read::{read_page, read_statements, scan, statement_at, LogEntry, Page};
 
 /// One line of the log.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -71,17 +82,29 @@ pub struct OutcomeRecord {
     pub denied: bool,
 }
 
+/// The full length and digest of a statement text that was stored cut (see [`TEXT_MAX`]).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct TextCut {
+    /// Length in bytes of the whole text.
+    pub text_len: u64,
+    /// SHA-256 of the whole text (hex).
+    pub text_sha256: String,
+}
+
 /// A statement with its outcome (None if it never completed, e.g. the session died).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LoggedStatement {
     /// The statement.
     #[serde(flatten)]
     pub statement: StatementRecord,
+    /// Set when the stored text is only the first [`TEXT_MAX`] bytes.
+    #[serde(flatten)]
+    pub cut: Option<TextCut>,
     /// Its outcome.
     pub outcome: Option<OutcomeRecord>,
 }
 
-/// Errors reading a log.
+/// Errors writing or reading a log.
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     #[error("statement log {path}: {source}")]
@@ -89,6 +112,102 @@ pub enum LogError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The record would take the token's log past `log.max_bytes_per_token`.
+    #[error("statement log {path} is full (log.max_bytes_per_token = {max})")]
+    Quota { path: PathBuf, max: u64 },
+}
+
+/// Statement text longer than this (bytes) is stored cut, with its length and SHA-256.
+pub const TEXT_MAX: usize = 64 * 1024;
+/// Default of `log.max_bytes_per_token`.
+pub const DEFAULT_MAX_BYTES_PER_TOKEN: u64 = 256 * 1024 * 1024;
+/// How long a statement record waits for the records of lower sequence numbers (taken a
+/// moment earlier by another thread) before it is written out of order.
+const TURN_WAIT: Duration = Duration::from_secs(1);
+
+/// A statement record as stored: the text cut to [`TEXT_MAX`] with its length and digest.
+/// Field order matters to readers: `type` then `seq` come first (see `read::head`).
+#[derive(Serialize)]
+struct StatementLine<'a> {
+    #[serde(rename = "type")]
+    kind_of_record: &'static str,
+    seq: u64,
+    ts: &'a str,
+    token: &'a str,
+    task: &'a str,
+    session: u64,
+    protocol: &'a str,
+    text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text_len: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text_sha256: Option<String>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    params: &'a [Option<String>],
+    kind: &'a str,
+}
+
+/// The line (with its newline) a record is stored as.
+pub fn to_line(rec: &LogRecord) -> Result<Vec<u8>, serde_json::Error> {
+    // Sized for a typical record up front: growing from empty reallocates several times.
+    let mut line = Vec::with_capacity(384);
+    match rec {
+        LogRecord::Statement(s) => {
+            let (text, cut) = cut_text(&s.text);
+            serde_json::to_writer(
+                &mut line,
+                &StatementLine {
+                    kind_of_record: "statement",
+                    seq: s.seq,
+                    ts: &s.ts,
+                    token: &s.token,
+                    task: &s.task,
+                    session: s.session,
+                    protocol: &s.protocol,
+                    text,
+                    text_len: cut.as_ref().map(|c| c.text_len),
+                    text_sha256: cut.map(|c| c.text_sha256),
+                    params: &s.params,
+                    kind: &s.kind,
+                },
+            )?;
+        }
+        LogRecord::Outcome(_) => serde_json::to_writer(&mut line, rec)?,
+    }
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// The text as stored, and its length and digest when that is not all of it.
+fn cut_text(text: &str) -> (&str, Option<TextCut>) {
+    if text.len() <= TEXT_MAX {
+        return (text, None);
+    }
+    let mut end = TEXT_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let digest = Sha256::digest(text.as_bytes());
+    (
+        &text[..end],
+        Some(TextCut {
+            text_len: text.len() as u64,
+            text_sha256: hex::encode(digest),
+        }),
+    )
+}
+
+/// The file side of a [`TokenLog`], under its lock.
+struct Writer {
+    file: std::fs::File,
+    /// Bytes in the file (every record counted when its write returned).
+    len: u64,
+    /// The file may end in part of a record (a write that failed and could not be undone):
+    /// the next record starts on a new line.
+    torn: bool,
+    /// Highest statement `seq` whose append has finished: records are written in `seq`
+    /// order, so readers can page by `seq` (see `read::start_offset`).
+    turn: u64,
 }
 
 /// An open, append-only log of one token. Each record is one `write(2)` of one line on an
@@ -97,35 +216,50 @@ pub enum LogError {
 /// machine crash; the log book runs it every second and when the token ends.
 pub struct TokenLog {
     path: PathBuf,
-    file: Mutex<std::fs::File>,
+    writer: Mutex<Writer>,
+    turns: Condvar,
     seq: AtomicU64,
     dirty: AtomicBool,
+    max_bytes: u64,
 }
 
 impl TokenLog {
-    /// Open (create) the log of a token, continuing its sequence numbers.
-    pub fn open(data_dir: &Path, task: &str, token: &str) -> Result<TokenLog, LogError> {
+    /// Open (create) the log of a token, continuing its sequence numbers; statement records
+    /// that would take it past `max_bytes` (0 = no limit) are refused.
+    pub fn open(
+        data_dir: &Path,
+        task: &str,
+        token: &str,
+        max_bytes: u64,
+    ) -> Result<TokenLog, LogError> {
         let path = log_path(data_dir, task, token);
         let io = |source| LogError::Io {
             path: path.clone(),
             source,
         };
         crate::datadir::private_dirs(&data_dir.join("logs"), Path::new(task)).map_err(io)?;
-        let last = read_statements(&path)?
-            .last()
-            .map(|s| s.statement.seq)
-            .unwrap_or(0);
+        let last = read::last_seq(&path)?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .read(true)
             .mode(0o600)
             .open(&path)
             .map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let torn = len > 0 && last_byte(&file, len).map_err(io)? != b'\n';
         Ok(TokenLog {
             path,
-            file: Mutex::new(file),
+            writer: Mutex::new(Writer {
+                file,
+                len,
+                torn,
+                turn: last,
+            }),
+            turns: Condvar::new(),
             seq: AtomicU64::new(last),
             dirty: AtomicBool::new(false),
+            max_bytes,
         })
     }
 
@@ -134,29 +268,78 @@ impl TokenLog {
         self.seq.fetch_add(1, Ordering::AcqRel) + 1
     }
 
-    /// Append one record as one line.
+    /// Append one record as one line. A statement record is refused (`LogError::Quota`) when
+    /// it would take the file past the token's quota; outcome records are always written
+    /// (each belongs to a statement already logged). A write that fails is undone
+    /// (truncated away), so a full disk leaves no cut-off record behind.
     pub fn append(&self, rec: &LogRecord) -> Result<(), LogError> {
-        // Sized for a typical record up front: growing from empty reallocates several times.
-        let mut line = Vec::with_capacity(384);
-        serde_json::to_writer(&mut line, rec).map_err(|e| LogError::Io {
+        let mut line = to_line(rec).map_err(|e| LogError::Io {
             path: self.path.clone(),
             source: e.into(),
         })?;
-        line.push(b'\n');
-        let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        f.write_all(&line).map_err(|source| LogError::Io {
-            path: self.path.clone(),
-            source,
-        })?;
-        self.dirty.store(true, Ordering::Release);
-        Ok(())
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let statement_seq = match rec {
+            LogRecord::Statement(s) => Some(s.seq),
+            LogRecord::Outcome(_) => None,
+        };
+        if let Some(seq) = statement_seq {
+            // Lower numbers were taken a moment ago by other threads that are about to
+            // append; a number that is never appended delays this one by TURN_WAIT at most.
+            w = self
+                .turns
+                .wait_timeout_while(w, TURN_WAIT, |w| seq > w.turn + 1)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|p| p.into_inner().0);
+        }
+        let result = self.write_line(&mut w, &mut line, statement_seq.is_some());
+        if let Some(seq) = statement_seq {
+            w.turn = w.turn.max(seq);
+            drop(w);
+            self.turns.notify_all();
+        }
+        result
+    }
+
+    fn write_line(&self, w: &mut Writer, line: &mut Vec<u8>, quota: bool) -> Result<(), LogError> {
+        if w.torn {
+            line.insert(0, b'\n');
+        }
+        if quota && self.max_bytes > 0 && w.len + line.len() as u64 > self.max_bytes {
+            metrics::counter!("sandpit_log_quota_exceeded_total").increment(1);
+            return Err(LogError::Quota {
+                path: self.path.clone(),
+                max: self.max_bytes,
+            });
+        }
+        match w.file.write_all(line) {
+            Ok(()) => {
+                w.len += line.len() as u64;
+                w.torn = false;
+                self.dirty.store(true, Ordering::Release);
+                Ok(())
+            }
+            Err(source) => {
+                // Shrinking needs no free space: undo whatever part of the line got in.
+                let len = w.len;
+                if w.file.set_len(len).is_err() {
+                    w.torn = true;
+                    if let Ok(m) = w.file.metadata() {
+                        w.len = m.len();
+                    }
+                }
+                Err(LogError::Io {
+                    path: self.path.clone(),
+                    source,
+                })
+            }
+        }
     }
 
     /// fsync if anything was written since the last sync.
     pub fn sync(&self) -> Result<(), LogError> {
         if self.dirty.swap(false, Ordering::AcqRel) {
-            let f = self.file.lock().unwrap_or_else(|p| p.into_inner());
-            f.sync_data().map_err(|source| LogError::Io {
+            let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            w.file.sync_data().map_err(|source| LogError::Io {
                 path: self.path.clone(),
                 source,
             })?;
@@ -170,19 +353,41 @@ impl TokenLog {
     }
 }
 
+fn last_byte(f: &std::fs::File, len: u64) -> std::io::Result<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, len - 1)?;
+    Ok(b[0])
+}
+
 /// The open logs of this process, one per token.
-#[derive(Default)]
 pub struct LogBook {
     logs: DashMap<String, Arc<TokenLog>>,
+    max_bytes: AtomicU64,
+}
+
+impl Default for LogBook {
+    fn default() -> Self {
+        LogBook {
+            logs: DashMap::new(),
+            max_bytes: AtomicU64::new(DEFAULT_MAX_BYTES_PER_TOKEN),
+        }
+    }
 }
 
 impl LogBook {
+    /// Set the per-token quota (`log.max_bytes_per_token`, 0 = none) of logs opened from now on.
+    pub fn set_max_bytes_per_token(&self, max: u64) {
+        self.max_bytes.store(max, Ordering::Release);
+    }
+
     /// The log of a token, opened on first use.
     pub fn get(&self, data_dir: &Path, task: &str, token: &str) -> Result<Arc<TokenLog>, LogError> {
         if let Some(l) = self.logs.get(token) {
             return Ok(l.clone());
         }
-        let log = Arc::new(TokenLog::open(data_dir, task, token)?);
+        let max = self.max_bytes.load(Ordering::Acquire);
+        let log = Arc::new(TokenLog::open(data_dir, task, token, max)?);
         Ok(self.logs.entry(token.to_string()).or_insert(log).clone())
     }
 
@@ -211,39 +416,4 @@ pub fn log_path(data_dir: &Path, task: &str, token: &str) -> PathBuf {
         .join("logs")
         .join(task)
         .join(format!("{token}.jsonl"))
-}
-
-/// Read a token's log and pair statements with outcomes, in statement order. Lines that do
-/// not parse (a torn last line after a crash) are skipped.
-pub fn read_statements(path: &Path) -> Result<Vec<LoggedStatement>, LogError> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(LogError::Io {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
-    let mut out: Vec<LoggedStatement> = Vec::new();
-    let mut index = std::collections::HashMap::new();
-    for line in text.lines() {
-        match serde_json::from_str::<LogRecord>(line) {
-            Ok(LogRecord::Statement(s)) => {
-                index.insert(s.seq, out.len());
-                out.push(LoggedStatement {
-                    statement: s,
-                    outcome: None,
-                });
-            }
-            Ok(LogRecord::Outcome(o)) => {
-                if let Some(&i) = index.get(&o.seq) {
-                    out[i].outcome = Some(o);
-                }
-            }
-            Err(_) => continue,
-        }
-    }
-    Ok(out)
 }

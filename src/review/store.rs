@@ -15,6 +15,10 @@ use crate::registry::TokenRecord;
 
 /// Longest statement text kept in a failure summary.
 const FAILED_TEXT_MAX: usize = 500;
+/// Failed statements listed in a summary (the log itself has all of them).
+const FAILED_MAX: usize = 10_000;
+/// Statements read for the HTML page (it lists up to 1000).
+const PAGE_STATEMENTS: usize = 1000;
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,13 +140,55 @@ fn options(gw: &Gateway) -> DiffOptions {
     }
 }
 
-/// The token's statements, as logged.
+/// The first statements of the token's log, as many as the HTML page lists (the summary
+/// counts all of them: [`summarize_log`]).
 pub fn statements(gw: &Gateway, rec: &TokenRecord) -> Result<Vec<LoggedStatement>, ReviewError> {
-    Ok(log::read_statements(&log::log_path(
-        &gw.config.data_dir,
-        &rec.task,
-        &rec.id,
-    ))?)
+    let path = log::log_path(&gw.config.data_dir, &rec.task, &rec.id);
+    Ok(log::read_page(&path, 0, PAGE_STATEMENTS)?.statements)
+}
+
+/// [`summarize`] of a whole log file, read as a stream: what it holds per statement until
+/// the statement's outcome arrives is its sequence number and where its line starts, and
+/// the text of a failed statement is read back from there (at most [`FAILED_MAX`] of them).
+pub fn summarize_log(path: &Path) -> Result<StatementSummary, log::LogError> {
+    let mut s = StatementSummary::default();
+    let mut pending: std::collections::HashMap<u64, u64> = Default::default();
+    let mut failed: Vec<(u64, String)> = Vec::new();
+    log::scan(path, |e| match e {
+        log::LogEntry::Statement {
+            offset, statement, ..
+        } => {
+            s.total += 1;
+            match s.by_kind.get_mut(&statement.kind) {
+                Some(n) => *n += 1,
+                None => {
+                    s.by_kind.insert(statement.kind, 1);
+                }
+            }
+            pending.insert(statement.seq, offset);
+        }
+        log::LogEntry::Outcome(o) => {
+            if let Some(offset) = pending.remove(&o.seq) {
+                if let Some(code) = o.sqlstate {
+                    if failed.len() < FAILED_MAX {
+                        failed.push((offset, code));
+                    }
+                }
+            }
+        }
+    })?;
+    s.unfinished = pending.len() as u64;
+    for (offset, sqlstate) in failed {
+        if let Some(st) = log::statement_at(path, offset)? {
+            s.failed.push(FailedStatement {
+                seq: st.seq,
+                kind: st.kind,
+                text: cap(&st.text, FAILED_TEXT_MAX),
+                sqlstate,
+            });
+        }
+    }
+    Ok(s)
 }
 
 /// Take a review now (`full_scan`: compare every table, not only touched ones). A token that
@@ -157,7 +203,10 @@ async fn take_with(
     full_scan: bool,
     end_sessions: bool,
 ) -> Result<Review, ReviewError> {
-    let stmts = statements(gw, rec)?;
+    let log_file = log::log_path(&gw.config.data_dir, &rec.task, &rec.id);
+    let summary = tokio::task::spawn_blocking(move || summarize_log(&log_file))
+        .await
+        .map_err(|e| ReviewError::Backend(format!("log summary task: {e}")))??;
     let mut review = match rec.backend.as_deref() {
         None => Review {
             token: rec.id.clone(),
@@ -193,7 +242,7 @@ async fn take_with(
             diff::diff(&reference.target, &scratch, opts, &rec.id, &rec.task).await?
         }
     };
-    review.statements = summarize(&stmts);
+    review.statements = summary;
     metrics::histogram!("sandpit_review_seconds").record(review.duration_ms / 1000.0);
     Ok(review)
 }
@@ -296,6 +345,7 @@ mod tests {
                 params: Vec::new(),
                 kind: kind.into(),
             },
+            cut: None,
             outcome: done.then(|| OutcomeRecord {
                 seq,
                 ts: String::new(),
@@ -323,6 +373,30 @@ mod tests {
         assert_eq!(s.failed.len(), 1);
         assert_eq!(s.failed[0].sqlstate, "23505");
         assert!(s.failed[0].text.chars().count() <= FAILED_TEXT_MAX + 1);
+    }
+
+    #[test]
+    fn streamed_summary_matches_the_summary_of_the_loaded_log() {
+        use crate::review::log::{LogRecord, TokenLog};
+        let dir = tempfile::tempdir().unwrap();
+        let log = TokenLog::open(dir.path(), "k", "t", 0).unwrap();
+        let stmts = [
+            stmt(1, "read", None, true),
+            stmt(2, "write", Some("23505"), true),
+            stmt(3, "write", None, false),
+            stmt(4, "ddl", Some("42P01"), true),
+        ];
+        for s in &stmts {
+            assert_eq!(log.next_seq(), s.statement.seq);
+            log.append(&LogRecord::Statement(s.statement.clone()))
+                .unwrap();
+        }
+        for s in &stmts {
+            if let Some(o) = &s.outcome {
+                log.append(&LogRecord::Outcome(o.clone())).unwrap();
+            }
+        }
+        assert_eq!(summarize_log(log.path()).unwrap(), summarize(&stmts));
     }
 
     #[test]
