@@ -128,6 +128,30 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_janitor_dead_backends_total",
+        Counter,
+        "Scratch servers found dead under a running gateway and restarted by the janitor.",
+        &[&[]],
+    ),
+    (
+        "sandpit_golden_sql_stale",
+        Gauge,
+        "1 while the golden SQL file could not be built and the previous golden serves instead.",
+        &[],
+    ),
+    (
+        "sandpit_log_quota_exceeded_total",
+        Counter,
+        "Statements refused (58030) because their record would pass log.max_bytes_per_token.",
+        &[&[]],
+    ),
+    (
+        "sandpit_registry_reserve_writes_total",
+        Counter,
+        "Token changes written into a token's reserve file because the disk was full.",
+        &[&[]],
+    ),
+    (
         "sandpit_janitor_errors_total",
         Counter,
         "Failures during janitor passes.",

@@ -202,7 +202,7 @@ fn logged(dir: &tempfile::TempDir) -> Vec<LoggedStatement> {
 
 fn with_log(caps: CapPolicy) -> (Pipeline, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let log = Arc::new(TokenLog::open(dir.path(), "table", "sp_table").unwrap());
+    let log = Arc::new(TokenLog::open(dir.path(), "table", "sp_table", u64::MAX).unwrap());
     (pipeline(caps, None, Some(log)), dir)
 }
 
@@ -620,7 +620,7 @@ fn a_second_parse_of_a_name_never_replaces_the_text_the_server_kept() {
     );
     assert!(log.iter().all(|s| s.statement.text != "SELECT 1"));
     assert!(
-        matches!(pl.prepared.lookup(b"s", pl.group), names::Lookup::Defined(t) if &**t == "DELETE FROM t")
+        matches!(pl.prepared.lookup(b"s", pl.group), names::Lookup::Defined(p) if &*p.text == "DELETE FROM t")
     );
 }
 
