@@ -279,6 +279,7 @@ fn rust_client(
     client: &str,
     task: &str,
     caps: bool,
+    extras: &[&str],
     allowed_skips: &[&str],
     run: fn(Target, bool) -> ScenarioFuture,
 ) {
@@ -294,7 +295,7 @@ fn rust_client(
             .unwrap_or_else(|_| "STEP timeout fail the scenario took over 300 s\n".into())
     });
     let r = Report::parse(&out);
-    check(client, &r, true, &[], allowed_skips, caps, "");
+    check(client, &r, true, extras, allowed_skips, caps, "");
 }
 
 #[test]
@@ -349,7 +350,8 @@ fn tokio_postgres_runs_the_scenario() {
         "tokio-postgres",
         "client-tokio-postgres",
         true,
-        &[],
+        &["write_returning_uncapped", "two_phase", "terminate_self"],
+        TWO_PHASE_GATED,
         |t, caps| Box::pin(tokio_pg::scenario(t, caps)),
     );
 }
@@ -360,7 +362,8 @@ fn sqlx_runs_the_scenario() {
         "sqlx",
         "client-sqlx",
         true,
-        sqlx_client::SKIPS,
+        &["two_phase", "terminate_self"],
+        &[sqlx_client::SKIPS, TWO_PHASE_GATED].concat(),
         |t, caps| Box::pin(sqlx_client::scenario(t, caps)),
     );
 }

@@ -79,6 +79,8 @@ async function main() {
 
   await step('terminate_self', async () => {
     const sql = postgres(DSN, { max: 1, onnotice: () => {} })
+    const codes = []
+    let back = false
     try {
       const [{ pid }] = await sql`select pg_backend_pid() as pid`
       const err = await sql`select pg_terminate_backend(${pid})`.then(
@@ -86,15 +88,25 @@ async function main() {
         (e) => e
       )
       assert.ok(err, 'no error')
-      // postgres.js drops the FATAL's SQLSTATE and reports the closed socket: it does the
-      // same against a stock server (checked with PostgreSQL 15 and postgres.js 3.4.9).
-      assert.equal(err.code, 'CONNECTION_CLOSED')
-      const [{ n }] = await sql`select 1 as n`
-      assert.equal(n, 1, 'the pool did not reconnect')
+      codes.push(err.code)
+      // postgres.js 3.4.9 may reject the terminating query with CONNECTION_CLOSED and hand
+      // the server's FATAL (57P01) to the next query; it does the same against a stock
+      // PostgreSQL 15. Then it reconnects.
+      for (let i = 0; i < 3 && !back; i++) {
+        const r = await sql`select 1 as n`.then(
+          (rows) => rows,
+          (e) => e
+        )
+        if (!Array.isArray(r)) codes.push(r.code)
+        else if (r.length === 1) back = r[0].n === 1
+        else codes.push(`${r.length} rows`)
+      }
     } finally {
       await sql.end({ timeout: 5 }).catch(() => {})
     }
-    return 'rejects with CONNECTION_CLOSED, as against a stock server; next query reconnects'
+    assert.ok(codes.includes('57P01'), `no 57P01 among ${codes.join(', ')}`)
+    assert.ok(back, 'never reconnected')
+    return `errors ${codes.join(' then ')}, then a new connection`
   })
 }
 
