@@ -69,11 +69,16 @@ async fn two_phase(c: &mut PgConnection) -> Result<Option<String>, String> {
     }
     sqlx::raw_sql(
         "create table tpc_sqlx(id int); begin; insert into tpc_sqlx values (1); \
-         prepare transaction 'sandpit-sqlx'; commit prepared 'sandpit-sqlx'",
+         prepare transaction 'sandpit-sqlx'",
     )
     .execute(&mut *c)
     .await
-    .ctx("prepare / commit prepared")?;
+    .ctx("prepare transaction")?;
+    // A query of its own: COMMIT PREPARED refuses to run inside a multi-statement query.
+    sqlx::raw_sql("commit prepared 'sandpit-sqlx'")
+        .execute(&mut *c)
+        .await
+        .ctx("commit prepared")?;
     let n: i64 = sqlx::query_scalar("select count(*) from tpc_sqlx")
         .fetch_one(&mut *c)
         .await
