@@ -51,6 +51,38 @@ pub const EXTRAS: &[(&str, &str)] = &[
         "`\\lo_import`/`\\lo_export` round trip (FunctionCall)",
     ),
     ("pipeline", "psycopg pipeline mode"),
+    (
+        "notify_backend_pid",
+        "LISTEN/NOTIFY on one connection: the notification's pid is the driver's backend pid",
+    ),
+    (
+        "terminate_self",
+        "`pg_terminate_backend(own pid)` raises the driver's admin-shutdown error (57P01)",
+    ),
+    (
+        "two_phase",
+        "`PREPARE TRANSACTION` / `COMMIT PREPARED` (n/a while `max_prepared_transactions` = 0)",
+    ),
+    (
+        "write_returning_uncapped",
+        "`INSERT`/`UPDATE … RETURNING` of 500 rows: every row (default caps)",
+    ),
+    (
+        "catalog_uncapped",
+        "every row of `pg_catalog.pg_type` (over 200; default caps)",
+    ),
+    (
+        "orm_django_bulk_create",
+        "Django `bulk_create` of 1000 objects, every key returned (default caps)",
+    ),
+    (
+        "orm_sqlalchemy_flush",
+        "SQLAlchemy `add_all` + `flush()` of 1000 objects, `insert().returning()` of 1000",
+    ),
+    (
+        "enum_array_fresh",
+        "user enum array decoded on a fresh connection, over 200 array types in `pg_type`",
+    ),
     ("pgbench_init", "`pgbench -i -s 5`"),
     ("pgbench_simple", "`pgbench -c 8 -M simple`, zero failures"),
     (
@@ -161,6 +193,7 @@ const CLIENTS: &[&str] = &[
     "pgbench",
     "psycopg",
     "node-postgres",
+    "postgres.js",
     "tokio-postgres",
     "sqlx",
 ];

@@ -219,6 +219,45 @@ EOF
   echo "300000 bytes"
 }
 
+terminate_self() {
+  # psql has no driver-level error classes: the server's FATAL, with its SQLSTATE, and
+  # nothing after it from the gateway.
+  local out rc
+  out=$(psql "$DSN" -X -q -At -v ON_ERROR_STOP=1 -v VERBOSITY=verbose \
+    -c "select pg_terminate_backend(pg_backend_pid())" 2>&1)
+  rc=$?
+  [ "$rc" -ne 0 ] || { echo "psql exited 0: $out"; return 1; }
+  case "$out" in
+  *"FATAL:  57P01: terminating connection due to administrator command"*) ;;
+  *) echo "no FATAL 57P01: $out"; return 1 ;;
+  esac
+  case "$out" in
+  *08006* | *"scratch database"*) echo "more than the server's FATAL: $out"; return 1 ;;
+  esac
+  echo "FATAL 57P01 and nothing else"
+}
+
+two_phase() {
+  local mpt got
+  mpt=$(q "$DSN" "show max_prepared_transactions") || return 1
+  if [ "$mpt" = 0 ]; then
+    echo "SKIP max_prepared_transactions is 0 on this server"
+    return 0
+  fi
+  got=$(q "$DSN" "create table tpc_psql(id int)" "begin" "insert into tpc_psql values (1)" \
+    "prepare transaction 'sandpit-psql'" "commit prepared 'sandpit-psql'" \
+    "select count(*) from tpc_psql" "select count(*) from pg_prepared_xacts") || return 1
+  expect "rows, prepared left" "$(echo $got)" "1 0" &&
+    echo "PREPARE TRANSACTION / COMMIT PREPARED (max_prepared_transactions = $mpt)"
+}
+
+write_returning_uncapped() {
+  local got
+  got=$(q "$DSN" "create table returning_psql(id serial primary key, g int)" \
+    "insert into returning_psql(g) select generate_series(1, 500) returning id" | wc -l) || return 1
+  expect "rows returned" "$got" 500 && echo "INSERT … RETURNING of 500 rows"
+}
+
 step connect_scram connect_scram
 step connect_tls_cleartext connect_tls_cleartext
 step channel_binding channel_binding
@@ -237,6 +276,20 @@ step cursor cursor
 step describe describe
 step meta_copy meta_copy
 step large_object large_object
+step terminate_self terminate_self
+step write_returning_uncapped write_returning_uncapped
+# two_phase prints "SKIP why" when the server has no prepared transactions.
+rc=0
+out=$(two_phase 2>&1) || rc=$?
+out="${out//$'\n'/ }"
+if [ "$rc" -ne 0 ]; then
+  echo "STEP two_phase fail ${out:0:600}"
+  failed=1
+elif [ "${out#SKIP }" != "$out" ]; then
+  echo "STEP two_phase skip ${out#SKIP }"
+else
+  echo "STEP two_phase ok ${out:0:200}"
+fi
 if [ "${SANDPIT_CAPS:-0}" = 1 ]; then
   step capped_select capped_select
 else

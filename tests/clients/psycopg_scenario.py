@@ -16,6 +16,8 @@ import psycopg
 from psycopg import errors, sql
 from psycopg.types.json import Jsonb
 
+import orm_steps  # tests/clients/orm_steps.py, beside this file
+
 DSN = os.environ["SANDPIT_DSN"]
 CLEAR = os.environ["SANDPIT_DSN_CLEARTEXT"]
 failed = False
@@ -249,6 +251,110 @@ def _():
             c.rollback()
         want("count", c.execute("select count(*) from scenario where name = 'piped'").fetchone()[0], 100)
     return "100 statements in one pipeline"
+
+
+@step("notify_backend_pid")
+def _():
+    with connect(autocommit=True) as c:
+        pid = c.info.backend_pid
+        want("pg_backend_pid()", c.execute("select pg_backend_pid()").fetchone()[0], pid)
+        c.execute("listen own_ch")
+        c.execute("notify own_ch, 'mine'")
+        got = [(n.channel, n.payload, n.pid) for n in c.notifies(timeout=10, stop_after=1)]
+        want("notification", got, [("own_ch", "mine", pid)])
+    return "Notify.pid == conn.info.backend_pid"
+
+
+@step("terminate_self")
+def _():
+    c = connect(autocommit=True)
+    try:
+        pid = c.info.backend_pid
+        try:
+            c.execute("select pg_terminate_backend(%s)", (pid,))
+            raise AssertionError("no error")
+        except errors.AdminShutdown as e:
+            want("sqlstate", e.sqlstate, "57P01")
+        want("closed", c.closed, True)
+    finally:
+        c.close()
+    return "pg_terminate_backend(conn.info.backend_pid) raises AdminShutdown (57P01)"
+
+
+def two_phase():
+    with connect() as c:
+        mpt = int(c.execute("show max_prepared_transactions").fetchone()[0])
+        c.rollback()
+        if mpt == 0:
+            print("STEP two_phase skip max_prepared_transactions is 0 on this server", flush=True)
+            return
+        c.execute("create table tpc_scenario(id int)")
+        c.commit()
+
+        @step("two_phase")
+        def _():
+            xid = c.xid(1, "sandpit-scenario", "branch-1")
+            c.tpc_begin(xid)
+            c.execute("insert into tpc_scenario values (1)")
+            c.tpc_prepare()
+            with connect(autocommit=True) as other:
+                got = other.execute("select gid from pg_prepared_xacts").fetchall()
+                if len(got) != 1:
+                    raise AssertionError(f"pg_prepared_xacts: {got}")
+            c.tpc_commit()
+            want("committed rows", c.execute("select count(*) from tpc_scenario").fetchone()[0], 1)
+            c.commit()
+            # And the SQL spelling, with a rollback this time.
+            c.autocommit = True
+            c.execute("begin")
+            c.execute("insert into tpc_scenario values (2)")
+            c.execute("prepare transaction 'sandpit-sql'")
+            c.execute("rollback prepared 'sandpit-sql'")
+            want("rows", c.execute("select count(*) from tpc_scenario").fetchone()[0], 1)
+            want("left prepared", c.execute("select count(*) from pg_prepared_xacts").fetchone()[0], 0)
+            return f"tpc_begin/prepare/commit and PREPARE TRANSACTION/ROLLBACK PREPARED (max_prepared_transactions = {mpt})"
+
+
+try:
+    two_phase()
+except Exception as e:  # noqa: BLE001 - reported as the step's failure
+    failed = True
+    print(f"STEP two_phase fail {type(e).__name__}: {e}".replace("\n", " ")[:600], flush=True)
+
+
+@step("write_returning_uncapped")
+def _():
+    with connect() as c:
+        c.execute("create table returning_scenario(id serial primary key, g int)")
+        cur = c.execute("insert into returning_scenario(g) select g from generate_series(1, 500) g returning id")
+        ids = [r[0] for r in cur.fetchall()]
+        want("rows returned", len(ids), 500)
+        want("rowcount", cur.rowcount, 500)
+        cur = c.execute("update returning_scenario set g = -g returning id, g")
+        want("update rows returned", len(cur.fetchall()), 500)
+        c.commit()
+    return "INSERT/UPDATE … RETURNING of 500 rows under max_rows 200"
+
+
+@step("catalog_uncapped")
+def _():
+    with connect() as c:
+        n = c.execute("select count(*) from pg_catalog.pg_type").fetchone()[0]
+        if n <= 200:
+            raise AssertionError(f"pg_type has only {n} rows: the step needs more than 200")
+        rows = c.execute("select oid, typname from pg_catalog.pg_type").fetchall()
+        want("pg_type rows", len(rows), n)
+    return f"all {n} rows of pg_type under max_rows 200"
+
+
+@step("orm_django_bulk_create")
+def _():
+    return orm_steps.django_bulk_create(DSN)
+
+
+@step("orm_sqlalchemy_flush")
+def _():
+    return orm_steps.sqlalchemy_flush(DSN)
 
 
 if os.environ.get("SANDPIT_CAPS") == "1":

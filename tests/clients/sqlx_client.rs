@@ -44,12 +44,65 @@ pub async fn scenario(t: Target, caps: bool) -> String {
     s.record("unique_violation", unique_violation(&mut c).await);
     s.record("types_roundtrip", types_roundtrip(&mut c).await);
     s.record("cursor", cursor(&mut c).await);
+    match two_phase(&mut c).await {
+        Ok(Some(d)) => s.record("two_phase", Ok(d)),
+        Ok(None) => s.skip("two_phase", "max_prepared_transactions is 0 on this server"),
+        Err(e) => s.record("two_phase", Err(e)),
+    }
+    s.record("terminate_self", terminate_self(&t).await);
     if caps {
         s.record("capped_select", capped_select(&t).await);
     } else {
         s.skip("capped_select", "SANDPIT_CAPS is not 1");
     }
     s.finish()
+}
+
+/// `None`: the server has no prepared transactions (max_prepared_transactions = 0).
+async fn two_phase(c: &mut PgConnection) -> Result<Option<String>, String> {
+    let mpt: String = sqlx::query_scalar("show max_prepared_transactions")
+        .fetch_one(&mut *c)
+        .await
+        .ctx("show")?;
+    if mpt == "0" {
+        return Ok(None);
+    }
+    sqlx::raw_sql(
+        "create table tpc_sqlx(id int); begin; insert into tpc_sqlx values (1); \
+         prepare transaction 'sandpit-sqlx'",
+    )
+    .execute(&mut *c)
+    .await
+    .ctx("prepare transaction")?;
+    // A query of its own: COMMIT PREPARED refuses to run inside a multi-statement query.
+    sqlx::raw_sql("commit prepared 'sandpit-sqlx'")
+        .execute(&mut *c)
+        .await
+        .ctx("commit prepared")?;
+    let n: i64 = sqlx::query_scalar("select count(*) from tpc_sqlx")
+        .fetch_one(&mut *c)
+        .await
+        .ctx("count")?;
+    want("committed rows", n, 1)?;
+    Ok(Some(format!(
+        "PREPARE TRANSACTION / COMMIT PREPARED (max_prepared_transactions = {mpt})"
+    )))
+}
+
+async fn terminate_self(t: &Target) -> StepResult {
+    let mut c = connect(&t.dsn).await?;
+    let e = match sqlx::query("select pg_terminate_backend(pg_backend_pid())")
+        .execute(&mut c)
+        .await
+    {
+        Ok(_) => return Err("no error".into()),
+        Err(e) => e,
+    };
+    let db = e
+        .as_database_error()
+        .ok_or(format!("not a database error: {e}"))?;
+    want("sqlstate", db.code().as_deref(), Some("57P01"))?;
+    Ok("DatabaseError code 57P01".into())
 }
 
 async fn connect_scram(t: &Target) -> StepResult {

@@ -66,12 +66,84 @@ pub async fn scenario(t: Target, caps: bool) -> String {
     s.record("unique_violation", unique_violation(&c).await);
     s.record("types_roundtrip", types_roundtrip(&c).await);
     s.record("cursor", cursor(&mut c).await);
+    s.record(
+        "write_returning_uncapped",
+        write_returning_uncapped(&c).await,
+    );
+    match two_phase(&c).await {
+        Ok(Some(d)) => s.record("two_phase", Ok(d)),
+        Ok(None) => s.skip("two_phase", "max_prepared_transactions is 0 on this server"),
+        Err(e) => s.record("two_phase", Err(e)),
+    }
+    s.record("terminate_self", terminate_self(&t).await);
     if caps {
         s.record("capped_select", capped_select(&t).await);
     } else {
         s.skip("capped_select", "SANDPIT_CAPS is not 1");
     }
     s.finish()
+}
+
+async fn write_returning_uncapped(c: &Client) -> StepResult {
+    c.batch_execute("create table returning_tokio(id serial primary key, g int)")
+        .await
+        .ctx("create")?;
+    let rows = c
+        .query(
+            "insert into returning_tokio(g) select generate_series(1, 500) returning id",
+            &[],
+        )
+        .await
+        .ctx("insert … returning")?;
+    want("rows returned", rows.len(), 500)?;
+    Ok("INSERT … RETURNING of 500 rows".into())
+}
+
+/// `None`: the server has no prepared transactions (max_prepared_transactions = 0).
+async fn two_phase(c: &Client) -> Result<Option<String>, String> {
+    let mpt: String = c
+        .query_one("show max_prepared_transactions", &[])
+        .await
+        .ctx("show")?
+        .get(0);
+    if mpt == "0" {
+        return Ok(None);
+    }
+    c.batch_execute(
+        "create table tpc_tokio(id int); begin; insert into tpc_tokio values (1); \
+         prepare transaction 'sandpit-tokio'",
+    )
+    .await
+    .ctx("prepare transaction")?;
+    c.batch_execute("commit prepared 'sandpit-tokio'")
+        .await
+        .ctx("commit prepared")?;
+    let n: i64 = c
+        .query_one("select count(*) from tpc_tokio", &[])
+        .await
+        .ctx("count")?
+        .get(0);
+    want("committed rows", n, 1)?;
+    Ok(Some(format!(
+        "PREPARE TRANSACTION / COMMIT PREPARED (max_prepared_transactions = {mpt})"
+    )))
+}
+
+async fn terminate_self(t: &Target) -> StepResult {
+    let c = plain(&t.dsn).await?;
+    let e = match c
+        .execute("select pg_terminate_backend(pg_backend_pid())", &[])
+        .await
+    {
+        Ok(_) => return Err("no error".into()),
+        Err(e) => e,
+    };
+    want("sqlstate", e.code(), Some(&SqlState::ADMIN_SHUTDOWN))?;
+    // The connection is gone: the next query fails without a second server error.
+    if c.simple_query("select 1").await.is_ok() {
+        return Err("the connection still answers".into());
+    }
+    Ok("Error::code() is ADMIN_SHUTDOWN (57P01)".into())
 }
 
 async fn connect_scram(t: &Target) -> StepResult {

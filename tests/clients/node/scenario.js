@@ -15,11 +15,14 @@ const DSN = process.env.SANDPIT_DSN
 // node-postgres reads sslmode=require as verify-full unless asked for libpq's meaning.
 const CLEAR = process.env.SANDPIT_DSN_CLEARTEXT.replace('sslmode=require', 'uselibpqcompat=true&sslmode=require')
 let failed = false
+// A step returning SKIP + why is reported as skipped (the matrix says why).
+const SKIP = '\u0000skip:'
 
 async function step(name, fn) {
   try {
     const detail = (await fn()) || ''
-    console.log(`STEP ${name} ok ${detail}`)
+    if (detail.startsWith(SKIP)) console.log(`STEP ${name} skip ${detail.slice(SKIP.length)}`)
+    else console.log(`STEP ${name} ok ${detail}`)
   } catch (e) {
     failed = true
     console.log(`STEP ${name} fail ${String(e && e.stack ? e.message : e).replace(/\n/g, ' ').slice(0, 600)}`)
@@ -257,6 +260,55 @@ async function main() {
       assert.equal(got.length, 1000)
       assert.equal(got[999], 1000)
       return 'pg-cursor, read(150)'
+    })
+  )
+
+  await step('notify_backend_pid', () =>
+    withClient(async (c) => {
+      assert.equal((await one(c, 'select pg_backend_pid() as p')).p, c.processID)
+      await c.query('listen own_ch')
+      const got = new Promise((resolve, reject) => {
+        const t = setTimeout(() => reject(new Error('no notification in 10 s')), 10000)
+        c.on('notification', (m) => {
+          clearTimeout(t)
+          resolve(m)
+        })
+      })
+      await c.query("notify own_ch, 'mine'")
+      const m = await got
+      assert.equal(m.payload, 'mine')
+      assert.equal(m.processId, c.processID)
+      return 'notification.processId == client.processID'
+    })
+  )
+
+  await step('terminate_self', async () => {
+    const c = await connect()
+    // The FATAL also reaches the client's 'error' event; the query's rejection is what counts.
+    c.on('error', () => {})
+    const err = await c.query('select pg_terminate_backend($1)', [c.processID]).then(
+      () => null,
+      (e) => e
+    )
+    assert.ok(err, 'no error')
+    assert.equal(err.code, '57P01')
+    await c.end().catch(() => {})
+    return 'pg_terminate_backend(client.processID) rejects with 57P01'
+  })
+
+  await step('two_phase', () =>
+    withClient(async (c) => {
+      const mpt = Number((await one(c, 'show max_prepared_transactions')).max_prepared_transactions)
+      if (mpt === 0) return SKIP + 'max_prepared_transactions is 0 on this server'
+      await c.query('create table tpc_node(id int)')
+      await c.query('begin')
+      await c.query('insert into tpc_node values (1)')
+      await c.query("prepare transaction 'sandpit-node'")
+      assert.equal((await one(c, 'select count(*)::int as n from pg_prepared_xacts')).n, 1)
+      await c.query("commit prepared 'sandpit-node'")
+      assert.equal((await one(c, 'select count(*)::int as n from tpc_node')).n, 1)
+      assert.equal((await one(c, 'select count(*)::int as n from pg_prepared_xacts')).n, 0)
+      return `PREPARE TRANSACTION / COMMIT PREPARED (max_prepared_transactions = ${mpt})`
     })
   )
 
