@@ -96,6 +96,8 @@ fn main() {
     let mut rng = Rng(0x5a4d_7017_d1ff);
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut fewer: BTreeMap<usize, String> = BTreeMap::new();
+    // Same count, other boundaries: a few, shortest kept.
+    let mut moved: Vec<String> = Vec::new();
     let inputs = seeds
         .clone()
         .into_iter()
@@ -105,6 +107,9 @@ fn main() {
         let name = format!("{v:?}");
         let name = name.split([' ', '{']).next().unwrap_or("").to_string();
         *counts.entry(name).or_default() += 1;
+        if let Verdict::Boundaries { .. } = v {
+            moved.push(text.clone());
+        }
         if let Verdict::GatewayFewer { .. } = v {
             // Keep the shortest example per length bucket, to read them.
             fewer.entry(text.len() / 8).or_insert(text);
@@ -115,6 +120,10 @@ fn main() {
     }
     let mut shortest: Vec<&String> = fewer.values().collect();
     shortest.sort_by_key(|s| s.len());
+    moved.sort_by_key(String::len);
+    for t in moved.iter().take(5) {
+        println!("same count, other boundaries: {t:?}");
+    }
     for t in shortest.iter().take(40) {
         println!("gateway fewer: {t:?} -> {:?}", compare(t));
     }
