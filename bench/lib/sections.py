@@ -9,6 +9,7 @@ import psycopg
 import benchlib as bl
 from benchlib import Row, log, med_p99, pct
 from providers import providers  # noqa: F401  (a section, looked up by name)
+from stall import stall  # noqa: F401  (a section, looked up by name)
 
 # One gateway on the machine's own file system, shared by the sections that don't need a
 # special golden or file system; restarted with each section's config (tokens survive).

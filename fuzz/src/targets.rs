@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use sandpit::auth::{ScramServer, Verifier};
 use sandpit::proxy::caps::{CapMode, CapPolicy};
 use sandpit::proxy::pipeline::{Pipeline, SessionIdentity};
@@ -136,6 +136,128 @@ pub fn pipeline(data: &[u8]) {
     }
 }
 
+/// Row and byte counts of the result the client is receiving now.
+#[derive(Default)]
+struct Delivered {
+    rows: u64,
+    bytes: u64,
+}
+
+impl Delivered {
+    /// Account one frame the client received; panics when a result goes past the caps.
+    /// A result, as the client can count it, is everything between two completion messages
+    /// (CommandComplete, EmptyQueryResponse, PortalSuspended, ErrorResponse,
+    /// ReadyForQuery, FunctionCallResponse): a RowDescription is not needed to read rows.
+    fn see(&mut self, f: &Frame, caps: &CapPolicy, trace: &[(&str, Bytes)]) {
+        match f.tag {
+            b'D' | b'd' => {
+                if f.tag == b'D' {
+                    self.rows += 1;
+                }
+                self.bytes += f.raw.len() as u64;
+                assert!(
+                    self.rows <= caps.max_rows && self.bytes <= caps.max_bytes,
+                    "the client got {} rows / {} bytes in one result over caps of {} rows / {} \
+                     bytes ({:?}); messages so far:\n{}",
+                    self.rows,
+                    self.bytes,
+                    caps.max_rows,
+                    caps.max_bytes,
+                    caps.mode,
+                    show(trace)
+                );
+            }
+            b'C' | b'I' | b's' | b'E' | b'Z' | b'V' => *self = Delivered::default(),
+            _ => {}
+        }
+    }
+}
+
+/// The messages of a failing input, one a line, for the panic message.
+fn show(trace: &[(&str, Bytes)]) -> String {
+    let mut s = String::new();
+    for (who, raw) in trace {
+        let body = raw.get(5..).unwrap_or(&[]);
+        s.push_str(&format!(
+            "{who} {:?} {:?}\n",
+            raw[0] as char,
+            String::from_utf8_lossy(body)
+        ));
+    }
+    s
+}
+
+/// One message of a `pipeline_caps` input: which side sent it, and whether the relay
+/// drains its outbox after it (it does so only between batches).
+fn next_item(data: &[u8]) -> Option<(u8, Frame, usize)> {
+    let (&dir, rest) = data.split_first()?;
+    let mut r = FrameReader::with_buffer(tokio::io::empty(), BytesMut::from(rest), 1 << 20);
+    let f = r.try_frame().ok()??;
+    let used = 1 + f.raw.len();
+    Some((dir, f, used))
+}
+
+/// The cap invariant: whatever the client and the backend send, in any interleaving, no
+/// result reaches the client with more rows than max_rows or more row bytes than
+/// max_bytes. The first byte gives the caps (as in [`pipeline`]); then each message is a
+/// direction byte (bit 0: from the backend; bit 1: no outbox drain after it) and a frame.
+pub fn pipeline_caps(data: &[u8]) {
+    let Some((&mode, mut data)) = data.split_first() else {
+        return;
+    };
+    let caps = CapPolicy {
+        max_rows: u64::from(mode & 0x0f) + 1,
+        max_bytes: 64 + u64::from(mode >> 4) * 64,
+        mode: if mode & 1 == 0 {
+            CapMode::Truncate
+        } else {
+            CapMode::Error
+        },
+    };
+    let mut pl = Pipeline::new(SessionIdentity {
+        token: "sp_fuzz".into(),
+        task: "fuzz".into(),
+        session: 1,
+        log: None::<Arc<_>>,
+        caps,
+        allow: (mode & 2 != 0).then(|| vec!["read".to_string(), "transaction".to_string()]),
+    });
+    let mut to_backend = BytesMut::new();
+    let mut to_client = BytesMut::new();
+    let mut seen = Delivered::default();
+    // What happened, for the panic message.
+    let mut trace: Vec<(&str, Bytes)> = Vec::new();
+    while let Some((dir, f, used)) = next_item(data) {
+        data = &data[used..];
+        let from_backend = dir & 1 == 1;
+        let who = if from_backend {
+            "backend →"
+        } else {
+            "client  →"
+        };
+        trace.push((who, f.raw.clone()));
+        if from_backend {
+            pl.on_backend(f, &mut to_client, &[]);
+            let _ = pl.take_ignored_syncs();
+        } else {
+            pl.on_client(f);
+        }
+        if dir & 2 == 0 {
+            pl.drain_outbox(&mut to_backend);
+        }
+        let mut r = FrameReader::with_buffer(tokio::io::empty(), to_client.split(), 1 << 30);
+        while let Ok(Some(out)) = r.try_frame() {
+            trace.push(("    client sees", out.raw.clone()));
+            seen.see(&out, &caps, &trace);
+        }
+        assert_eq!(
+            r.buffered(),
+            0,
+            "gateway output to the client is not whole frames"
+        );
+    }
+}
+
 /// The statement classifier and splitter.
 pub fn classify(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
@@ -156,5 +278,6 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("frontend", frontend),
     ("scram", scram),
     ("pipeline", pipeline),
+    ("pipeline_caps", pipeline_caps),
     ("classify", classify),
 ];

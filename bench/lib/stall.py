@@ -1,0 +1,95 @@
+"""One token's worst message against another token's latency (issue 14: no token can
+stall another). Figures only: the ratio to the idle latency measured in the same run."""
+import os
+import subprocess
+import sys
+import time
+
+import psycopg
+
+import benchlib as bl
+from benchlib import Row, log, pct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _select1_ms(conn, n):
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        conn.execute("select 1").fetchone()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def _logins_ms(dsn, n):
+    return [bl.first_query(dsn) for _ in range(n)]
+
+
+def _attack(env, dsn, mode, n):
+    """Start the attacker (nice 19 on the client core, so it takes CPU from the measuring
+    client only when that one is idle) and wait until its first round is under way."""
+    p = subprocess.Popen(env.client_cmd(["nice", "-n", "19", sys.executable,
+                                         os.path.join(HERE, "stall_attacker.py"), dsn, mode, str(n)]),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env.procs.append(p)
+    line = p.stdout.readline()
+    if line.strip() != "ready":
+        p.kill()
+        raise RuntimeError(f"attacker did not start: {line!r} {p.stderr.read()[-300:]!r}")
+    time.sleep(0.5)
+    return p
+
+
+def _stop(p):
+    p.kill()
+    out, _ = p.communicate(timeout=30)
+    rounds = [float(x) for x in out.split() if x.replace(".", "", 1).isdigit()]
+    return rounds
+
+
+def stall(env, sz):
+    from sections import MAIN, shared  # the suite's shared gateway
+    env.pin_self_to_clients()
+    g = shared(env, MAIN)
+    victim = g.issue("stall-victim")
+    attacker = g.issue("stall-attacker")
+    n, logins = sz["stall_queries"], sz["stall_logins"]
+    attacks = [
+        ("query", sz["stall_stmts"], f"one simple Query of {sz['stall_stmts']:,} `SELECT 1;` "
+         "(over the split bound: relayed whole, capped from the stream)"),
+        ("query", 1000, "one simple Query of 1,000 `SELECT 1;` (the most the gateway runs "
+         "one by one: 1,000 Parse/Bind/Describe/Execute)"),
+        ("pipeline", sz["stall_burst"], f"a pipelined burst of {sz['stall_burst']:,} "
+         "Parse/Bind/Describe/Execute `select 1`, one Sync"),
+    ]
+    rows = []
+    with psycopg.connect(victim["dsn_plain"], autocommit=True) as vc:
+        _select1_ms(vc, 20)  # warm up
+        idle = _select1_ms(vc, n)
+        idle_login = _logins_ms(victim["dsn_plain"], logins)
+        i50, i99 = pct(idle, 50), pct(idle, 99)
+        l50 = pct(idle_login, 50)
+        rows.append(Row(f"another token's `select 1`, idle (n={n})",
+                        f"{i50:.2f} / {i99:.2f} ms", "", "baseline of the ratios below"))
+        rows.append(Row(f"another token's login + `select 1`, idle (n={logins})",
+                        f"{l50:.1f} / {pct(idle_login, 99):.1f} ms", "", ""))
+        for mode, count, what in attacks:
+            p = _attack(env, attacker["dsn_plain"], mode, count)
+            try:
+                busy = _select1_ms(vc, n)
+                busy_login = _logins_ms(victim["dsn_plain"], logins)
+            finally:
+                rounds = _stop(p)
+            b50, b99 = pct(busy, 50), pct(busy, 99)
+            per_round = f"; attacker's round {pct(rounds, 50):.2f} s median over {len(rounds)}" if rounds else ""
+            log(f"stall {mode} {count}: select1 {b50:.2f}/{b99:.2f} ms, login {pct(busy_login, 50):.1f} ms{per_round}")
+            rows.append(Row(f"another token's `select 1` while one token sends {what}",
+                            f"{b50:.2f} / {b99:.2f} ms: ×{b50 / i50:.1f} / ×{b99 / i99:.1f} idle",
+                            "", f"figures only{per_round}"))
+            rows.append(Row("… and its login + `select 1` meanwhile",
+                            f"{pct(busy_login, 50):.1f} / {pct(busy_login, 99):.1f} ms: "
+                            f"×{pct(busy_login, 50) / l50:.1f} idle (medians)", "", ""))
+    g.revoke(victim["id"])
+    g.revoke(attacker["id"])
+    return rows
