@@ -263,6 +263,9 @@ pub struct PostgresConfig {
     /// `temp_file_limit` of each scratch server (superuser-only: the agent cannot raise it),
     /// e.g. "1GB"; "-1" = none.
     pub temp_file_limit: String,
+    /// `max_prepared_transactions` of each scratch server: two-phase commit for the task
+    /// (each slot costs a few hundred bytes of shared memory per allowed connection); 0 = off.
+    pub max_prepared_transactions: u32,
 }
 
 impl Default for PostgresConfig {
@@ -274,6 +277,7 @@ impl Default for PostgresConfig {
             max_connections: 30,
             idle_suspend: Duration::from_secs(300),
             temp_file_limit: "1GB".into(),
+            max_prepared_transactions: 10,
         }
     }
 }

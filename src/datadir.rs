@@ -96,3 +96,10 @@ mod tests {
         assert_eq!(mode(&outside), 0o755, "the link's target was not touched");
     }
 }
+
+/// Bytes free for an unprivileged writer on the filesystem holding `dir` (statvfs
+/// `f_bavail`), or None when it cannot be read.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}

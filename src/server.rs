@@ -161,10 +161,16 @@ async fn build_provider(
                 max_connections: cfg.postgres.max_connections,
                 run_as: cfg.postgres.run_as.clone(),
                 netns: cfg.postgres.netns,
-                settings: vec![(
-                    "temp_file_limit".into(),
-                    cfg.postgres.temp_file_limit.clone(),
-                )],
+                settings: vec![
+                    (
+                        "temp_file_limit".into(),
+                        cfg.postgres.temp_file_limit.clone(),
+                    ),
+                    (
+                        "max_prepared_transactions".into(),
+                        cfg.postgres.max_prepared_transactions.to_string(),
+                    ),
+                ],
             })
             .await?;
             tracing::info!(

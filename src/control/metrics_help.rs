@@ -152,6 +152,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_data_dir_free_bytes",
+        Gauge,
+        "Bytes free on the data dir's filesystem (forks, statement logs, reviews), at each janitor pass.",
+        &[],
+    ),
+    (
         "sandpit_janitor_errors_total",
         Counter,
         "Failures during janitor passes.",

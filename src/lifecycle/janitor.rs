@@ -163,6 +163,10 @@ pub fn refresh_gauges(gw: &Gateway) {
         metrics::gauge!("sandpit_tokens", "state" => *state).set(n as f64);
     }
     metrics::gauge!("sandpit_backends").set(backends as f64);
+    // Forks, logs and reviews all live on the data dir's filesystem: alert before it fills.
+    if let Some(free) = crate::datadir::free_bytes(&gw.config.data_dir) {
+        metrics::gauge!("sandpit_data_dir_free_bytes").set(free as f64);
+    }
 }
 
 /// Runs one pass. A dry run only reports. Errors listing backends end the pass; errors on

@@ -424,6 +424,12 @@ pub fn returning(text: &str) -> bool {
     ) && up.contains("RETURNING")
 }
 
+/// A byte that can continue an identifier or a dollar-quote tag (letters, digits, `_`, and
+/// any byte of a non-ASCII character).
+fn ident_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80
+}
+
 /// Split a simple-query string into statements (byte ranges, trimmed, empty ones dropped),
 /// honouring quotes, dollar quotes, identifiers and comments. Returns None when the text
 /// has a construct whose semicolons do not end statements (`BEGIN ATOMIC` bodies) or is
@@ -436,7 +442,11 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
     while i < b.len() {
         match b[i] {
             b'\'' => {
-                let escapes = i > 0 && (b[i - 1] == b'E' || b[i - 1] == b'e');
+                // E'…' only where the E starts a token (`abcE'x'` is identifier `abce`
+                // followed by a standard string), as in PostgreSQL's scanner.
+                let escapes = i > 0
+                    && (b[i - 1] == b'E' || b[i - 1] == b'e')
+                    && !(i > 1 && ident_byte(b[i - 2]));
                 i += 1;
                 loop {
                     match b.get(i) {
@@ -460,7 +470,8 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
                 }
             }
             b'-' if b.get(i + 1) == Some(&b'-') => {
-                while i < b.len() && b[i] != b'\n' {
+                // A comment ends at a newline: \n or \r, as PostgreSQL's scanner has it.
+                while i < b.len() && b[i] != b'\n' && b[i] != b'\r' {
                     i += 1;
                 }
             }
@@ -485,10 +496,11 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
             }
             b'$' => {
                 // $tag$ … $tag$ (a `$1` parameter is not a quote).
-                let prev_ident = i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+                // Inside an identifier (`a$b`, or after a non-ASCII letter) `$` is part of it.
+                let prev_ident = i > 0 && (ident_byte(b[i - 1]) || b[i - 1] == b'$');
                 let tag_end = b[i + 1..]
                     .iter()
-                    .position(|&c| !(c.is_ascii_alphanumeric() || c == b'_'))
+                    .position(|&c| !ident_byte(c))
                     .map(|p| i + 1 + p);
                 if let Some(te) = tag_end {
                     let tag = &b[i..=te];

@@ -118,3 +118,17 @@ fn explain_analyze_and_copy_of_a_write_are_writes() {
         assert_eq!(classify(text), kind, "{text}");
     }
 }
+
+#[test]
+fn split_follows_the_postgres_scanner_where_it_was_fooled() {
+    // Findings of the differential fuzz target against libpg_query.
+    for (text, n) in [
+        ("SELECT 1 -- c\rSELECT 2; SELECT 3", 2),
+        ("SELECT 1 AS abcE'\\'; SELECT 2", 2),
+        ("SELECT e'\\''; SELECT 2", 2),
+        ("SELECT 1 AS é$a$; SELECT 2 AS é$a$", 2),
+        ("SELECT $a$ ; $a$; SELECT 2", 2),
+    ] {
+        assert_eq!(split(text).map(|p| p.len()), Some(n), "{text:?}");
+    }
+}

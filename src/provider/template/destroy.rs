@@ -62,9 +62,6 @@ impl TemplateProvider {
             .await
             .map_err(|e| pg_err("looking up the scratch database", e))?
             .is_some();
-        // A prepared transaction holds its locks and blocks DROP DATABASE (and, if the role
-        // prepared one elsewhere, DROP ROLE): roll back every one the task left behind.
-        self.rollback_prepared(&c, h).await?;
         if db {
             // A template database cannot be dropped; harmless when it is not one.
             c.batch_execute(&format!(
@@ -73,6 +70,10 @@ impl TemplateProvider {
             .await
             .map_err(|e| pg_err("clearing the scratch database's flags", e))?;
         }
+        // A prepared transaction holds its locks and blocks DROP DATABASE (and, if the role
+        // prepared one elsewhere, DROP ROLE): roll back every one the task left behind (from
+        // its own database, which accepts connections again by now).
+        self.rollback_prepared(&c, h).await?;
         c.batch_execute(&format!("DROP DATABASE IF EXISTS {q} WITH (FORCE)"))
             .await
             .map_err(|e| pg_err("dropping the scratch database", e))?;

@@ -19,16 +19,21 @@ enum Closed {
 impl Pipeline {
     /// The statement whose results are arriving now; a result nobody expected (the gateway
     /// misread the client's stream) is counted as a stray, never passed on uncounted.
+    /// A stray result in progress keeps its count until it ends, even if a statement
+    /// reaches the front of the FIFO meanwhile (a result is delimited by the stream).
     fn counting(&mut self) -> &mut Stmt {
         let Pipeline { fifo, stray, .. } = self;
-        match fifo.front_mut() {
-            Some(Pending::Execute { stmt, .. }) => stmt,
-            Some(Pending::Simple { stmts }) => match stmts.front_mut() {
-                Some(s) => s,
-                None => stray.get_or_insert_with(Stmt::stray),
-            },
-            _ => stray.get_or_insert_with(Stmt::stray),
+        let front = match fifo.front_mut() {
+            Some(Pending::Execute { stmt, .. }) => Some(stmt),
+            Some(Pending::Simple { stmts }) => stmts.front_mut(),
+            _ => None,
+        };
+        if stray.is_none() {
+            if let Some(s) = front {
+                return s;
+            }
         }
+        stray.get_or_insert_with(Stmt::stray)
     }
 
     /// A message from the backend: append what the client must see to `out`.
@@ -205,6 +210,10 @@ impl Pipeline {
         } else {
             None
         };
+        if self.stray.is_some() {
+            // It ends the stray result in progress, not whatever reached the FIFO's front.
+            return self.close_stray(f, tag, out);
+        }
         match self.fifo.pop_front() {
             Some(Pending::Execute { stmt, .. }) => self.finish(stmt, Some(f), tag, out),
             Some(Pending::Simple { mut stmts }) => {
@@ -243,6 +252,11 @@ impl Pipeline {
     }
 
     fn on_suspended(&mut self, f: Frame, out: &mut BytesMut) {
+        if self.stray.take().is_some() {
+            // It ends the stray result in progress.
+            out.extend_from_slice(&f.raw);
+            return;
+        }
         match self.fifo.pop_front() {
             Some(Pending::Execute { stmt, .. }) if stmt.lowered => {
                 self.finish(stmt, None, None, out)
