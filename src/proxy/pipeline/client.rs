@@ -73,7 +73,13 @@ impl Pipeline {
             b'D' => {
                 let (portal_key, statement) = match frontend::target(f.body()) {
                     Some((b'P', name)) => (Some((name.to_vec(), self.binds)), None),
-                    Some((_, name)) => (None, Some(name.to_vec())),
+                    Some((_, name)) => {
+                        let id = match self.prepared.lookup(name, self.group) {
+                            Lookup::Defined(p) => Some(p.id),
+                            _ => None,
+                        };
+                        (None, id.map(|id| (name.to_vec(), id)))
+                    }
                     None => (None, None),
                 };
                 self.push(
@@ -162,9 +168,11 @@ impl Pipeline {
                 return self.refuse();
             }
             let text: Arc<str> = Arc::from(text_of(query));
+            self.parses += 1;
             let p = Prepared {
                 text,
                 catalog: false,
+                id: self.parses,
             };
             self.prepared.propose(name, Some(p), self.group);
             Some(Change::Stmt(name.to_vec()))
@@ -218,7 +226,7 @@ impl Pipeline {
                 Lookup::Defined(_)
             );
         let change = match stmt {
-            Some(Prepared { text, catalog }) if !portal_exists => {
+            Some(Prepared { text, catalog, id }) if !portal_exists => {
                 let params: Vec<Option<String>> = b
                     .params
                     .iter()
@@ -228,6 +236,7 @@ impl Pipeline {
                     text,
                     params,
                     catalog,
+                    statement_id: id,
                 };
                 let size = b.portal.len() + portal.weight();
                 if over_limit(self.portals.len(), b.portal, self.tracked_bytes() + size) {
@@ -359,12 +368,18 @@ impl Pipeline {
         if self.portal_dirty && portal.is_empty() {
             self.close_unnamed_portal();
         }
-        let (text, params, catalog) = match self.portals.lookup(&portal, self.group) {
-            Lookup::Defined(p) => (p.text.clone(), p.params.clone(), p.catalog),
-            _ => (Arc::from(""), Vec::new(), false),
+        let (text, params, catalog, statement_id) = match self.portals.lookup(&portal, self.group) {
+            Lookup::Defined(p) => (
+                p.text.clone(),
+                p.params.clone(),
+                p.catalog,
+                Some(p.statement_id),
+            ),
+            _ => (Arc::from(""), Vec::new(), false, None),
         };
         let mut stmt = self.new_stmt("extended", &text, params);
         stmt.count.catalog = catalog;
+        stmt.statement_id = statement_id;
         let refusal = if self.denies(stmt.kind) {
             stmt.denied = true;
             metrics::counter!("sandpit_denied_statements_total", "kind" => stmt.kind.as_str())

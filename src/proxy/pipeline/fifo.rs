@@ -35,6 +35,12 @@ impl Fifo {
         self.q.front_mut()
     }
 
+    /// The first `n` entries, front first (their statements' counts may change; never a
+    /// barrier flag).
+    pub fn first_mut(&mut self, n: usize) -> impl Iterator<Item = &mut Pending> {
+        self.q.iter_mut().take(n)
+    }
+
     pub fn push_back(&mut self, p: Pending) {
         self.barriers += usize::from(p.is_barrier());
         self.q.push_back(p);

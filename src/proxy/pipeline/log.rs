@@ -63,6 +63,7 @@ impl Stmt {
             held: Vec::new(),
             beyond: Vec::new(),
             portal_key: None,
+            statement_id: None,
             copy_out: false,
             lowered: false,
             verb,

@@ -82,6 +82,8 @@ struct Stmt {
     /// For an Execute: the portal and the client's Bind count when it was sent, so a
     /// RowDescription from a Describe of the very same portal can be matched to it.
     portal_key: Option<(Vec<u8>, u64)>,
+    /// For an Execute: the `Prepared::id` its portal was bound from.
+    statement_id: Option<u64>,
     copy_out: bool,
     /// Lowered Execute.max_rows: the backend stops at cap + 1.
     lowered: bool,
@@ -131,8 +133,8 @@ enum Pending {
         swallow_nodata: bool,
         /// For a portal Describe: the portal and the Bind count (see `Stmt::portal_key`).
         portal_key: Option<(Vec<u8>, u64)>,
-        /// For a statement Describe: the statement's name.
-        statement: Option<Vec<u8>>,
+        /// For a statement Describe: the statement's name and `Prepared::id`.
+        statement: Option<(Vec<u8>, u64)>,
     },
     Execute {
         stmt: Stmt,
@@ -223,6 +225,9 @@ impl Outgoing {
 struct Prepared {
     text: Arc<str>,
     catalog: bool,
+    /// Drawn per Parse, so a Describe's answer is matched to the very statement it
+    /// described (and to the portals bound from it) even when the name is reused.
+    id: u64,
 }
 
 impl Weight for Prepared {
@@ -237,6 +242,8 @@ struct Portal {
     text: Arc<str>,
     params: Vec<Option<String>>,
     catalog: bool,
+    /// The `Prepared::id` it was bound from.
+    statement_id: u64,
 }
 
 impl Weight for Portal {
@@ -267,6 +274,8 @@ pub struct Pipeline {
     portal_dirty: bool,
     /// Binds sent so far (the client's and the gateway's own).
     binds: u64,
+    /// Parses proposed so far (the source of `Prepared::id`).
+    parses: u64,
     /// Client COPY ends (CopyDone, CopyFail) so far.
     copy_ends: u64,
     /// A COPY FROM STDIN runs until the client's COPY end number `n + 1`; Syncs before it
@@ -297,6 +306,7 @@ impl Pipeline {
             stmt_dirty: false,
             portal_dirty: false,
             binds: 0,
+            parses: 0,
             copy_ends: 0,
             copy_in_until: None,
             ignored_syncs: 0,

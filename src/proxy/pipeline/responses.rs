@@ -68,8 +68,8 @@ impl Pipeline {
                         if f.tag == b'T' {
                             let catalog = messages::reads_only_catalogs(f.body());
                             self.described(portal_key, catalog);
-                            if let Some(p) = statement.and_then(|n| self.prepared.settled_mut(&n)) {
-                                p.catalog = catalog;
+                            if let Some((name, id)) = statement {
+                                self.statement_described(&name, id, catalog);
                             }
                         }
                         if !(swallow_nodata && f.tag == b'n') {
@@ -124,6 +124,24 @@ impl Pipeline {
         if let Some(Pending::Execute { stmt, .. }) = self.fifo.front_mut() {
             if stmt.portal_key.as_ref() == Some(&key) {
                 stmt.count.catalog = catalog;
+            }
+        }
+    }
+
+    /// A prepared statement's RowDescription: later portals bound from it, and Executes of
+    /// such portals already queued right behind (a driver's Parse/Describe/Bind/Execute in
+    /// one batch), are catalog results or not by these columns.
+    fn statement_described(&mut self, name: &[u8], id: u64, catalog: bool) {
+        if let Some(p) = self.prepared.settled_mut(name) {
+            if p.id == id {
+                p.catalog = catalog;
+            }
+        }
+        for p in self.fifo.first_mut(4) {
+            if let Pending::Execute { stmt, .. } = p {
+                if stmt.statement_id == Some(id) {
+                    stmt.count.catalog = catalog;
+                }
             }
         }
     }
