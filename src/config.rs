@@ -306,6 +306,9 @@ pub struct LimitsConfig {
     /// Failed logins per token id (wrong secret) and per source address (unknown id) in a
     /// sliding minute; past it failures are answered late (28000). 0 = no limit.
     pub auth_failures_per_minute: u32,
+    /// A fork is refused (before copying anything) while the data dir's filesystem has less
+    /// than this many bytes free; 0 turns the check off.
+    pub min_free_bytes: u64,
 }
 
 impl Default for LimitsConfig {
@@ -316,6 +319,7 @@ impl Default for LimitsConfig {
             max_message: 64 * 1024 * 1024,
             cleartext_on_loopback: true,
             auth_failures_per_minute: 20,
+            min_free_bytes: 256 * 1024 * 1024,
         }
     }
 }

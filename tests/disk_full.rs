@@ -99,7 +99,13 @@ async fn a_full_disk_keeps_the_kill_switch_and_the_log() {
     };
     // The gateway's own log (its stderr) is on the full filesystem too, as an operator's
     // would be: a log line that cannot be written must not take a session or a request down.
-    let g = Gateway::start_in(&data, Some(SMALL_GOLDEN), None);
+    // The fork pre-check (limits.min_free_bytes) is set low here, so that the copy itself
+    // runs out of space and the removal of a partial copy is what gets tested.
+    let g = Gateway::start_in(
+        &data,
+        Some(SMALL_GOLDEN),
+        Some("[limits]\nmin_free_bytes = 1048576\n"),
+    );
 
     // Before the disk fills: A (for the log) and B (for revoke) have their scratch
     // databases; C is issued (its record written) but never connected.
@@ -232,4 +238,29 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Below `limits.min_free_bytes` a fork is refused before anything is copied: the client
+/// gets a clean 08006, the metric counts it, nothing of the token is on disk.
+#[tokio::test]
+async fn a_fork_is_refused_ahead_when_free_space_is_below_the_minimum() {
+    let g = Gateway::start(
+        Some(SMALL_GOLDEN),
+        Some("[limits]\nmin_free_bytes = 1000000000000000000\n"),
+    );
+    let t = g.issue("no-room", 600);
+    let e = connect(&dsn(&t)).await.expect_err("fork refused");
+    assert_eq!(sqlstate(&e), "08006", "{e:?}");
+    assert!(g.log().contains("fork refused"), "{}", g.log());
+    let m = common::metrics(&g.api);
+    assert_eq!(
+        m.get("sandpit_forks_refused_low_disk_total"),
+        Some(&1.0),
+        "{m:?}"
+    );
+    let leftovers: Vec<PathBuf> = walk(&g.instances_dir())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(&id(&t)))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }

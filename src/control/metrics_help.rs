@@ -152,6 +152,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_forks_refused_low_disk_total",
+        Counter,
+        "Forks refused because the data dir's filesystem had less than limits.min_free_bytes free.",
+        &[&[]],
+    ),
+    (
         "sandpit_data_dir_free_bytes",
         Gauge,
         "Bytes free on the data dir's filesystem (forks, statement logs, reviews), at each janitor pass.",

@@ -499,6 +499,20 @@ impl Gateway {
             gateway_id: self.gateway_id.clone(),
             golden: rec.golden.clone(),
         };
+        // A fork copies a golden: refused before anything is copied when the disk is nearly
+        // full (statement logs and token records need the room more).
+        let min_free = self.config.limits.min_free_bytes;
+        if min_free > 0 {
+            if let Some(free) = crate::datadir::free_bytes(&self.config.data_dir) {
+                if free < min_free {
+                    metrics::counter!("sandpit_forks_refused_low_disk_total").increment(1);
+                    tracing::error!(token = %id, free, min_free, "fork refused: the data dir's filesystem is nearly full");
+                    return Err(LifecycleError::Provider(ProviderError::NotReady(format!(
+                        "data dir has {free} bytes free, below limits.min_free_bytes ({min_free})"
+                    ))));
+                }
+            }
+        }
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
         let took = started.elapsed();
