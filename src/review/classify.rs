@@ -347,17 +347,36 @@ pub fn from_keywords(text: &str) -> Kind {
 /// driver's own catalog query can be recognised from its RowDescription and passed whole.
 /// A wrong guess only costs the early stop: rows are still capped from the stream.
 pub fn may_read_catalogs(text: &str) -> bool {
+    // Looked for at each `_` only: this runs for every statement on the hot path.
     let b = text.as_bytes();
-    b.windows(3).any(|w| w.eq_ignore_ascii_case(b"pg_"))
-        || b.windows(18)
-            .any(|w| w.eq_ignore_ascii_case(b"information_schema"))
+    b.iter().enumerate().any(|(i, &c)| {
+        c == b'_'
+            && ((i >= 2 && b[i - 2..i].eq_ignore_ascii_case(b"pg"))
+                || (i >= 11
+                    && b[i - 11..i].eq_ignore_ascii_case(b"information")
+                    && b.get(i + 1..i + 7)
+                        .is_some_and(|w| w.eq_ignore_ascii_case(b"schema"))))
+    })
 }
 
 /// Whether the statement's first word (after comments and parentheses) is `word`.
 pub fn leading_word_is(text: &str, word: &str) -> bool {
+    // Cheap rejection first (no allocation): the word must occur somewhere.
+    let (b, w) = (text.as_bytes(), word.as_bytes());
+    let Some(&first) = w.first() else {
+        return false;
+    };
+    let occurs = b.iter().enumerate().any(|(i, &c)| {
+        c.eq_ignore_ascii_case(&first)
+            && b.get(i..i + w.len())
+                .is_some_and(|x| x.eq_ignore_ascii_case(w))
+    });
+    if !occurs {
+        return false;
+    }
     leading_words(text, 1)
         .first()
-        .is_some_and(|w| w.eq_ignore_ascii_case(word))
+        .is_some_and(|l| l.eq_ignore_ascii_case(word))
 }
 
 /// Whether a statement can produce a result set (so it must be capped by the backend, not

@@ -132,3 +132,19 @@ fn split_follows_the_postgres_scanner_where_it_was_fooled() {
         assert_eq!(split(text).map(|p| p.len()), Some(n), "{text:?}");
     }
 }
+
+#[test]
+fn catalog_and_leading_word_hints() {
+    assert!(may_read_catalogs("select * from PG_type"));
+    assert!(may_read_catalogs("select * from information_schema.tables"));
+    assert!(may_read_catalogs(
+        "SELECT 1 FROM INFORMATION_SCHEMA.columns"
+    ));
+    assert!(!may_read_catalogs(
+        "select abalance from pgbench_accounts where aid = 1"
+    ));
+    assert!(!may_read_catalogs("select information from t"));
+    assert!(leading_word_is("/* c */ copy t from stdin", "COPY"));
+    assert!(!leading_word_is("select 'copy'", "COPY"));
+    assert!(!leading_word_is("select 1", "COPY"));
+}
