@@ -361,8 +361,14 @@ pub fn may_read_catalogs(text: &str) -> bool {
 
 /// Whether the statement's first word (after comments and parentheses) is `word`.
 pub fn leading_word_is(text: &str, word: &str) -> bool {
-    // Cheap rejection first (no allocation): the word must occur somewhere.
+    // Cheap rejections first (no allocation): the text must start with the word's first
+    // letter or with what `leading_words` skips (comment, parenthesis), and hold the word.
     let (b, w) = (text.as_bytes(), word.as_bytes());
+    match text.trim_start().as_bytes().first() {
+        Some(c) if w.first().is_some_and(|f| c.eq_ignore_ascii_case(f)) => {}
+        Some(b'(' | b'/' | b'-') => {}
+        _ => return false,
+    }
     let Some(&first) = w.first() else {
         return false;
     };
