@@ -138,90 +138,6 @@ impl Default for Config {
     }
 }
 
-/// `[template]`: scratch databases on an existing Postgres server.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TemplateSection {
-    /// DSN of an admin role that may create databases and roles.
-    pub admin_dsn: Option<String>,
-    /// Name of the golden database.
-    pub golden: String,
-    /// SQL file the golden is built from; default: `[golden] sql` when set, else the golden
-    /// database must exist.
-    pub golden_sql: Option<PathBuf>,
-    /// Role owning the golden's objects (default: `sandpit_golden_owner` when built from SQL,
-    /// else the golden database's owner).
-    pub golden_owner: Option<String>,
-    /// TLS to the server: "disable", "require", "verify-full"; default: the DSN's sslmode.
-    pub sslmode: Option<String>,
-    /// CA certificate file to verify the server with.
-    pub ca_file: Option<PathBuf>,
-}
-
-impl Default for TemplateSection {
-    fn default() -> Self {
-        TemplateSection {
-            admin_dsn: None,
-            golden: "sandpit_golden".into(),
-            golden_sql: None,
-            golden_owner: None,
-            sslmode: None,
-            ca_file: None,
-        }
-    }
-}
-
-/// `[remote]`: scratch databases from a sandbox service over HTTP (docs/remote-provider.yaml).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RemoteSection {
-    /// Base URL of the service API, e.g. `https://sandboxes.internal/`.
-    pub url: Option<String>,
-    /// Bearer key for the service; else `SANDPIT_REMOTE_API_KEY`.
-    pub api_key: Option<String>,
-    /// The golden sandbox forks are made from.
-    pub golden: String,
-    /// Value of the `sandpit.owner` metadata on every sandbox this gateway makes.
-    pub owner: String,
-    /// Time to establish a connection to the service.
-    #[serde(deserialize_with = "de_duration")]
-    pub connect_timeout: Duration,
-    /// Time for one HTTP request.
-    #[serde(deserialize_with = "de_duration")]
-    pub request_timeout: Duration,
-    /// Longest wait for a fork to become ready, retries and polling included.
-    #[serde(deserialize_with = "de_duration")]
-    pub fork_timeout: Duration,
-    /// Retries after a connect error or a 5xx/429 answer (with backoff).
-    pub retries: u32,
-    /// Added to the token's expiry for the TTL set on the sandbox (the service's backstop).
-    #[serde(deserialize_with = "de_duration")]
-    pub ttl_grace: Duration,
-    /// TLS to the sandboxes: "disable", "require", "verify-full" (the stricter of this and
-    /// the service's answer is used).
-    pub sslmode: String,
-    /// CA certificate file to verify sandboxes with.
-    pub ca_file: Option<PathBuf>,
-}
-
-impl Default for RemoteSection {
-    fn default() -> Self {
-        RemoteSection {
-            url: None,
-            api_key: None,
-            golden: "sandpit-golden".into(),
-            owner: "sandpit".into(),
-            connect_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(30),
-            fork_timeout: Duration::from_secs(120),
-            retries: 2,
-            ttl_grace: Duration::from_secs(600),
-            sslmode: "require".into(),
-            ca_file: None,
-        }
-    }
-}
-
 /// TLS for clients.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -630,6 +546,10 @@ pub use preflight::{check_admin_key, MIN_ADMIN_KEY_BYTES};
 #[path = "config_registry.rs"]
 mod registry_section;
 pub use registry_section::RegistrySection;
+
+#[path = "config_providers.rs"]
+mod provider_sections;
+pub use provider_sections::{RemoteSection, TemplateSection};
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

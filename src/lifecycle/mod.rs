@@ -1,6 +1,7 @@
 //! The life of a token: issue, lazy single-flight fork, TTL expiry, revoke. Ending a token
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
+mod faults;
 pub mod janitor;
 mod replicas;
 mod stop;
@@ -499,20 +500,7 @@ impl Gateway {
             gateway_id: self.gateway_id.clone(),
             golden: rec.golden.clone(),
         };
-        // A fork copies a golden: refused before anything is copied when the disk is nearly
-        // full (statement logs and token records need the room more).
-        let min_free = self.config.limits.min_free_bytes;
-        if min_free > 0 {
-            if let Some(free) = crate::datadir::free_bytes(&self.config.data_dir) {
-                if free < min_free {
-                    metrics::counter!("sandpit_forks_refused_low_disk_total").increment(1);
-                    tracing::error!(token = %id, free, min_free, "fork refused: the data dir's filesystem is nearly full");
-                    return Err(LifecycleError::Provider(ProviderError::NotReady(format!(
-                        "data dir has {free} bytes free, below limits.min_free_bytes ({min_free})"
-                    ))));
-                }
-            }
-        }
+        self.room_to_fork(id)?;
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
         let took = started.elapsed();
@@ -536,27 +524,6 @@ impl Gateway {
             .await?;
         *slot = Some(b.clone());
         Ok(b)
-    }
-
-    /// A token whose backend access was tampered with is revoked (its sessions end, its
-    /// backend goes); the error for the connection that found it.
-    pub async fn end_tampered(&self, id: &str, why: &str) -> LifecycleError {
-        tracing::warn!(token = %id, why, "backend access tampered with; revoking the token");
-        metrics::counter!("sandpit_tokens_tampered_total").increment(1);
-        if let Err(e) = self.end(id, EndReason::Revoked).await {
-            tracing::warn!(token = %id, error = %e, "revoking a tampered token failed");
-        }
-        LifecycleError::NotUsable(id.into(), "revoked")
-    }
-
-    /// Forget the cached backend of a token whose connection failed (its server may have
-    /// crashed): the next `backend_for` checks it again, restarting it if it is down.
-    pub async fn backend_failed(&self, id: &str) {
-        if let Some(rt) = self.runtimes.get(id).map(|r| r.clone()) {
-            if rt.backend.lock().await.take().is_some() {
-                metrics::gauge!("sandpit_backends").decrement(1.0);
-            }
-        }
     }
 
     /// End a token: mark it, end its sessions with the reason, destroy its backend.
@@ -585,16 +552,7 @@ impl Gateway {
         if !changed {
             // Ended a moment ago, perhaps by another replica: this replica's sessions end
             // now too, without waiting for the change feed.
-            let why = match rec.state {
-                TokenState::Revoked => Some(EndReason::Revoked),
-                TokenState::Expired => Some(EndReason::Expired),
-                _ => None,
-            };
-            if let (Some(why), Some(rt)) = (why, self.runtimes.get(id).map(|r| r.clone())) {
-                if rt.ended.borrow().is_none() {
-                    rt.ended.send_replace(Some(why));
-                }
-            }
+            self.end_sessions_here(&rec);
             return Ok(false);
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");

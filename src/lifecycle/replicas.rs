@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use time::OffsetDateTime;
 
-use super::{EndReason, Gateway, LifecycleError};
+use super::{EndReason, Gateway, LifecycleError, TokenRuntime};
 use crate::provider::Backend;
 use crate::registry::{TokenRecord, TokenState};
 
@@ -28,28 +28,36 @@ impl Gateway {
     }
 
     fn absorb_remote(self: &Arc<Self>, rec: TokenRecord) {
-        let reason = match rec.state {
-            TokenState::Issued | TokenState::Live => {
-                if rec.expires_at > OffsetDateTime::now_utc() {
-                    self.schedule_expiry(&rec);
-                }
-                return;
+        if rec.state.is_usable() {
+            if rec.expires_at > OffsetDateTime::now_utc() {
+                self.schedule_expiry(&rec);
             }
+            return;
+        }
+        let Some(rt) = self.end_sessions_here(&rec) else {
+            return;
+        };
+        // The replica that ended it destroys the backend; here it is only forgotten.
+        tokio::spawn(async move {
+            rt.backend.lock().await.take();
+        });
+    }
+
+    /// A token that ended elsewhere (or a moment ago, by another caller): its sessions on
+    /// this replica end with its reason, once. Its runtime, if this replica has one.
+    pub(super) fn end_sessions_here(&self, rec: &TokenRecord) -> Option<Arc<TokenRuntime>> {
+        let reason = match rec.state {
+            TokenState::Issued | TokenState::Live => return None,
             TokenState::Expired => EndReason::Expired,
             TokenState::Revoked => EndReason::Revoked,
         };
-        let Some(rt) = self.runtimes.get(&rec.id).map(|r| r.clone()) else {
-            return;
-        };
+        let rt = self.runtimes.get(&rec.id).map(|r| r.clone())?;
         if rt.ended.borrow().is_none() {
             tracing::info!(token = %rec.id, reason = ?reason, "token ended on another replica");
             rt.ended.send_replace(Some(reason));
             self.logs.close(&rec.id);
         }
-        // The replica that ended it destroys the backend; here it is only forgotten.
-        tokio::spawn(async move {
-            rt.backend.lock().await.take();
-        });
+        Some(rt)
     }
 
     /// After a token ended here: wait (bounded) until no replica holds a session of it, so

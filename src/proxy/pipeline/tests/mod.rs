@@ -1,0 +1,212 @@
+//! Table tests of the pipeline: frames in, frames out, no I/O. Backend answers are built by
+//! hand, the way a Postgres server would send them for the client messages given.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::*;
+use crate::proxy::caps::CapMode;
+use crate::review::log::{read_statements, LoggedStatement};
+use crate::wire::frame::{build, FrameReader};
+use crate::wire::messages::{self, frontend, Severity};
+
+const SECRETS: &[String] = &[];
+
+// -- builders -------------------------------------------------------------------------
+
+fn frame(raw: Bytes) -> Frame {
+    Frame { tag: raw[0], raw }
+}
+
+fn query(sql: &str) -> Frame {
+    let mut b = sql.as_bytes().to_vec();
+    b.push(0);
+    frame(build(b'Q', &b))
+}
+
+fn parse(name: &str, sql: &str) -> Frame {
+    frame(frontend::build_parse(name.as_bytes(), sql.as_bytes()))
+}
+
+fn bind(portal: &str, stmt: &str) -> Frame {
+    frame(frontend::build_bind(portal.as_bytes(), stmt.as_bytes()))
+}
+
+fn describe_portal(portal: &str) -> Frame {
+    frame(frontend::build_target(b'D', b'P', portal.as_bytes()))
+}
+
+fn execute(portal: &str, max_rows: i32) -> Frame {
+    frame(frontend::build_execute(portal.as_bytes(), max_rows))
+}
+
+fn sync() -> Frame {
+    frame(frontend::build_sync())
+}
+
+fn copy_data(data: &[u8]) -> Frame {
+    frame(build(b'd', data))
+}
+
+fn copy_done() -> Frame {
+    frame(messages::copy_done())
+}
+
+/// A one-column RowDescription (text `?column?`).
+fn row_desc() -> Frame {
+    let mut b = BytesMut::new();
+    b.put_i16(1);
+    b.put_slice(b"?column?\0");
+    b.put_i32(0);
+    b.put_i16(0);
+    b.put_i32(25);
+    b.put_i16(-1);
+    b.put_i32(-1);
+    b.put_i16(0);
+    frame(build(b'T', &b))
+}
+
+fn data_row(v: &str) -> Frame {
+    let mut b = BytesMut::new();
+    b.put_i16(1);
+    b.put_i32(v.len() as i32);
+    b.put_slice(v.as_bytes());
+    frame(build(b'D', &b))
+}
+
+fn complete(tag: &str) -> Frame {
+    frame(messages::command_complete(tag))
+}
+
+fn ready(status: u8) -> Frame {
+    frame(messages::ready_for_query(status))
+}
+
+fn error(code: &str) -> Frame {
+    frame(messages::error_response(
+        Severity::Error,
+        code,
+        "backend error",
+    ))
+}
+
+/// ParseComplete, BindComplete, CloseComplete, NoData, PortalSuspended: empty bodies.
+fn empty(tag: u8) -> Frame {
+    frame(build(tag, &[]))
+}
+
+/// CopyInResponse: text format, one column.
+fn copy_in_response() -> Frame {
+    frame(build(b'G', &[0, 0, 1, 0, 0]))
+}
+
+// -- driving --------------------------------------------------------------------------
+
+fn policy(max_rows: u64, mode: CapMode) -> CapPolicy {
+    CapPolicy {
+        max_rows,
+        max_bytes: 1 << 20,
+        mode,
+    }
+}
+
+fn pipeline(caps: CapPolicy, allow: Option<&[&str]>, log: Option<Arc<TokenLog>>) -> Pipeline {
+    Pipeline::new(SessionIdentity {
+        token: "sp_table".into(),
+        task: "table".into(),
+        session: 1,
+        log,
+        caps,
+        allow: allow.map(|a| a.iter().map(|s| s.to_string()).collect()),
+    })
+}
+
+/// Client frames in; the bytes that reach the backend (the outbox drained after each).
+fn client(pl: &mut Pipeline, frames: impl IntoIterator<Item = Frame>) -> Vec<Frame> {
+    let mut out = BytesMut::new();
+    for f in frames {
+        pl.on_client(f);
+        pl.drain_outbox(&mut out);
+    }
+    split(out)
+}
+
+/// Backend frames in; what the client sees. The outbox is drained after each, as the
+/// relay does; what reached the backend that way is returned too.
+fn backend(pl: &mut Pipeline, frames: impl IntoIterator<Item = Frame>) -> (Vec<Frame>, Vec<Frame>) {
+    let mut out = BytesMut::new();
+    let mut to_backend = BytesMut::new();
+    for f in frames {
+        pl.on_backend(f, &mut out, SECRETS);
+        pl.drain_outbox(&mut to_backend);
+    }
+    (split(out), split(to_backend))
+}
+
+fn split(bytes: BytesMut) -> Vec<Frame> {
+    let len = bytes.len();
+    let mut r = FrameReader::with_buffer(tokio::io::empty(), bytes, 1 << 30);
+    let mut out = Vec::new();
+    let mut seen = 0;
+    while let Ok(Some(f)) = r.try_frame() {
+        seen += f.raw.len();
+        out.push(f);
+    }
+    assert_eq!(seen, len, "output is not whole frames");
+    out
+}
+
+/// The tags of `frames` as a string, e.g. "PBDES".
+fn tags(frames: &[Frame]) -> String {
+    frames.iter().map(|f| f.tag as char).collect()
+}
+
+fn rows(frames: &[Frame]) -> usize {
+    frames.iter().filter(|f| f.tag == b'D').count()
+}
+
+fn tag_of(f: &Frame) -> String {
+    messages::command_tag(f.body()).unwrap_or("").to_string()
+}
+
+fn code_of(f: &Frame) -> String {
+    messages::error_code(f.body()).unwrap_or_default()
+}
+
+/// The first frame with `tag`.
+fn first(frames: &[Frame], tag: u8) -> &Frame {
+    frames
+        .iter()
+        .find(|f| f.tag == tag)
+        .unwrap_or_else(|| panic!("no {:?} in {}", tag as char, tags(frames)))
+}
+
+/// The Execute max_rows the backend was asked for, in order.
+fn max_rows(frames: &[Frame]) -> Vec<i32> {
+    frames
+        .iter()
+        .filter(|f| f.tag == b'E')
+        .filter_map(|f| frontend::execute(f.body()).map(|(_, n)| n))
+        .collect()
+}
+
+fn logged(dir: &tempfile::TempDir) -> Vec<LoggedStatement> {
+    read_statements(&crate::review::log::log_path(
+        dir.path(),
+        "table",
+        "sp_table",
+    ))
+    .unwrap()
+}
+
+fn with_log(caps: CapPolicy) -> (Pipeline, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Arc::new(TokenLog::open(dir.path(), "table", "sp_table", u64::MAX).unwrap());
+    (pipeline(caps, None, Some(log)), dir)
+}
+
+// -- tests ----------------------------------------------------------------------------
+
+mod names_and_copy;
+mod results;
