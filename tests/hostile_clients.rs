@@ -3,6 +3,8 @@
 //! that connection, and a well-behaved session running alongside keeps working.
 
 mod common;
+#[path = "support/wire.rs"]
+mod wire;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -12,6 +14,7 @@ use std::time::Duration;
 
 use common::{connect, Gateway};
 use serde_json::Value;
+use wire::msg;
 
 const GOLDEN: &str = "create table items(id int primary key, name text not null);\n\
 insert into items select g, 'item ' || g from generate_series(1, 1000) g;\n";
@@ -137,13 +140,6 @@ fn startup(params: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut out = vec![tag];
-    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(body);
-    out
-}
-
 /// Read one backend message; None on EOF or a read error.
 fn read_msg(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
     let mut head = [0u8; 5];
@@ -156,20 +152,7 @@ fn read_msg(s: &mut TcpStream) -> Option<(u8, Vec<u8>)> {
 }
 
 fn error_code(body: &[u8]) -> String {
-    let mut i = 0;
-    while i < body.len() && body[i] != 0 {
-        let t = body[i];
-        let end = body[i + 1..]
-            .iter()
-            .position(|&b| b == 0)
-            .map(|p| i + 1 + p)
-            .unwrap_or(body.len());
-        if t == b'C' {
-            return String::from_utf8_lossy(&body[i + 1..end]).into_owned();
-        }
-        i = end + 1;
-    }
-    String::new()
+    wire::field(body, b'C')
 }
 
 /// Read until an ErrorResponse (its SQLSTATE) or EOF (None).
