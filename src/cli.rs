@@ -18,6 +18,14 @@ pub enum CliError {
     BadArgument(String),
 }
 
+/// A success answer whose body could not be read.
+fn unreadable<T>(r: reqwest::Result<T>) -> Result<T, CliError> {
+    r.map_err(|e| CliError::Api {
+        status: 200,
+        message: e.to_string(),
+    })
+}
+
 /// Statements per page read by `sandpit log`.
 const LOG_PAGE: usize = 1000;
 
@@ -25,41 +33,62 @@ const LOG_PAGE: usize = 1000;
 pub struct ApiClient {
     base: String,
     key: String,
-    agent: ureq::Agent,
+    http: reqwest::blocking::Client,
 }
 
 impl ApiClient {
     /// `base` like `http://127.0.0.1:6433`.
     pub fn new(base: &str, key: Option<String>) -> Result<ApiClient, CliError> {
         let key = key.ok_or(CliError::NoAdminKey)?;
+        let base = base.trim_end_matches('/').to_string();
         // Long enough for a golden build from a live database, which answers when done.
-        let agent = ureq::AgentBuilder::new()
+        let http = reqwest::blocking::Client::builder()
             .timeout(Duration::from_secs(3600))
-            .build();
-        Ok(ApiClient {
-            base: base.trim_end_matches('/').to_string(),
-            key,
-            agent,
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| CliError::Unreachable {
+                api: base.clone(),
+                message: format!("HTTP client: {e}"),
+            })?;
+        Ok(ApiClient { base, key, http })
+    }
+
+    /// A request to `url` with the admin key, sent; an error status is a [`CliError::Api`].
+    fn send(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        body: Option<Value>,
+    ) -> Result<reqwest::blocking::Response, CliError> {
+        let mut req = self.http.request(method, url).bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let res = req.send().map_err(|e| CliError::Unreachable {
+            api: self.base.clone(),
+            message: e.to_string(),
+        })?;
+        let status = res.status();
+        if status.is_success() {
+            return Ok(res);
+        }
+        let v: Value = res.json().unwrap_or(Value::Null);
+        let message = v
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("(no message)")
+            .to_string();
+        Err(CliError::Api {
+            status: status.as_u16(),
+            message,
         })
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, CliError> {
+        let method = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|e| CliError::BadArgument(e.to_string()))?;
         let url = format!("{}{}", self.base, path);
-        let req = self
-            .agent
-            .request(method, &url)
-            .set("Authorization", &format!("Bearer {}", self.key));
-        let res = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match res {
-            Ok(r) => r.into_json::<Value>().map_err(|e| CliError::Api {
-                status: 200,
-                message: e.to_string(),
-            }),
-            Err(e) => Err(self.failure(e)),
-        }
+        unreadable(self.send(method, &url, body)?.json::<Value>())
     }
 
     /// POST /v1/tokens.
@@ -122,24 +151,14 @@ impl ApiClient {
             self.base,
             encode(id)
         );
-        let res = self
-            .agent
-            .get(&url)
-            .set("Authorization", &format!("Bearer {}", self.key))
-            .call();
-        match res {
-            Ok(r) => {
-                let next = r
-                    .header(crate::control::NEXT_AFTER_HEADER)
-                    .and_then(|v| v.parse().ok());
-                let page = r.into_json::<Vec<Value>>().map_err(|e| CliError::Api {
-                    status: 200,
-                    message: e.to_string(),
-                })?;
-                Ok((page, next))
-            }
-            Err(e) => Err(self.failure(e)),
-        }
+        let r = self.send(reqwest::Method::GET, &url, None)?;
+        let next = r
+            .headers()
+            .get(crate::control::NEXT_AFTER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let page = unreadable(r.json::<Vec<Value>>())?;
+        Ok((page, next))
     }
 
     /// Every statement of a token's log in order, a page at a time (only one page is held).
@@ -161,53 +180,44 @@ impl ApiClient {
         self.call("DELETE", &format!("/v1/tokens/{}", encode(id)), None)
     }
 
-    /// GET /v1/tokens/{id}/diff?format=…: the review as the server rendered it.
-    pub fn review(&self, id: &str, format: &str, full_scan: bool) -> Result<String, CliError> {
+    /// GET /v1/tokens/{id}/diff?format=…: the review as the server rendered it (`verify`:
+    /// with the patch replayed on a fresh fork of the golden).
+    pub fn review(
+        &self,
+        id: &str,
+        format: &str,
+        full_scan: bool,
+        verify: bool,
+    ) -> Result<String, CliError> {
         let url = format!(
-            "{}/v1/tokens/{}/diff?format={}{}",
+            "{}/v1/tokens/{}/diff?format={}{}{}",
             self.base,
             encode(id),
             encode(format),
-            if full_scan { "&scan=all" } else { "" }
+            if full_scan { "&scan=all" } else { "" },
+            if verify { "&verify=true" } else { "" }
         );
-        let res = self
-            .agent
-            .get(&url)
-            .set("Authorization", &format!("Bearer {}", self.key))
-            .call();
-        match res {
-            Ok(r) => {
-                // Not `into_string`, which stops at 10 MB: a patch can be larger.
-                let mut body = String::new();
-                std::io::Read::read_to_string(&mut r.into_reader(), &mut body).map_err(|e| {
-                    CliError::Api {
-                        status: 200,
-                        message: e.to_string(),
-                    }
-                })?;
-                Ok(body)
-            }
-            Err(e) => Err(self.failure(e)),
-        }
+        // The whole body, however large (a patch can be big).
+        unreadable(self.send(reqwest::Method::GET, &url, None)?.text())
     }
 
-    /// An error status (with the API's own message) or an unreachable API.
-    fn failure(&self, e: ureq::Error) -> CliError {
-        match e {
-            ureq::Error::Status(status, r) => {
-                let v: Value = r.into_json().unwrap_or(Value::Null);
-                let message = v
-                    .get("error")
-                    .and_then(Value::as_str)
-                    .unwrap_or("(no message)")
-                    .to_string();
-                CliError::Api { status, message }
-            }
-            e => CliError::Unreachable {
-                api: self.base.clone(),
-                message: e.to_string(),
-            },
-        }
+    /// POST /v1/tokens/{id}/approve or /reject with a comment.
+    pub fn decide(&self, id: &str, approve: bool, comment: &str) -> Result<Value, CliError> {
+        let verb = if approve { "approve" } else { "reject" };
+        self.call(
+            "POST",
+            &format!("/v1/tokens/{}/{verb}", encode(id)),
+            Some(serde_json::json!({ "comment": comment })),
+        )
+    }
+
+    /// POST /v1/tokens/{id}/promote.
+    pub fn promote(&self, id: &str, body: Value) -> Result<Value, CliError> {
+        self.call(
+            "POST",
+            &format!("/v1/tokens/{}/promote", encode(id)),
+            Some(body),
+        )
     }
 
     /// GET /v1/goldens.
@@ -572,3 +582,32 @@ pub fn statement_line(v: &Value) -> String {
 #[cfg(test)]
 #[path = "cli_tests.rs"]
 mod tests;
+
+/// `sandpit promote` output for a person.
+pub fn promote_text(v: &Value) -> String {
+    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let n = |k: &str| v["counts"].get(k).and_then(Value::as_u64).unwrap_or(0);
+    let mut out = format!(
+        "{} ({}): {} schema changes, {} inserted, {} updated, {} deleted rows, {} sequences",
+        s("outcome"),
+        s("target"),
+        n("schema"),
+        n("inserted"),
+        n("updated"),
+        n("deleted"),
+        n("sequences")
+    );
+    for key in ["refusals", "conflicts"] {
+        for c in v.get(key).and_then(Value::as_array).into_iter().flatten() {
+            out.push_str(&format!(
+                "\n  {}: {}",
+                &key[..key.len() - 1],
+                c.as_str().unwrap_or("")
+            ));
+        }
+    }
+    if let Some(e) = v.get("error").and_then(Value::as_str) {
+        out.push_str(&format!("\n  error: {e}"));
+    }
+    out
+}

@@ -35,12 +35,14 @@ pub struct Config {
     pub public_host: Option<String>,
     /// Admin bearer key for the control API; else `SANDPIT_ADMIN_KEY`, else `<data_dir>/admin.key`.
     pub admin_key: Option<String>,
-    /// Which provider makes scratch databases: "instance", "template" or "remote".
+    /// Which provider makes scratch databases: "instance", "template", "remote" or "microvm".
     pub provider: String,
     /// The `template` provider (a Postgres server of yours).
     pub template: TemplateSection,
     /// The `remote` provider (a sandbox service over HTTP).
     pub remote: RemoteSection,
+    /// The `microvm` provider (a QEMU VM per task).
+    pub microvm: MicrovmSection,
     /// TLS on the Postgres listener.
     pub tls: TlsConfig,
     /// Local PostgreSQL server settings (instance provider).
@@ -65,6 +67,8 @@ pub struct Config {
     pub review: ReviewConfig,
     /// Where tokens are kept: the data dir (default) or a Postgres database replicas share.
     pub registry: RegistrySection,
+    /// Review decisions, validators and promotion of approved changes.
+    pub promote: PromoteSection,
 }
 
 /// Warm pool settings.
@@ -107,7 +111,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             statements: true,
-            max_bytes_per_token: crate::review::log::DEFAULT_MAX_BYTES_PER_TOKEN,
+            max_bytes_per_token: crate::journal::log::DEFAULT_MAX_BYTES_PER_TOKEN,
         }
     }
 }
@@ -123,6 +127,7 @@ impl Default for Config {
             provider: "instance".into(),
             template: TemplateSection::default(),
             remote: RemoteSection::default(),
+            microvm: MicrovmSection::default(),
             tls: TlsConfig::default(),
             postgres: PostgresConfig::default(),
             golden: GoldenConfig::default(),
@@ -134,6 +139,7 @@ impl Default for Config {
             pool: PoolConfig::default(),
             review: ReviewConfig::default(),
             registry: RegistrySection::default(),
+            promote: PromoteSection::default(),
         }
     }
 }
@@ -302,6 +308,9 @@ pub struct ReviewConfig {
     pub settle_timeout: Duration,
     /// Sample rows kept per table and change kind (counts are always exact).
     pub samples: usize,
+    /// At the end of a token, replay the review's patch on a fresh fork of the golden and
+    /// record whether it rebuilds the scratch database (providers whose forks are cheap).
+    pub verify_on_end: bool,
 }
 
 impl Default for ReviewConfig {
@@ -312,12 +321,13 @@ impl Default for ReviewConfig {
             statement_timeout: Duration::from_secs(60),
             settle_timeout: Duration::from_secs(3),
             samples: 20,
+            verify_on_end: true,
         }
     }
 }
 
 pub(crate) fn check_sslmode(key: &'static str, v: &str) -> Result<(), ConfigError> {
-    if crate::provider::tls::SslMode::parse(v).is_none() {
+    if crate::pgconn::tls::SslMode::parse(v).is_none() {
         return Err(ConfigError::Invalid {
             key,
             message: format!("{v:?} is not one of disable, require, verify-full"),
@@ -409,8 +419,10 @@ impl Config {
         if let Some(k) = &self.admin_key {
             check_admin_key("admin_key", k)?;
         }
+        self.promote.validate()?;
         match self.provider.as_str() {
             "instance" => {}
+            "microvm" => self.microvm.validate()?,
             "template" => {
                 if self.template.admin_dsn.as_deref().unwrap_or("").is_empty() {
                     return Err(ConfigError::Invalid {
@@ -448,7 +460,7 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     key: "provider",
                     message: format!(
-                        "unknown provider {other:?} (available: \"instance\", \"template\", \"remote\")"
+                        "unknown provider {other:?} (available: \"instance\", \"template\", \"remote\", \"microvm\")"
                     ),
                 })
             }
@@ -547,9 +559,17 @@ pub use preflight::{check_admin_key, MIN_ADMIN_KEY_BYTES};
 mod registry_section;
 pub use registry_section::RegistrySection;
 
+#[path = "config_promote.rs"]
+mod promote_section;
+pub use promote_section::{PromoteSection, PromoteTarget, ValidatorSection};
+
 #[path = "config_providers.rs"]
 mod provider_sections;
 pub use provider_sections::{RemoteSection, TemplateSection};
+
+#[path = "config_microvm.rs"]
+mod microvm_section;
+pub use microvm_section::MicrovmSection;
 
 #[cfg(test)]
 #[path = "config_tests.rs"]

@@ -67,19 +67,74 @@ enum Cmd {
         #[command(subcommand)]
         cmd: GoldenCmd,
     },
-    /// What a token's agent changed: schema and data diff against the golden, or the SQL patch.
+    /// What a token's agent changed: schema and data diff against the golden, or the SQL patch;
+    /// `review approve|reject ID --comment TEXT` records a decision.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Review {
+        #[command(subcommand)]
+        decide: Option<ReviewCmd>,
         /// Token id, or the token's DSN (only the id is used).
-        id: String,
+        #[arg(required = true)]
+        id: Option<String>,
         /// text, json, sql or html.
         #[arg(long, default_value = "text")]
         format: String,
         /// Compare every table, not only those Postgres' counters show as touched.
         #[arg(long)]
         full_scan: bool,
+        /// Replay the patch on a fresh fork of the golden and say whether it rebuilds the
+        /// scratch database.
+        #[arg(long)]
+        verify: bool,
         /// Control API base URL.
         #[arg(long, env = "SANDPIT_API")]
         api: Option<String>,
+    },
+    /// Apply a token's approved change to a target database in one transaction, guarded
+    /// against the golden (nothing is applied if the target moved since).
+    Promote {
+        /// Token id, or the token's DSN (only the id is used).
+        id: String,
+        /// Target DSN; prefer the environment variable, which stays off the command line.
+        /// Default: the source the token's golden was built from (if live), else the target
+        /// named "default".
+        #[arg(long, env = "SANDPIT_PROMOTE_TARGET", hide_env_values = true)]
+        target: Option<String>,
+        /// A target named under [promote.targets] instead of a DSN.
+        #[arg(long, conflicts_with = "target")]
+        target_name: Option<String>,
+        /// Role to apply the change as (SET ROLE).
+        #[arg(long)]
+        role: Option<String>,
+        /// Report what would happen, conflicts included, and commit nothing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReviewCmd {
+    /// Approve a token's change (blocked while a validator fails).
+    Approve {
+        /// Token id, or the token's DSN.
+        id: String,
+        /// Why.
+        #[arg(long, default_value = "")]
+        comment: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Reject a token's change.
+    Reject {
+        /// Token id, or the token's DSN.
+        id: String,
+        /// Why (required).
+        #[arg(long)]
+        comment: String,
+        #[command(flatten)]
+        api: ApiArgs,
     },
 }
 
@@ -310,17 +365,72 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::Review {
+            decide:
+                Some(
+                    ReviewCmd::Approve { id, comment, api }
+                    | ReviewCmd::Reject { id, comment, api },
+                ),
+            ..
+        } => {
+            let approve = matches!(
+                &cli.cmd,
+                Cmd::Review {
+                    decide: Some(ReviewCmd::Approve { .. }),
+                    ..
+                }
+            );
+            let id = cli::token_id_arg(id)?;
+            let v = client(&cfg, api)?.decide(&id, approve, comment)?;
+            print(&v, api.json, |v| {
+                format!(
+                    "{}: {}",
+                    v.get("token").and_then(|x| x.as_str()).unwrap_or(""),
+                    v.get("state").and_then(|x| x.as_str()).unwrap_or("")
+                )
+            })
+        }
+        Cmd::Promote {
+            id,
+            target,
+            target_name,
+            role,
+            dry_run,
+            api,
+        } => {
+            let id = cli::token_id_arg(id)?;
+            let body = serde_json::json!({
+                "dsn": target,
+                "target": target_name,
+                "role": role,
+                "dry_run": dry_run,
+            });
+            let v = client(&cfg, api)?.promote(&id, body)?;
+            let outcome = v
+                .get("outcome")
+                .and_then(|x| x.as_str())
+                .unwrap_or("")
+                .to_string();
+            print(&v, api.json, cli::promote_text)?;
+            if outcome == "applied" || outcome == "dry_run" {
+                Ok(())
+            } else {
+                anyhow::bail!("promotion {outcome}")
+            }
+        }
+        Cmd::Review {
             id,
             format,
             full_scan,
+            verify,
             api,
+            ..
         } => {
             let api = ApiArgs {
                 api: api.clone(),
                 json: false,
             };
-            let id = cli::token_id_arg(id)?;
-            let body = client(&cfg, &api)?.review(&id, format, *full_scan)?;
+            let id = cli::token_id_arg(id.as_deref().unwrap_or_default())?;
+            let body = client(&cfg, &api)?.review(&id, format, *full_scan, *verify)?;
             print!("{body}");
             if !body.ends_with('\n') {
                 println!();

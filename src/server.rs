@@ -10,21 +10,39 @@ use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::control::{self, ApiState};
-use crate::lifecycle::{janitor, Gateway};
+use crate::journal;
+use crate::lifecycle::{janitor, Gateway, TokenHooks};
+use crate::pgconn::tls::SslMode;
 use crate::provider::instance::{InstanceConfig, InstanceProvider};
 use crate::provider::pool::WarmPool;
 use crate::provider::remote::{RemoteConfig, RemoteProvider};
 use crate::provider::template::{TemplateConfig, TemplateProvider};
-use crate::provider::tls::SslMode;
-use crate::provider::Provider;
+use crate::provider::{BoxFuture, Provider};
 use crate::proxy::{tls, Proxy};
 use crate::registry::postgres::PgRegistryConfig;
-use crate::registry::Registry;
+use crate::registry::{Registry, TokenRecord};
+use crate::review::store::{self as review, Reviewer};
 
 #[path = "server_lock.rs"]
 pub mod lock;
 #[path = "server_stop.rs"]
 pub mod stop_now;
+
+/// The lifecycle's hooks: start the review's reference after a fork, store the review and
+/// run the validators and the promotion capture before a token's backend is destroyed.
+struct ReviewHooks(Reviewer, crate::config::Config);
+
+impl TokenHooks for ReviewHooks {
+    fn forked(&self, golden: Option<String>) {
+        review::prepare(&self.0, golden);
+    }
+    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            review::on_end(&self.0, rec).await;
+            crate::promote::on_end(&self.1, self.0.provider.as_ref(), rec).await;
+        })
+    }
+}
 
 /// The demo golden shipped with the binary, used when no golden SQL is configured.
 pub const DEMO_GOLDEN_SQL: &str = include_str!("../config/demo_golden.sql");
@@ -138,22 +156,16 @@ async fn build_provider(
             })?;
             Ok(Arc::new(p))
         }
+        "microvm" => {
+            let golden_sql = golden_sql_path(cfg, data_dir)?;
+            let p = crate::provider::microvm::MicrovmProvider::new(microvm_config(
+                cfg, data_dir, golden_sql,
+            ))
+            .await?;
+            Ok(Arc::new(p))
+        }
         _ => {
-            let golden_sql = match &cfg.golden.sql {
-                Some(p) => p.clone(),
-                None => {
-                    let p = data_dir.join("demo_golden.sql");
-                    if std::fs::read_to_string(&p).ok().as_deref() != Some(DEMO_GOLDEN_SQL) {
-                        std::fs::write(&p, DEMO_GOLDEN_SQL).map_err(|source| {
-                            ServeError::DataDir {
-                                path: p.clone(),
-                                source,
-                            }
-                        })?;
-                    }
-                    p
-                }
-            };
+            let golden_sql = golden_sql_path(cfg, data_dir)?;
             let provider = InstanceProvider::new(InstanceConfig {
                 bin_dir: cfg.postgres.bin_dir.clone(),
                 root: data_dir.join("pg"),
@@ -180,6 +192,23 @@ async fn build_provider(
             Ok(Arc::new(provider))
         }
     }
+}
+
+/// The golden SQL file: the configured one, else the demo written into the data dir.
+fn golden_sql_path(cfg: &Config, data_dir: &Path) -> Result<PathBuf, ServeError> {
+    Ok(match &cfg.golden.sql {
+        Some(p) => p.clone(),
+        None => {
+            let p = data_dir.join("demo_golden.sql");
+            if std::fs::read_to_string(&p).ok().as_deref() != Some(DEMO_GOLDEN_SQL) {
+                std::fs::write(&p, DEMO_GOLDEN_SQL).map_err(|source| ServeError::DataDir {
+                    path: p.clone(),
+                    source,
+                })?;
+            }
+            p
+        }
+    })
 }
 
 /// Binds a listener, returning it with the address it got (the real port for port 0).
@@ -301,7 +330,11 @@ pub async fn run(
         }
         None => provider,
     };
-    let gw = Gateway::with_id(cfg, registry, provider, gateway_id);
+    let hooks = Arc::new(ReviewHooks(
+        Reviewer::new(&cfg, provider.clone(), &gateway_id),
+        cfg.clone(),
+    ));
+    let gw = Gateway::with_id(cfg, registry, provider, gateway_id, hooks);
     gw.logs
         .set_max_bytes_per_token(gw.config.log.max_bytes_per_token);
     let follower = gw.follow_replicas();
@@ -319,19 +352,9 @@ pub async fn run(
     }
     let janitor_task = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
 
-    // Log records are written before each statement runs (SIGKILL-safe); this makes them
-    // survive a machine crash too, at most a second late.
-    let syncer = {
-        let gw = gw.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                let gw = gw.clone();
-                let _ = tokio::task::spawn_blocking(move || gw.logs.sync_all()).await;
-            }
-        })
-    };
+    let syncer = tokio::spawn(journal::log::sync_ticker(gw.clone(), |gw: &Gateway| {
+        &gw.logs
+    }));
 
     let idle = gw.config.postgres.idle_suspend;
     let suspender = (!idle.is_zero()).then(|| {
@@ -366,6 +389,8 @@ pub async fn run(
                 }
             }
         };
+        // The peer address is what MCP failures with unknown token ids count against.
+        let api = api.into_make_service_with_connect_info::<std::net::SocketAddr>();
         if let Err(e) = axum::serve(api_listener, api)
             .with_graceful_shutdown(shutdown)
             .await
@@ -415,4 +440,29 @@ pub async fn run(
     let _ = api_stop_tx.send(true);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), api_task).await;
     Ok(())
+}
+
+/// The `microvm` provider's settings from the configuration.
+fn microvm_config(
+    cfg: &Config,
+    data_dir: &Path,
+    golden_sql: PathBuf,
+) -> crate::provider::microvm::MicrovmConfig {
+    let m = &cfg.microvm;
+    let root = data_dir.join("microvm");
+    crate::provider::microvm::MicrovmConfig {
+        qemu: m
+            .qemu
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("qemu-system-x86_64")),
+        accel: m.accel.clone(),
+        memory_mib: m.memory_mib,
+        vcpus: m.vcpus,
+        image: m.image.clone(),
+        image_dir: m.image_dir.clone().unwrap_or_else(|| root.join("images")),
+        golden_sql,
+        bin_dir: cfg.postgres.bin_dir.clone(),
+        boot_timeout: m.boot_timeout,
+        root,
+    }
 }

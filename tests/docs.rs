@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use sandpit::review::log::{LogRecord, OutcomeRecord, StatementRecord};
+use sandpit::journal::log::{LogRecord, OutcomeRecord, StatementRecord};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -42,7 +42,8 @@ fn route_calls(src: &str) -> Vec<&str> {
 
 /// (path, method) pairs the router serves.
 fn routes() -> BTreeSet<(String, String)> {
-    let src = read("src/control/mod.rs");
+    // The control API's router, and the /mcp routes it merges.
+    let src = read("src/control/mod.rs") + &read("src/mcp/http.rs");
     let mut set = BTreeSet::new();
     for call in route_calls(&src) {
         let path = call
@@ -112,7 +113,7 @@ fn api_yaml_lists_every_route_and_no_other() {
 
 /// Keys of a record as the log stores it.
 fn keys(rec: &LogRecord) -> BTreeSet<String> {
-    let line = sandpit::review::log::to_line(rec).expect("serialize");
+    let line = sandpit::journal::log::to_line(rec).expect("serialize");
     match serde_json::from_slice(&line) {
         Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
         other => panic!("{other:?}"),
@@ -146,7 +147,7 @@ fn statement_log_doc_covers_every_field() {
         // Long enough to be stored cut, with its length and digest.
         text: format!(
             "select $1 -- {}",
-            "x".repeat(sandpit::review::log::TEXT_MAX)
+            "x".repeat(sandpit::journal::log::TEXT_MAX)
         ),
         params: vec![Some("1".into()), None],
         kind: "read".into(),

@@ -143,6 +143,53 @@ fn thirty_failed_logins_from_an_address_do_not_lock_out_a_valid_token() {
     assert!(n >= 1.0, "sandpit_auth_rate_limited_total is {n}");
 }
 
+/// `POST /mcp` with `bearer`: the status and the JSON-RPC error message, if any.
+fn mcp_status(bearer: &str) -> (u16, String) {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
+    let res = ureq::post(&format!("{}/mcp", gw().api))
+        .set("Authorization", &format!("Bearer {bearer}"))
+        .send_json(body);
+    let (status, v): (u16, Value) = match res {
+        Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+        Err(ureq::Error::Status(s, r)) => (s, r.into_json().unwrap_or(Value::Null)),
+        Err(e) => panic!("POST /mcp: {e}"),
+    };
+    let msg = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    (status, msg)
+}
+
+#[test]
+fn mcp_and_postgres_failures_share_one_limiter_budget() {
+    let t = gw().issue("hardening-mcp-limit", 600);
+    let (id, secret) = (token_id(&t), secret(&t));
+    let wrong = format!("{id}.{}", "B".repeat(43));
+    // Wrong secrets for this token over MCP only: past the limit (5 a minute) they are
+    // answered late and told so.
+    let mut limited = false;
+    for i in 0..8 {
+        let (status, msg) = mcp_status(&wrong);
+        assert_eq!(status, 401, "attempt {i}: {msg}");
+        limited |= msg.contains("too many authentication failures");
+    }
+    assert!(limited, "MCP failures never reached the limiter");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async {
+        // The same budget over Postgres: a wrong secret for the token is limited at once.
+        let (code, msg) = login(&id, &"B".repeat(43)).await.expect_err("wrong secret");
+        assert_eq!(code, "28000", "{msg}");
+        assert!(msg.contains("too many authentication failures"), "{msg}");
+        // The right secret always passes, both ways.
+        assert_eq!(login(&id, &secret).await, Ok(1));
+    });
+    assert_eq!(mcp_status(&format!("{id}.{secret}")).0, 200);
+}
+
 #[test]
 fn options_hidden_behind_a_vertical_tab_or_control_byte_are_refused() {
     let t = gw().issue("hardening-options", 600);

@@ -1,9 +1,12 @@
 //! The spine's end-to-end checks, run against each provider: `instance` (embedded), `template`
 //! (a Postgres server started here, standing in for the user's own, reached over TCP with TLS
-//! and SCRAM) and `remote` (a sandbox service of ours, `tests/support/remote_server.rs`, whose
-//! sandboxes are real `instance` forks exposed over TCP with TLS).
+//! and SCRAM), `remote` (a sandbox service of ours, `tests/support/remote_server.rs`, whose
+//! sandboxes are real `instance` forks exposed over TCP with TLS) and `microvm` (a QEMU VM per
+//! task, restored from a snapshot of a golden VM).
 
 mod common;
+#[path = "support/microvm_checks.rs"]
+mod microvm_checks;
 #[path = "support/remote_server.rs"]
 mod remote_server;
 #[path = "support/shared_pg.rs"]
@@ -12,9 +15,9 @@ mod shared_pg;
 use std::time::{Duration, Instant};
 
 use common::{connect, psql, sqlstate, Gateway, SMALL_GOLDEN};
+use sandpit::pgconn::tls::SslMode;
 use sandpit::provider::remote::{RemoteConfig, RemoteProvider};
 use sandpit::provider::template::{TemplateConfig, TemplateProvider, DEFAULT_GOLDEN_OWNER};
-use sandpit::provider::tls::SslMode;
 use sandpit::provider::Provider;
 use serde_json::Value;
 
@@ -213,6 +216,27 @@ fn spine_on_instance() {
     let g = Gateway::start(Some(SMALL_GOLDEN), None);
     let rt = tokio::runtime::Runtime::new().expect("rt");
     rt.block_on(spine(&g, &InstanceProbe));
+}
+
+struct MicrovmProbe;
+
+impl Probe for MicrovmProbe {
+    async fn gone(&self, g: &Gateway, token: &str) -> bool {
+        !microvm_checks::vm_dir(g, token).exists()
+    }
+}
+
+/// A VM per task under software emulation (TCG): the image is built first if missing
+/// (minutes, once per image dir), then the golden VM boots and is snapshotted.
+#[test]
+fn spine_on_microvm() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let cfg = microvm_checks::config(&rt);
+    let g = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
+    rt.block_on(async {
+        spine(&g, &MicrovmProbe).await;
+        microvm_checks::isolation(&g).await;
+    });
 }
 
 struct TemplateProbe<'a>(&'a shared_pg::SharedPg);

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use common::{psql, Gateway};
-use sandpit::provider::BackendTarget;
+use sandpit::pgconn::BackendTarget;
 use sandpit::review::model::Action;
 use serde_json::{json, Value};
 
@@ -151,7 +151,7 @@ fn s3(a: &str, b: &str, c: &str) -> (String, String, String) {
 fn target(g: &Gateway, id: &str) -> BackendTarget {
     let inst = std::fs::canonicalize(g.instances_dir().join(id)).expect("instance dir");
     BackendTarget {
-        endpoint: sandpit::provider::Endpoint::unix(sandpit::pg::process::socket_path(
+        endpoint: sandpit::pgconn::Endpoint::unix(sandpit::pg::process::socket_path(
             &sandpit::provider::golden::socket_dir_for(&inst),
         )),
         user: "agent".into(),
@@ -221,6 +221,7 @@ fn scenario(
             ))
             .expect("direct diff");
         let mut left = direct.schema.clone();
+        let mut paired = Vec::new();
         while let Some(i) = left.iter().position(|a| {
             a.action == Action::Added
                 && left.iter().any(|d| {
@@ -238,9 +239,16 @@ fn scenario(
                 })
                 .expect("pair");
             left.remove(j);
+            paired.push(a.object);
         }
+        // A sequence created on both sides (its position checked by the reviews above).
+        let moved: Vec<_> = direct
+            .sequences
+            .iter()
+            .filter(|s| !(s.before.is_none() && paired.contains(&s.sequence)))
+            .collect();
         assert!(
-            left.is_empty() && direct.data.is_empty() && direct.sequences.is_empty(),
+            left.is_empty() && direct.data.is_empty() && moved.is_empty(),
             "{task}: scratch vs patched fork is not empty: {left:#?} {:#?} {:#?}",
             direct.data,
             direct.sequences
@@ -454,7 +462,7 @@ fn untouched_fork_has_empty_diff_and_never_connected_token_forks_nothing() {
     g.revoke(&id);
 }
 
-/// Writes a statement log in the format of `sandpit::review::log` for a token.
+/// Writes a statement log in the format of `sandpit::journal::log` for a token.
 fn write_log(data_dir: &Path, task: &str, token: &str) {
     let dir = data_dir.join("logs").join(task);
     std::fs::create_dir_all(&dir).expect("log dir");
@@ -721,6 +729,8 @@ fn new_types_tables_views_triggers_and_column_changes_round_trip() {
         vec![d4("public.feelings", 2, 0, 0)],
         vec![sq("public.feelings_id_seq", "2", true)],
     );
+    // Created tables name their key.
+    assert_eq!(r["data"][0]["key"], json!(["id"]), "{:#}", r["data"][0]);
     let patch = r["patch"].as_str().unwrap_or("");
     let create = patch.find("CREATE TABLE public.feelings").expect("create");
     let insert = patch.find("INSERT INTO public.feelings").expect("insert");
@@ -757,4 +767,371 @@ fn review_dir_and_on_end_are_configurable() {
     let (s, body) = get_text(&g, &format!("/v1/tokens/{id}/diff"));
     assert_eq!(s, 404, "{body}");
     assert!(body.contains("no review was stored"), "{body}");
+}
+
+// Issue 16: changes that went missing from the review or broke its patch.
+
+#[test]
+fn renamed_sequence_is_not_a_changed_default_and_is_renamed_before_it_is_named() {
+    let r = scenario(
+        "seqrename",
+        "alter sequence items_id_seq rename to items_seq;\n\
+         insert into items(name) values ('after rename');\n\
+         alter sequence ticket_seq rename to tickets;\n\
+         create sequence ticket_seq start 7;\n\
+         alter table audit alter column msg set default 'm' || nextval('tickets');\n",
+        vec![
+            s3("sequence", "renamed", "public.items_seq"),
+            s3("sequence", "renamed", "public.tickets"),
+            s3("sequence", "added", "public.ticket_seq"),
+            s3("column", "altered", "public.audit.msg"),
+        ],
+        vec![d4("public.items", 1, 0, 0)],
+        vec![sq("public.items_seq", "51", true)],
+    );
+    let patch = r["patch"].as_str().unwrap_or("");
+    let rename = patch
+        .find("ALTER SEQUENCE public.ticket_seq RENAME TO tickets;")
+        .expect("rename");
+    let default = patch
+        .find("SET DEFAULT ('m'::text || nextval('public.tickets'::regclass));")
+        .unwrap_or_else(|| panic!("default:\n{patch}"));
+    assert!(rename < default, "{patch}");
+}
+
+#[test]
+fn foreign_keys_re_pointed_to_a_new_parent_and_away_from_a_deleted_one_replay() {
+    let r = scenario(
+        "repoint",
+        "insert into items(id, name) values (100, 'new parent');\n\
+         update audit set item_id = 100 where id = 1;\n\
+         update audit set item_id = 3 where id = 2;\n\
+         delete from items where id = 2;\n",
+        vec![],
+        vec![d4("public.items", 1, 0, 1), d4("public.audit", 0, 2, 0)],
+        vec![],
+    );
+    let patch = r["patch"].as_str().unwrap_or("");
+    let insert = patch.find("INSERT INTO public.items").expect("insert");
+    let update = patch.find("UPDATE public.audit").expect("update");
+    let delete = patch.find("DELETE FROM public.items").expect("delete");
+    assert!(insert < update && update < delete, "{patch}");
+}
+
+#[test]
+fn rows_re_parented_within_a_self_referencing_table_replay() {
+    let golden = "create table node(id int primary key, parent int references node(id), label text);\n\
+                  insert into node values (1, null, 'root'), (2, 1, 'a'), (3, 2, 'b'), (4, 2, 'c');\n";
+    let g = Gateway::start(Some(golden), None);
+    let t1 = g.issue("selfref", 600);
+    let id1 = t1["id"].as_str().expect("id").to_string();
+    run_sql(
+        t1["dsn"].as_str().expect("dsn"),
+        "insert into node values (10, null, 'new root'), (11, 10, 'new child');\n\
+         update node set parent = 10 where parent = 2;\n\
+         delete from node where id = 2;\n",
+    );
+    let r = diff(&g, &id1);
+    assert_eq!(data_of(&r), vec![d4("public.node", 2, 2, 1)]);
+    let notes = r["notes"].to_string();
+    assert!(notes.contains("node_parent_fkey"), "{notes}");
+    let patch = r["patch"].as_str().unwrap_or("").to_string();
+    let t2 = g.issue("selfref-patched", 600);
+    let id2 = t2["id"].as_str().expect("id").to_string();
+    run_sql(t2["dsn"].as_str().expect("dsn"), &patch);
+    assert_same_as_patched_fork(&g, &id1, &id2);
+    // The key is back to what it was: not deferrable.
+    let (ok, out, err) = psql(
+        t2["dsn"].as_str().expect("dsn"),
+        &[
+            "-Atc",
+            "select condeferrable, condeferred from pg_constraint where conname = 'node_parent_fkey'",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(out.trim(), "f|f");
+}
+
+/// The scratch database of `scratch` against the patched fork `patched`, every table read:
+/// nothing may differ (objects the patch created have their own OIDs there, so an
+/// added/dropped pair with the same name and definition is the same object).
+fn assert_same_as_patched_fork(g: &Gateway, scratch: &str, patched: &str) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let opts = sandpit::review::diff::DiffOptions {
+        full_scan: true,
+        ..Default::default()
+    };
+    let direct = rt
+        .block_on(sandpit::review::diff::diff(
+            &target(g, patched),
+            &target(g, scratch),
+            opts,
+            scratch,
+            "direct",
+        ))
+        .expect("direct diff");
+    assert!(
+        direct.schema.is_empty() && direct.data.is_empty() && direct.sequences.is_empty(),
+        "scratch vs patched fork is not empty: {:#?} {:#?} {:#?}",
+        direct.schema,
+        direct.data,
+        direct.sequences
+    );
+}
+
+#[test]
+fn values_of_added_columns_are_diffed_and_patched_before_their_constraints() {
+    let r = scenario(
+        "addcol",
+        "alter table items add column score int;\n\
+         update items set score = id * 10;\n\
+         alter table items alter column score set not null;\n\
+         alter table items add column flag boolean not null default true;\n\
+         alter table items add constraint score_positive check (score > 0);\n\
+         alter table order_lines add column weight numeric;\n\
+         update order_lines set weight = 1.5 where order_id = 1;\n\
+         alter table events add column seen boolean;\n\
+         update events set seen = true where kind = 'dup';\n",
+        vec![
+            s3("column", "added", "public.items.score"),
+            s3("column", "added", "public.items.flag"),
+            s3("column", "added", "public.order_lines.weight"),
+            s3("column", "added", "public.events.seen"),
+            s3("constraint", "added", "public.items.score_positive"),
+        ],
+        vec![
+            d4("public.items", 0, 50, 0),
+            d4("public.order_lines", 0, 3, 0),
+            d4("public.events", 3, 0, 3),
+        ],
+        vec![],
+    );
+    let items = &r["data"][0];
+    assert_eq!(items["updated_columns"], json!({"flag": 50, "score": 50}));
+    assert_eq!(
+        items["samples"]["showing"],
+        json!({"updated": "showing 20 of 50"})
+    );
+    let upd = &items["samples"]["updated"][0];
+    assert_eq!(upd["changed"], json!(["score", "flag"]), "{upd}");
+    assert_eq!(upd["before"][4], Value::Null);
+    assert_eq!(upd["after"][4], "10");
+    assert_eq!(upd["after"][5], "t");
+    // The golden's trigger fills `note` on update: those count too.
+    assert_eq!(
+        r["data"][1]["updated_columns"],
+        json!({"note": 3, "weight": 3})
+    );
+    // The column is added empty, filled, then constrained.
+    let patch = r["patch"].as_str().unwrap_or("");
+    let add = patch
+        .find("ALTER TABLE public.items ADD COLUMN score integer;")
+        .unwrap_or_else(|| panic!("{patch}"));
+    let fill = patch
+        .find("UPDATE public.items SET score = '10'::integer, flag = 't'::boolean WHERE id = '1'::integer;")
+        .unwrap_or_else(|| panic!("{patch}"));
+    let not_null = patch
+        .find("ALTER TABLE public.items ALTER COLUMN score SET NOT NULL;")
+        .expect("not null");
+    let check = patch.find("ADD CONSTRAINT score_positive").expect("check");
+    assert!(add < fill && fill < not_null && not_null < check, "{patch}");
+    // "showing N of M" in text and HTML too.
+    let g = gateway();
+    let id = r["token"].as_str().expect("token");
+    let (s, text) = get_text(g, &format!("/v1/tokens/{id}/diff?format=text"));
+    assert_eq!(s, 200);
+    assert!(text.contains("updated: showing 20 of 50"), "{text}");
+    assert!(
+        text.contains("updated per column: flag 50, score 50"),
+        "{text}"
+    );
+    let (s, html) = get_text(g, &format!("/v1/tokens/{id}/diff?format=html"));
+    assert_eq!(s, 200);
+    assert!(html.contains("updated: showing 20 of 50"), "{html}");
+}
+
+#[test]
+fn comments_and_grants_are_diffed_and_patched() {
+    let r = scenario(
+        "annotations",
+        "comment on table items is 'things we sell';\n\
+         comment on column items.name is 'shown to customers';\n\
+         comment on view cheap_items is 'under 10';\n\
+         comment on function default_note() is 'fallback note';\n\
+         comment on sequence ticket_seq is 'it''s for tickets';\n\
+         comment on schema public is 'the app';\n\
+         grant select on items to agent_read;\n\
+         grant select (name), update (name) on items to agent_write;\n\
+         grant usage on sequence ticket_seq to agent_write with grant option;\n\
+         grant select on cheap_items to agent_read;\n\
+         revoke execute on function default_note() from public;\n\
+         grant execute on function default_note() to agent_read;\n\
+         grant create on schema public to agent_write;\n",
+        vec![
+            s3("comment", "added", "public.items"),
+            s3("comment", "added", "public.items.name"),
+            s3("comment", "added", "public.ticket_seq"),
+            s3("comment", "added", "public.cheap_items"),
+            s3("comment", "added", "public.default_note()"),
+            s3("comment", "altered", "public"),
+            s3("grant", "added", "public.items"),
+            s3("grant", "added", "public.items.name"),
+            s3("grant", "added", "public.ticket_seq"),
+            s3("grant", "added", "public.cheap_items"),
+            s3("grant", "dropped", "public.default_note()"),
+            s3("grant", "added", "public.default_note()"),
+            s3("grant", "added", "public"),
+        ],
+        vec![],
+        vec![],
+    );
+    let details: Vec<&str> = r["schema"]
+        .as_array()
+        .expect("schema")
+        .iter()
+        .map(|c| c["detail"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        details[6..],
+        [
+            "to agent_read: SELECT",
+            "to agent_write: SELECT (name), UPDATE (name)",
+            "to agent_write: USAGE with grant option",
+            "to agent_read: SELECT",
+            "from PUBLIC: EXECUTE",
+            "to agent_read: EXECUTE",
+            "to agent_write: CREATE",
+        ]
+    );
+    let patch = r["patch"].as_str().unwrap_or("");
+    for stmt in [
+        "COMMENT ON TABLE public.items IS 'things we sell';",
+        "COMMENT ON COLUMN public.items.name IS 'shown to customers';",
+        "COMMENT ON SEQUENCE public.ticket_seq IS 'it''s for tickets';",
+        "COMMENT ON VIEW public.cheap_items IS 'under 10';",
+        "COMMENT ON FUNCTION public.default_note() IS 'fallback note';",
+        "COMMENT ON SCHEMA public IS 'the app';",
+        "GRANT SELECT ON TABLE public.items TO agent_read;",
+        "GRANT SELECT (name), UPDATE (name) ON TABLE public.items TO agent_write;",
+        "GRANT USAGE ON SEQUENCE public.ticket_seq TO agent_write WITH GRANT OPTION;",
+        "REVOKE EXECUTE ON FUNCTION public.default_note() FROM PUBLIC;",
+        "GRANT CREATE ON SCHEMA public TO agent_write;",
+    ] {
+        assert!(patch.contains(stmt), "{stmt} missing from\n{patch}");
+    }
+}
+
+#[test]
+fn removed_comments_and_revoked_grants_are_patched_back() {
+    // Grants and comments the golden has are themselves set up by a first token's patch
+    // here, so this one builds on a golden with them: a small gateway of its own.
+    let golden = "create table t(id int primary key, v text);\n\
+                  comment on table t is 'golden comment';\n\
+                  comment on column t.v is 'golden column comment';\n\
+                  grant select, insert on t to agent_read;\n\
+                  grant update (v) on t to agent_write;\n";
+    let g = Gateway::start(Some(golden), None);
+    let t1 = g.issue("unannotate", 600);
+    let id1 = t1["id"].as_str().expect("id").to_string();
+    run_sql(
+        t1["dsn"].as_str().expect("dsn"),
+        "comment on table t is null;\n\
+         comment on column t.v is 'changed';\n\
+         revoke insert on t from agent_read;\n\
+         revoke update (v) on t from agent_write;\n",
+    );
+    let r = diff(&g, &id1);
+    assert_eq!(
+        schema_of(&r),
+        vec![
+            s3("comment", "dropped", "public.t"),
+            s3("comment", "altered", "public.t.v"),
+            s3("grant", "dropped", "public.t"),
+            s3("grant", "dropped", "public.t.v"),
+        ]
+    );
+    let patch = r["patch"].as_str().unwrap_or("").to_string();
+    for stmt in [
+        "COMMENT ON TABLE public.t IS NULL;",
+        "COMMENT ON COLUMN public.t.v IS 'changed';",
+        "REVOKE INSERT ON TABLE public.t FROM agent_read;",
+        "REVOKE UPDATE (v) ON TABLE public.t FROM agent_write;",
+    ] {
+        assert!(patch.contains(stmt), "{stmt} missing from\n{patch}");
+    }
+    let t2 = g.issue("unannotate-patched", 600);
+    let id2 = t2["id"].as_str().expect("id").to_string();
+    run_sql(t2["dsn"].as_str().expect("dsn"), &patch);
+    assert_same_as_patched_fork(&g, &id1, &id2);
+}
+
+#[test]
+fn dropped_table_rows_count_as_deleted_with_samples() {
+    let r = scenario(
+        "droptable",
+        "drop table order_lines;\ndrop table events;\n",
+        vec![
+            s3("table", "dropped", "public.order_lines"),
+            s3("table", "dropped", "public.events"),
+        ],
+        vec![
+            d4("public.order_lines", 0, 0, 30),
+            d4("public.events", 0, 0, 23),
+        ],
+        vec![],
+    );
+    let lines = &r["data"][0];
+    assert_eq!(lines["matched_by"], "dropped table");
+    assert_eq!(lines["key"], json!(["order_id", "line_no"]));
+    assert_eq!(
+        lines["samples"]["showing"],
+        json!({"deleted": "showing 20 of 30"})
+    );
+    let events = &r["data"][1];
+    assert_eq!(events["key"], json!([]), "events has no key");
+    assert_eq!(events["columns"], json!(["kind", "payload", "at"]));
+    assert_eq!(
+        events["samples"]["deleted"].as_array().map(Vec::len),
+        Some(20)
+    );
+    assert_eq!(
+        events["samples"]["showing"],
+        json!({"deleted": "showing 20 of 23"})
+    );
+    assert_eq!(
+        events["samples"]["deleted"][0].as_array().map(Vec::len),
+        Some(3)
+    );
+}
+
+#[test]
+fn added_serial_and_identity_columns_replay_with_their_values() {
+    let r = scenario(
+        "addserial",
+        "alter table items add column code serial;\n\
+         alter table order_lines add column n int generated always as identity;\n",
+        vec![
+            s3("sequence", "added", "public.items_code_seq"),
+            s3("sequence", "added", "public.order_lines_n_seq"),
+            s3("column", "added", "public.items.code"),
+            s3("column", "added", "public.order_lines.n"),
+        ],
+        vec![
+            d4("public.items", 0, 50, 0),
+            d4("public.order_lines", 0, 30, 0),
+        ],
+        vec![
+            sq("public.items_code_seq", "50", true),
+            sq("public.order_lines_n_seq", "30", true),
+        ],
+    );
+    let patch = r["patch"].as_str().unwrap_or("");
+    for stmt in [
+        "ALTER TABLE public.items ADD COLUMN code integer;",
+        "ALTER TABLE public.items ALTER COLUMN code SET DEFAULT nextval('public.items_code_seq'::regclass);",
+        "ALTER TABLE public.order_lines ADD COLUMN n integer;",
+        "ALTER TABLE public.order_lines ALTER COLUMN n ADD GENERATED ALWAYS AS IDENTITY;",
+    ] {
+        assert!(patch.contains(stmt), "{stmt} missing from\n{patch}");
+    }
 }

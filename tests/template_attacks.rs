@@ -9,8 +9,8 @@ mod common;
 mod shared_pg;
 
 use common::{connect, sqlstate, Gateway, SMALL_GOLDEN};
+use sandpit::pgconn::tls::SslMode;
 use sandpit::provider::template::{TemplateConfig, TemplateProvider, DEFAULT_GOLDEN_OWNER};
-use sandpit::provider::tls::SslMode;
 use sandpit::provider::{Provider, ProviderError};
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgSslMode};

@@ -7,7 +7,7 @@
 //! several results as one statement's); giving up (`None`) is allowed: the text is then
 //! relayed whole and capped result by result from the backend's stream.
 
-use sandpit::review::classify;
+use sandpit::journal::classify;
 
 /// How the gateway's split compares with the server's.
 #[derive(Debug, Clone, PartialEq, Eq)]

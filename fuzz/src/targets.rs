@@ -6,9 +6,9 @@ use std::sync::{Arc, OnceLock};
 
 use bytes::{Bytes, BytesMut};
 use sandpit::auth::{ScramServer, Verifier};
+use sandpit::journal::classify;
 use sandpit::proxy::caps::{CapMode, CapPolicy};
 use sandpit::proxy::pipeline::{Pipeline, SessionIdentity};
-use sandpit::review::classify;
 use sandpit::wire::frame::{Frame, FrameReader};
 use sandpit::wire::messages::{self, frontend};
 use sandpit::wire::startup;

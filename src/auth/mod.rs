@@ -1,5 +1,6 @@
-//! Tokens, SCRAM-SHA-256 server side, cleartext check.
+//! Tokens, SCRAM-SHA-256 server side, cleartext check, the auth failure limiter.
 
+pub mod ratelimit;
 pub mod scram;
 pub mod token;
 

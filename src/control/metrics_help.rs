@@ -284,10 +284,46 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[],
     ),
     (
+        "sandpit_review_verifications_total",
+        Counter,
+        "Patch checks of reviews (the patch replayed on a fresh fork), by result: exact, differs, not_verified.",
+        &[],
+    ),
+    (
         "sandpit_review_failures_total",
         Counter,
         "Reviews at the end of a token that failed.",
         &[&[]],
+    ),
+    (
+        "sandpit_review_approvals_total",
+        Counter,
+        "Review decisions that approved a token's change.",
+        &[&[]],
+    ),
+    (
+        "sandpit_review_rejections_total",
+        Counter,
+        "Review decisions that rejected a token's change.",
+        &[&[]],
+    ),
+    (
+        "sandpit_promotions_total",
+        Counter,
+        "Promotion attempts, by outcome (applied, dry_run, conflicts, refused, failed).",
+        &[],
+    ),
+    (
+        "sandpit_promote_conflicts_total",
+        Counter,
+        "Rows and objects that had moved in a promotion target since the golden.",
+        &[&[]],
+    ),
+    (
+        "sandpit_validator_runs_total",
+        Counter,
+        "Validator runs against scratch databases at a token's end, by result (pass, fail).",
+        &[],
     ),
     (
         "sandpit_remote_failures_total",

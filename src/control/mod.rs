@@ -1,12 +1,14 @@
-//! The HTTP control API for the harness (bearer admin key): issue, list, show, revoke
-//! tokens; `/metrics` (Prometheus text) and `/healthz` without auth.
+//! The HTTP control API for the harness (bearer admin key, checked by one middleware for
+//! every `/v1` route): issue, list, show, revoke tokens; `/metrics` (Prometheus text),
+//! `/healthz` and `/mcp` (its own router and bearer) without the admin key.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -15,9 +17,12 @@ use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
 use crate::lifecycle::{janitor, EndReason, Gateway, IssueRequest, LifecycleError};
+use crate::mcp::http::McpState;
 
 mod goldens;
 mod metrics_help;
+mod promote;
+mod review_page;
 
 pub use metrics_help::{describe_metrics, MetricKind, METRICS};
 
@@ -61,7 +66,7 @@ pub struct IssueBody {
 
 /// The router.
 pub fn router(state: ApiState) -> Router {
-    Router::new()
+    let admin = Router::new()
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
         .route("/v1/reap", post(reap))
@@ -69,13 +74,28 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/goldens/{id}/use", post(goldens::use_version))
         .route("/v1/tokens/{id}/statements", get(token_statements))
         .route("/v1/tokens/{id}/diff", get(token_diff))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_admin_key,
+        ));
+    Router::new()
+        .merge(admin)
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/mcp",
-            get(crate::mcp::http::get).post(crate::mcp::http::post),
-        )
-        .with_state(state)
+        // Review and promotion routes check their own keys: admin or a reviewer key.
+        .route("/v1/reviews", get(promote::list))
+        .route("/v1/tokens/{id}/review", get(promote::show))
+        .route("/v1/tokens/{id}/approve", post(promote::approve))
+        .route("/v1/tokens/{id}/reject", post(promote::reject))
+        .route("/v1/tokens/{id}/promote", post(promote::promote_token))
+        .route("/review", get(review_page::list))
+        .route("/review/login", post(review_page::login))
+        .route("/review/logout", post(review_page::logout))
+        .route("/review/{id}", get(review_page::token))
+        .route("/review/{id}/decide", post(review_page::decide))
+        .route("/review/{id}/promote", post(review_page::promote))
+        .with_state(state.clone())
+        .merge(crate::mcp::http::router(McpState { gw: state.gw }))
 }
 
 pub(crate) fn error(status: StatusCode, msg: impl Into<String>) -> Response {
@@ -101,6 +121,15 @@ pub(crate) fn check_auth(state: &ApiState, headers: &HeaderMap) -> Result<(), Re
     }
 }
 
+/// Middleware of the `/v1` routes: nothing runs, not even the parsing of the request, before
+/// the admin key is checked.
+async fn require_admin_key(State(s): State<ApiState>, req: Request, next: Next) -> Response {
+    match check_auth(&s, req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(refused) => refused,
+    }
+}
+
 fn lifecycle_error(e: LifecycleError) -> Response {
     match e {
         LifecycleError::Unknown(id) => error(StatusCode::NOT_FOUND, format!("unknown token {id}")),
@@ -114,12 +143,8 @@ fn lifecycle_error(e: LifecycleError) -> Response {
 
 async fn issue_token(
     State(s): State<ApiState>,
-    headers: HeaderMap,
     body: Result<Json<IssueBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    if let Err(r) = check_auth(&s, &headers) {
-        return r;
-    }
     let Json(b) = match body {
         Ok(b) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -142,10 +167,7 @@ async fn issue_token(
     }
 }
 
-async fn list_tokens(State(s): State<ApiState>, headers: HeaderMap) -> Response {
-    if let Err(r) = check_auth(&s, &headers) {
-        return r;
-    }
+async fn list_tokens(State(s): State<ApiState>) -> Response {
     // Read afresh: with a shared registry, tokens of every replica.
     let records = match s.gw.registry.list_fresh().await {
         Ok(r) => r,
@@ -155,14 +177,7 @@ async fn list_tokens(State(s): State<ApiState>, headers: HeaderMap) -> Response 
     Json(views).into_response()
 }
 
-async fn show_token(
-    State(s): State<ApiState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Err(r) = check_auth(&s, &headers) {
-        return r;
-    }
+async fn show_token(State(s): State<ApiState>, Path(id): Path<String>) -> Response {
     match s.gw.registry.fresh(&id).await {
         Ok(Some(r)) => Json(s.gw.view(&r)).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("unknown token {id}")),
@@ -170,14 +185,7 @@ async fn show_token(
     }
 }
 
-async fn revoke_token(
-    State(s): State<ApiState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Response {
-    if let Err(r) = check_auth(&s, &headers) {
-        return r;
-    }
+async fn revoke_token(State(s): State<ApiState>, Path(id): Path<String>) -> Response {
     match s.gw.end(&id, EndReason::Revoked).await {
         Ok(_) => match s.gw.registry.get(&id) {
             Some(r) => Json(s.gw.view(&r)).into_response(),
@@ -198,12 +206,8 @@ pub struct ReapQuery {
 
 async fn reap(
     State(s): State<ApiState>,
-    headers: HeaderMap,
     q: Result<Query<ReapQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    if let Err(r) = check_auth(&s, &headers) {
-        return r;
-    }
     let Query(q) = match q {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -253,13 +257,9 @@ pub const NEXT_AFTER_HEADER: &str = "sandpit-next-after";
 /// One page of a token's statement log, read from the file a line at a time.
 async fn token_statements(
     State(s): State<ApiState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     q: Result<Query<StatementsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
-    if let Err(r) = check_auth(&s, &headers) {
-        return r;
-    }
     let Query(q) = match q {
         Ok(q) => q,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -274,9 +274,9 @@ async fn token_statements(
     let Some(rec) = s.gw.registry.get(&id) else {
         return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
     };
-    let path = crate::review::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
+    let path = crate::journal::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
     let after = q.after;
-    match tokio::task::spawn_blocking(move || crate::review::log::read_page(&path, after, limit))
+    match tokio::task::spawn_blocking(move || crate::journal::log::read_page(&path, after, limit))
         .await
     {
         Ok(Ok(page)) => {
@@ -299,20 +299,18 @@ pub struct DiffQuery {
     pub format: Option<String>,
     /// "all" compares every table, not only those the counters show as touched.
     pub scan: Option<String>,
+    /// true: replay the patch on a fresh fork of the golden and compare (default false).
+    pub verify: Option<bool>,
 }
 
 /// The review of a token: taken now while its backend exists, else the one stored when it
 /// ended.
 async fn token_diff(
     State(s): State<ApiState>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<DiffQuery>,
 ) -> Response {
     use crate::review::store::{self, Format};
-    if let Err(r) = check_auth(&s, &headers) {
-        return r;
-    }
     let Some(f) = Format::parse(q.format.as_deref().unwrap_or("json")) else {
         return error(
             StatusCode::BAD_REQUEST,
@@ -328,7 +326,9 @@ async fn token_diff(
             Some("all") => true,
             Some(_) => return error(StatusCode::BAD_REQUEST, "scan must be touched or all"),
         };
-        let review = match store::take(&s.gw, &rec, full).await {
+        let reviewer = store::Reviewer::new(&s.gw.config, s.gw.provider.clone(), s.gw.gateway_id());
+        let verify = q.verify.unwrap_or(false);
+        let review = match store::take_verified(&reviewer, &rec, full, verify).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::error!(token = %id, error = %e, "review failed");
@@ -338,7 +338,7 @@ async fn token_diff(
                 );
             }
         };
-        let stmts = store::statements(&s.gw, &rec).unwrap_or_default();
+        let stmts = store::statements(&reviewer, &rec).unwrap_or_default();
         store::render(&review, &stmts, f)
     } else {
         match store::load(&store::reviews_dir(&s.gw.config), &rec.task, &rec.id, f) {

@@ -3,6 +3,7 @@
 
 use super::{EndReason, Gateway, LifecycleError};
 use crate::provider::ProviderError;
+use crate::registry::TokenState;
 
 impl Gateway {
     /// A token whose backend access was tampered with is revoked (its sessions end, its
@@ -13,7 +14,7 @@ impl Gateway {
         if let Err(e) = self.end(id, EndReason::Revoked).await {
             tracing::warn!(token = %id, error = %e, "revoking a tampered token failed");
         }
-        LifecycleError::NotUsable(id.into(), "revoked")
+        LifecycleError::NotUsable(id.into(), TokenState::Revoked)
     }
 
     /// Forget the cached backend of a token whose connection failed (its server may have

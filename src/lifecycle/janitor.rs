@@ -151,16 +151,12 @@ pub fn refresh_gauges(gw: &Gateway) {
     let mut backends = 0u64;
     for r in gw.registry.list() {
         backends += u64::from(r.backend.is_some());
-        let i = match r.state {
-            TokenState::Issued => 0,
-            TokenState::Live => 1,
-            TokenState::Expired => 2,
-            TokenState::Revoked => 3,
-        };
-        counts[i] += 1;
+        if let Some(i) = TokenState::ALL.iter().position(|s| *s == r.state) {
+            counts[i] += 1;
+        }
     }
-    for (state, n) in ["issued", "live", "expired", "revoked"].iter().zip(counts) {
-        metrics::gauge!("sandpit_tokens", "state" => *state).set(n as f64);
+    for (state, n) in TokenState::ALL.iter().zip(counts) {
+        metrics::gauge!("sandpit_tokens", "state" => state.as_str()).set(n as f64);
     }
     metrics::gauge!("sandpit_backends").set(backends as f64);
     // Forks, logs and reviews all live on the data dir's filesystem: alert before it fills.
@@ -199,6 +195,18 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             });
             continue;
         };
+        if crate::provider::holds::in_flight(handle)
+            || crate::provider::holds::in_flight(&tag.token_id)
+        {
+            // In use by a review: an end-of-token review, or a patch check (by handle, or
+            // by tag while a warm-pool member is claimed for it). Its holder destroys it;
+            // a crash leaves it to the next pass.
+            report.skipped.push(Skipped {
+                handle: handle.clone(),
+                why: "review",
+            });
+            continue;
+        }
         if tag.token_id.starts_with(POOL_PREFIX) {
             // An unclaimed warm-pool member (the pool hides its own, but one being claimed or
             // just forked may show for a moment); the pool removes stale ones at start.
@@ -363,6 +371,10 @@ async fn reap_one(
     };
     if dry_run {
         return Ok(Some(reason));
+    }
+    if crate::provider::holds::in_flight(handle) {
+        // Its end-of-token review began since the first look; the end destroys it after.
+        return Ok(None);
     }
     // Another replica may have destroyed it (ending its token) since this pass listed it:
     // destroy only what still exists, so each backend is destroyed once.

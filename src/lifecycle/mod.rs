@@ -16,11 +16,13 @@ use serde::Serialize;
 use time::OffsetDateTime;
 use tokio::sync::{watch, Mutex};
 
+use crate::auth::ratelimit::AuthLimiter;
 use crate::auth::{self, Verifier};
 use crate::config::Config;
-use crate::provider::{Backend, BackendTag, Provider, ProviderError};
+use crate::journal::log::LogBook;
+use crate::provider::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::registry::{CapMode, Caps, Registry, RegistryError, TokenRecord, TokenState};
-use crate::review::log::LogBook;
+use crate::rfc3339::format as rfc3339;
 
 /// Why a token stopped being usable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,13 +48,33 @@ impl EndReason {
     }
 }
 
+/// What happens around a token's life that the lifecycle does not own (the review), set up
+/// by `server.rs`: the lifecycle calls these and never imports the modules above it.
+pub trait TokenHooks: Send + Sync + 'static {
+    /// A backend was just forked for a token, from golden version `golden`.
+    fn forked(&self, golden: Option<String>);
+    /// A token ended; called right before its backend is destroyed (failures are the hook's
+    /// to log: they never block the destroy).
+    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, ()>;
+}
+
+/// Hooks that do nothing.
+pub struct NoHooks;
+
+impl TokenHooks for NoHooks {
+    fn forked(&self, _golden: Option<String>) {}
+    fn ending<'a>(&'a self, _rec: &'a TokenRecord) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+}
+
 /// Errors of lifecycle operations.
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
     #[error("unknown token {0}")]
     Unknown(String),
     #[error("token {0} is {1}")]
-    NotUsable(String, &'static str),
+    NotUsable(String, TokenState),
     #[error("invalid request: {0}")]
     Invalid(String),
     #[error(transparent)]
@@ -178,6 +200,9 @@ pub struct Gateway {
     pub provider: Arc<dyn Provider>,
     /// Open statement logs.
     pub logs: LogBook,
+    hooks: Arc<dyn TokenHooks>,
+    /// Authentication failures per source address and token id, over Postgres and MCP.
+    pub auth_limiter: AuthLimiter,
     runtimes: DashMap<String, Arc<TokenRuntime>>,
     secrets: Vec<String>,
     /// Stable id of this gateway's data dir, written into every backend's tag.
@@ -188,30 +213,30 @@ pub struct Gateway {
     expiry_scheduled: DashMap<String, ()>,
 }
 
-fn rfc3339(t: OffsetDateTime) -> String {
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
 impl Gateway {
     /// Assemble the gateway state.
     pub fn new(config: Config, registry: Registry, provider: Arc<dyn Provider>) -> Arc<Gateway> {
-        Self::with_id(config, registry, provider, String::new())
+        Self::with_id(config, registry, provider, String::new(), Arc::new(NoHooks))
     }
 
-    /// Assemble the gateway state with the id that tags its backends (see `janitor::gateway_id`).
+    /// Assemble the gateway state with the id that tags its backends (see `janitor::gateway_id`)
+    /// and the hooks called at a token's fork and end.
     pub fn with_id(
         config: Config,
         registry: Registry,
         provider: Arc<dyn Provider>,
         gateway_id: String,
+        hooks: Arc<dyn TokenHooks>,
     ) -> Arc<Gateway> {
         let secrets = provider.secrets();
+        let auth_limiter = AuthLimiter::new(config.limits.auth_failures_per_minute);
         Arc::new(Gateway {
             config,
             registry,
             provider,
             logs: LogBook::default(),
+            hooks,
+            auth_limiter,
             runtimes: DashMap::new(),
             secrets,
             gateway_id,
@@ -450,7 +475,7 @@ impl Gateway {
             .await?
             .ok_or_else(|| LifecycleError::Unknown(id.into()))?;
         if !rec.state.is_usable() {
-            return Err(LifecycleError::NotUsable(id.into(), state_word(rec.state)));
+            return Err(LifecycleError::NotUsable(id.into(), rec.state));
         }
         if let Some(b) = slot.as_ref() {
             let b = b.clone();
@@ -471,7 +496,7 @@ impl Gateway {
             .await?
             .ok_or_else(|| LifecycleError::Unknown(id.into()))?;
         if !rec.state.is_usable() {
-            return Err(LifecycleError::NotUsable(id.into(), state_word(rec.state)));
+            return Err(LifecycleError::NotUsable(id.into(), rec.state));
         }
         self.schedule_expiry(&rec);
         if let Some(handle) = rec.backend.as_deref() {
@@ -504,7 +529,7 @@ impl Gateway {
         let started = std::time::Instant::now();
         let b = self.provider.fork(&tag).await?;
         let took = started.elapsed();
-        crate::review::store::prepare(self, b.golden.clone());
+        self.hooks.forked(b.golden.clone());
         metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
             .record(took.as_secs_f64());
@@ -556,20 +581,22 @@ impl Gateway {
             return Ok(false);
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");
-        let why = if reason == EndReason::Expired {
-            "expired"
-        } else {
-            "revoked"
-        };
-        metrics::counter!("sandpit_tokens_ended_total", "reason" => why).increment(1);
+        metrics::counter!("sandpit_tokens_ended_total", "reason" => new_state.as_str())
+            .increment(1);
         self.runtime(id).ended.send_replace(Some(reason));
         // Other replicas end their sessions of this token with the same reason; the review
         // and the destroy come after that (else an agent there would see the server's own
         // termination instead of why its token ended).
         self.await_sessions_elsewhere(id).await;
-        if self.config.review.on_end {
-            // Kept with the statement log; the backend is gone right after.
-            crate::review::store::on_end(self, id).await;
+        {
+            // The janitor takes this slot before it destroys a backend: held here, it cannot
+            // reap this (already ended) token's backend while the hooks (review, validators,
+            // the change kept for promotion) still read it.
+            let rt = self.runtime(id);
+            let _slot = rt.backend.lock().await;
+            if let Some(rec) = self.registry.get(id) {
+                self.hooks.ending(&rec).await;
+            }
         }
         self.logs.close(id);
         self.destroy_backend(id).await?;
@@ -597,14 +624,4 @@ impl Gateway {
 /// Milliseconds, saturating (Postgres takes at most i32::MAX ms).
 fn ms(d: Duration) -> u64 {
     (d.as_millis() as u64).min(i32::MAX as u64)
-}
-
-/// Word for a state in client messages.
-pub fn state_word(s: TokenState) -> &'static str {
-    match s {
-        TokenState::Issued => "issued",
-        TokenState::Live => "live",
-        TokenState::Expired => "expired",
-        TokenState::Revoked => "revoked",
-    }
 }

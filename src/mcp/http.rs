@@ -5,18 +5,34 @@
 //! Postgres listener (SQL state such as an open transaction does not carry across requests).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
-use time::OffsetDateTime;
+use axum::routing::get;
+use axum::{Extension, Json, Router};
 
 use super::review::ReviewSource;
 use super::sql::SqlTarget;
 use super::{McpServer, PROTOCOL_VERSIONS};
-use crate::control::ApiState;
+use crate::lifecycle::Gateway;
+use crate::proxy::auth_flow::{check_secret, over_limit, AuthError, TOO_MANY_FAILURES};
+
+/// State of the `/mcp` routes.
+#[derive(Clone)]
+pub struct McpState {
+    /// The gateway.
+    pub gw: Arc<Gateway>,
+}
+
+/// The `/mcp` routes, with their own state; the control API merges them into its router.
+pub fn router(state: McpState) -> Router {
+    Router::new()
+        .route("/mcp", get(get_mcp).post(post))
+        .with_state(state)
+}
 
 fn rpc_error(status: StatusCode, code: i64, msg: &str) -> Response {
     (
@@ -48,8 +64,14 @@ fn listener_addr(listen: SocketAddr) -> SocketAddr {
     }
 }
 
-/// `POST /mcp`.
-pub async fn post(State(s): State<ApiState>, headers: HeaderMap, body: Bytes) -> Response {
+/// `POST /mcp`. The peer address (present when the API is served with connect info) is
+/// what failures with an unknown token id count against in the auth limiter.
+pub async fn post(
+    State(s): State<McpState>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     // Browsers send Origin; agent stacks do not. Refusing it closes DNS rebinding (the spec's
     // MUST) without a list of allowed origins to configure.
     if headers.contains_key(header::ORIGIN) {
@@ -77,13 +99,18 @@ pub async fn post(State(s): State<ApiState>, headers: HeaderMap, body: Bytes) ->
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
+    let peer = peer.map(|Extension(ConnectInfo(a))| a.ip());
     let Some((id, secret)) = crate::auth::parse_full_token(bearer) else {
+        // Counted like a cleartext password that is no token.
+        let e = AuthError::UnknownToken("(not a token)".into());
+        if over_limit(&s.gw, &e, peer).await {
+            return unauthorized(TOO_MANY_FAILURES);
+        }
         return unauthorized("Authorization: Bearer <token id>.<secret> required");
     };
-    let rec = match s.gw.registry.lookup(id).await {
-        Ok(Some(rec)) => rec,
-        Ok(None) => return unauthorized("unknown token"),
-        Err(e) => {
+    let rec = match check_secret(&s.gw, id, secret).await {
+        Ok(rec) => rec,
+        Err(AuthError::Registry(e)) => {
             tracing::error!(error = %e, "mcp: registry unavailable");
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -91,14 +118,19 @@ pub async fn post(State(s): State<ApiState>, headers: HeaderMap, body: Bytes) ->
             )
                 .into_response();
         }
+        Err(e) => {
+            // Counted with the Postgres listener's failures: one budget per key.
+            if over_limit(&s.gw, &e, peer).await {
+                return unauthorized(TOO_MANY_FAILURES);
+            }
+            return unauthorized(match e {
+                AuthError::UnknownToken(_) => "unknown token",
+                AuthError::WrongSecret(_) => "wrong token secret",
+                // Only the holder of the secret learns that the token ended.
+                _ => "token has expired or been revoked",
+            });
+        }
     };
-    if !rec.verifier.check_cleartext(secret) {
-        return unauthorized("wrong token secret");
-    }
-    // Only the holder of the secret learns that the token ended.
-    if !rec.state.is_usable() || rec.expires_at <= OffsetDateTime::now_utc() {
-        return unauthorized("token has expired or been revoked");
-    }
 
     let addr = listener_addr(s.gw.config.listen);
     let mut cfg = tokio_postgres::Config::new();
@@ -123,7 +155,7 @@ pub async fn post(State(s): State<ApiState>, headers: HeaderMap, body: Bytes) ->
 }
 
 /// `GET /mcp`: no server-initiated stream is offered.
-pub async fn get() -> Response {
+pub async fn get_mcp() -> Response {
     (
         StatusCode::METHOD_NOT_ALLOWED,
         [(header::ALLOW, "POST")],

@@ -61,7 +61,9 @@ impl ReviewSource {
                 let Some(rec) = gw.registry.get(token) else {
                     return failed(format!("unknown token {token}"));
                 };
-                match store::take(gw, &rec, false).await {
+                let reviewer =
+                    store::Reviewer::new(&gw.config, gw.provider.clone(), gw.gateway_id());
+                match store::take(&reviewer, &rec, false).await {
                     Ok(review) => Outcome {
                         text: cut(store::render(&review, &[], Format::Text)),
                         is_error: false,
@@ -74,32 +76,32 @@ impl ReviewSource {
                     }
                 }
             }
-            ReviewSource::Remote { url, bearer } => {
-                let (url, bearer) = (url.clone(), bearer.clone());
-                match tokio::task::spawn_blocking(move || remote(&url, &bearer)).await {
-                    Ok(o) => o,
-                    Err(e) => failed(format!("review request failed: {e}")),
-                }
-            }
+            ReviewSource::Remote { url, bearer } => remote(url, bearer).await,
         }
     }
 }
 
-fn remote(url: &str, bearer: &str) -> Outcome {
+async fn remote(url: &str, bearer: &str) -> Outcome {
     let req = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "review_changes", "arguments": {}}});
-    let res = ureq::post(url)
-        .set("Authorization", &format!("Bearer {bearer}"))
+    let client = match reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(300))
-        .send_json(req);
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(c) => c,
+        Err(e) => return failed(format!("review request failed: {e}")),
+    };
+    let res = client.post(url).bearer_auth(bearer).json(&req).send().await;
     let v: Value = match res {
-        Ok(r) => match r.into_json() {
+        Ok(r) if !r.status().is_success() => {
+            let s = r.status().as_u16();
+            return failed(format!("the gateway refused the review request (HTTP {s})"));
+        }
+        Ok(r) => match r.json().await {
             Ok(v) => v,
             Err(e) => return failed(format!("review answer unreadable: {e}")),
         },
-        Err(ureq::Error::Status(s, _)) => {
-            return failed(format!("the gateway refused the review request (HTTP {s})"))
-        }
         Err(e) => return failed(format!("cannot reach the gateway API at {url}: {e}")),
     };
     let result = &v["result"];

@@ -5,7 +5,19 @@ pub mod user;
 
 use std::path::{Path, PathBuf};
 
-use crate::provider::ProviderError;
+/// Failures finding binaries, resolving the OS user, and starting servers. Providers turn
+/// them into their own error (same messages, same kinds) with `From`.
+#[derive(Debug, thiserror::Error)]
+pub enum PgError {
+    #[error("no PostgreSQL server binaries found ({0}); install the Debian package `postgresql` or set postgres.bin_dir")]
+    NoBinaries(String),
+    #[error("backend did not become ready: {0}")]
+    NotReady(String),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Other(String),
+}
 
 /// The PostgreSQL programs sandpit needs, from one installation.
 #[derive(Debug, Clone)]
@@ -24,11 +36,11 @@ pub struct PgBinaries {
 
 /// Finds the server binaries: `configured` (authoritative when given), else `pg_config --bindir`,
 /// else the newest `/usr/lib/postgresql/<N>/bin`.
-pub fn find_binaries(configured: Option<&Path>) -> Result<PgBinaries, ProviderError> {
+pub fn find_binaries(configured: Option<&Path>) -> Result<PgBinaries, PgError> {
     if let Some(dir) = configured {
         // An explicit setting must not silently fall back to some other installation.
         return complete(dir).ok_or_else(|| {
-            ProviderError::NoBinaries(format!(
+            PgError::NoBinaries(format!(
                 "postgres.bin_dir {} lacks postgres, initdb or psql",
                 dir.display()
             ))
@@ -52,7 +64,7 @@ pub fn find_binaries(configured: Option<&Path>) -> Result<PgBinaries, ProviderEr
     } else {
         format!("tried {}", tried.join(", "))
     };
-    Err(ProviderError::NoBinaries(detail))
+    Err(PgError::NoBinaries(detail))
 }
 
 /// `pg_config --bindir`, when pg_config is on PATH.

@@ -14,7 +14,7 @@ use tokio::process::Child;
 
 use super::user::RunAs;
 use super::PgBinaries;
-use crate::provider::ProviderError;
+use crate::pg::PgError;
 
 /// Port every instance uses; instances differ by socket directory, not port.
 pub const PORT: u16 = 5432;
@@ -212,10 +212,10 @@ pub struct ServerSpec<'a> {
 
 /// Starts `postgres` directly (no pg_ctl) and waits until `postmaster.pid` says `ready`.
 /// On failure the child is killed and the error carries the tail of the log.
-pub async fn start_postgres(spec: &ServerSpec<'_>) -> Result<Child, ProviderError> {
+pub async fn start_postgres(spec: &ServerSpec<'_>) -> Result<Child, PgError> {
     let sock = spec.socket_dir.to_string_lossy();
     if sock.contains('"') {
-        return Err(ProviderError::Other(
+        return Err(PgError::Other(
             "socket directory path contains a double quote".into(),
         ));
     }
@@ -250,12 +250,12 @@ pub async fn start_postgres(spec: &ServerSpec<'_>) -> Result<Child, ProviderErro
     cmd.stdout(log).stderr(log2);
     let mut child = tokio::process::Command::from(cmd)
         .spawn()
-        .map_err(|e| ProviderError::NotReady(format!("spawning postgres: {e}")))?;
+        .map_err(|e| PgError::NotReady(format!("spawning postgres: {e}")))?;
     let pid = child.id().map(|p| p as i32).unwrap_or(0);
     let start = Instant::now();
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(ProviderError::NotReady(format!(
+            return Err(PgError::NotReady(format!(
                 "postgres exited ({status}): {}",
                 log_tail(spec.log)
             )));
@@ -273,7 +273,7 @@ pub async fn start_postgres(spec: &ServerSpec<'_>) -> Result<Child, ProviderErro
                 Duration::from_secs(2),
             )
             .await;
-            return Err(ProviderError::NotReady(format!(
+            return Err(PgError::NotReady(format!(
                 "timed out after {}s: {}",
                 READY_TIMEOUT.as_secs(),
                 log_tail(spec.log)

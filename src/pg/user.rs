@@ -6,7 +6,7 @@ use std::path::Path;
 
 use nix::unistd::{Gid, Uid, User};
 
-use crate::provider::ProviderError;
+use crate::pg::PgError;
 
 /// Default OS user for Postgres when the gateway runs as root.
 pub const DEFAULT_RUN_AS: &str = "sandpit";
@@ -26,10 +26,10 @@ pub struct RunAs {
 
 impl RunAs {
     /// Chowns `path` (not following symlinks) to this user when we are switching users.
-    pub fn chown(&self, path: &Path) -> Result<(), ProviderError> {
+    pub fn chown(&self, path: &Path) -> Result<(), PgError> {
         if self.switch {
             std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid)).map_err(|e| {
-                ProviderError::Other(format!("chown {} to {}: {e}", path.display(), self.name))
+                PgError::Other(format!("chown {} to {}: {e}", path.display(), self.name))
             })?;
         }
         Ok(())
@@ -38,7 +38,7 @@ impl RunAs {
 
 /// Resolves the OS user: when euid is 0, `run_as` (default `sandpit`), created as a system user
 /// if missing; otherwise the current user.
-pub fn resolve(run_as: Option<&str>) -> Result<RunAs, ProviderError> {
+pub fn resolve(run_as: Option<&str>) -> Result<RunAs, PgError> {
     let euid = Uid::effective();
     if !euid.is_root() {
         let u = User::from_uid(euid).ok().flatten();
@@ -52,7 +52,7 @@ pub fn resolve(run_as: Option<&str>) -> Result<RunAs, ProviderError> {
     }
     let name = run_as.unwrap_or(DEFAULT_RUN_AS);
     if name.is_empty() || name == "root" {
-        return Err(ProviderError::Other(format!(
+        return Err(PgError::Other(format!(
             "postgres.run_as must name an unprivileged user, not {name:?}: PostgreSQL refuses to run as root"
         )));
     }
@@ -67,14 +67,14 @@ pub fn resolve(run_as: Option<&str>) -> Result<RunAs, ProviderError> {
                 None => {
                     create_system_user(name)?;
                     lookup(name)?.ok_or_else(|| {
-                        ProviderError::Other(format!("user {name} still missing after useradd"))
+                        PgError::Other(format!("user {name} still missing after useradd"))
                     })?
                 }
             }
         }
     };
     if user.uid.is_root() {
-        return Err(ProviderError::Other(format!(
+        return Err(PgError::Other(format!(
             "postgres.run_as user {name} has uid 0"
         )));
     }
@@ -96,7 +96,7 @@ impl UseraddLock {
     const PATH: &'static str = "/run/lock/sandpit-useradd.lock";
     const FALLBACK: &'static str = "/tmp/sandpit-useradd.lock";
 
-    fn acquire() -> Result<UseraddLock, ProviderError> {
+    fn acquire() -> Result<UseraddLock, PgError> {
         let open = |p: &str| {
             std::fs::OpenOptions::new()
                 .create(true)
@@ -106,11 +106,11 @@ impl UseraddLock {
         };
         let file = open(Self::PATH)
             .or_else(|_| open(Self::FALLBACK))
-            .map_err(|e| ProviderError::Other(format!("opening the useradd lock: {e}")))?;
+            .map_err(|e| PgError::Other(format!("opening the useradd lock: {e}")))?;
         use std::os::fd::AsRawFd;
         // SAFETY: flock on a file descriptor we own; released when the file is closed.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(ProviderError::Other(format!(
+            return Err(PgError::Other(format!(
                 "locking the useradd lock: {}",
                 std::io::Error::last_os_error()
             )));
@@ -119,11 +119,11 @@ impl UseraddLock {
     }
 }
 
-fn lookup(name: &str) -> Result<Option<User>, ProviderError> {
-    User::from_name(name).map_err(|e| ProviderError::Other(format!("looking up user {name}: {e}")))
+fn lookup(name: &str) -> Result<Option<User>, PgError> {
+    User::from_name(name).map_err(|e| PgError::Other(format!("looking up user {name}: {e}")))
 }
 
-fn create_system_user(name: &str) -> Result<(), ProviderError> {
+fn create_system_user(name: &str) -> Result<(), PgError> {
     tracing::info!(user = name, "creating system user for PostgreSQL");
     let out = std::process::Command::new("useradd")
         .args([
@@ -134,10 +134,10 @@ fn create_system_user(name: &str) -> Result<(), ProviderError> {
             name,
         ])
         .output()
-        .map_err(|e| ProviderError::Other(format!("running useradd for {name}: {e}")))?;
+        .map_err(|e| PgError::Other(format!("running useradd for {name}: {e}")))?;
     // Exit code 9 means "already exists" (another process won the race): fine.
     if !out.status.success() && out.status.code() != Some(9) {
-        return Err(ProviderError::Other(format!(
+        return Err(PgError::Other(format!(
             "useradd {name} failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )));
@@ -146,15 +146,13 @@ fn create_system_user(name: &str) -> Result<(), ProviderError> {
 }
 
 /// Name of the user the gateway itself runs as (the peer identity Postgres sees on the socket).
-pub fn gateway_user_name() -> Result<String, ProviderError> {
+pub fn gateway_user_name() -> Result<String, PgError> {
     let euid = Uid::effective();
     User::from_uid(euid)
         .ok()
         .flatten()
         .map(|u| u.name)
-        .ok_or_else(|| {
-            ProviderError::Other(format!("uid {euid} has no user name (peer auth needs one)"))
-        })
+        .ok_or_else(|| PgError::Other(format!("uid {euid} has no user name (peer auth needs one)")))
 }
 
 /// Whether `user` can search (traverse) every directory from `/` down to and including `dir`.

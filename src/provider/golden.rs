@@ -343,7 +343,11 @@ pub fn predates_policy_roles(data: &Path) -> bool {
 }
 
 /// Roles, database, then the golden SQL as the agent (so the agent owns exactly its objects).
-async fn load(ctx: &GoldenCtx<'_>, sock: &Path, sql_path: &Path) -> Result<(), ProviderError> {
+pub(crate) async fn load(
+    ctx: &GoldenCtx<'_>,
+    sock: &Path,
+    sql_path: &Path,
+) -> Result<(), ProviderError> {
     create_roles(ctx, sock).await?;
     let file = sql_path.to_string_lossy().to_string();
     psql(&ctx.bins.psql, sock, AGENT, DATABASE, &["-f", &file]).await?;

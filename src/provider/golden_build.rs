@@ -14,6 +14,9 @@ use super::mask::{self, MaskReport, MaskRules};
 use super::ProviderError;
 use crate::pg::process;
 
+/// libpq parameters that are secrets: never stored, shown or put on a command line.
+const SECRET_PARAMS: [&str; 2] = ["password", "sslpassword"];
+
 /// A source database, parsed from a DSN (URL or `key=value` form) the way libpq parses it.
 /// Every parameter reaches libpq as given (`sslmode=verify-full&sslrootcert=…` included);
 /// only the password is kept apart, for the child's environment.
@@ -79,7 +82,21 @@ impl SourceDsn {
     /// The connection string for `pg_dump --dbname`: every parameter but the password
     /// (a command line is readable by other local users).
     fn conninfo(&self) -> String {
-        conninfo::render(&self.params)
+        self.public_conninfo()
+    }
+
+    /// Every parameter but the secret ones (`password`, `sslpassword`), as a libpq
+    /// `key='value'` list: safe to store with the golden and show, and what promotion
+    /// reaches the source with by default (the password then comes from the gateway's
+    /// environment).
+    pub fn public_conninfo(&self) -> String {
+        let kept: conninfo::Params = self
+            .params
+            .iter()
+            .filter(|(k, _)| !SECRET_PARAMS.contains(&k.as_str()))
+            .cloned()
+            .collect();
+        conninfo::render(&kept)
     }
 
     /// libpq environment for `pg_dump`: the password, and defaults the DSN may override.
@@ -113,6 +130,9 @@ pub struct LiveSpec {
 pub struct BuildReport {
     /// Tables in the golden.
     pub tables: u64,
+    /// The source's connection parameters without any secret ([`SourceDsn::public_conninfo`]):
+    /// the default target of a promotion.
+    pub source_conninfo: String,
     /// Masking and sampling.
     #[serde(flatten)]
     pub mask: MaskReport,
@@ -171,6 +191,7 @@ pub async fn load(
     .await?;
     Ok(BuildReport {
         tables: tables as u64,
+        source_conninfo: spec.source.public_conninfo(),
         mask,
     })
 }
@@ -273,6 +294,8 @@ mod tests {
         assert!(!format!("{d:?}").contains("s3cr3t"));
         assert_eq!(d.password(), Some("s3cr3t-pw"));
         assert!(!d.conninfo().contains("s3cr3t"), "{}", d.conninfo());
+        assert!(!d.public_conninfo().contains("s3cr3t"));
+        assert!(d.public_conninfo().contains("sslmode='require'"));
         assert!(d.env().contains(&("PGPASSWORD", "s3cr3t-pw".into())));
         let kv = SourceDsn::parse("host=127.0.0.1 port=5 user=u password=p dbname=d").unwrap();
         assert_eq!(kv.describe(), "postgresql://u@127.0.0.1:5/d");

@@ -6,21 +6,22 @@ pub mod copy;
 pub mod golden;
 pub mod golden_build;
 pub mod golden_sql;
+pub mod holds;
 pub mod instance;
 pub mod mask;
+pub mod microvm;
 pub mod pool;
 pub mod remote;
 pub mod remote_api;
 pub mod template;
-pub mod tls;
 pub mod versions;
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use crate::pgconn::BackendTarget;
 
 /// A boxed future, so that `Provider` stays object safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -41,72 +42,6 @@ pub struct BackendTag {
     /// Golden version the token was pinned to when it was issued (None: the active one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub golden: Option<String>,
-}
-
-/// Where a backend listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BackendAddr {
-    /// Full path of a unix socket file (`…/.s.PGSQL.5432`).
-    Unix(PathBuf),
-    /// A TCP host name or address, and port.
-    Tcp {
-        /// Host name or IP address.
-        host: String,
-        /// Port.
-        port: u16,
-    },
-}
-
-/// TLS towards a backend (`sslmode=require` and stricter): the client configuration (which
-/// decides whether the certificate is verified) and the name to send and check.
-#[derive(Debug, Clone)]
-pub struct BackendTls {
-    /// rustls client configuration, built once per provider.
-    pub config: Arc<rustls::ClientConfig>,
-    /// Server name for SNI and, when verifying, the certificate check.
-    pub server_name: String,
-}
-
-/// The network side of a backend: its address and, for TCP, optional TLS.
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    /// Socket or host/port.
-    pub addr: BackendAddr,
-    /// TLS after an SSLRequest; None = plain (always None for unix sockets).
-    pub tls: Option<BackendTls>,
-}
-
-impl Endpoint {
-    /// A unix socket endpoint (no TLS).
-    pub fn unix(path: impl Into<PathBuf>) -> Self {
-        Endpoint {
-            addr: BackendAddr::Unix(path.into()),
-            tls: None,
-        }
-    }
-}
-
-/// How the gateway reaches a running backend.
-#[derive(Debug, Clone)]
-pub struct BackendTarget {
-    /// Where it listens.
-    pub endpoint: Endpoint,
-    /// Role the gateway logs in as: an agent role (or the review's), never a superuser.
-    pub user: String,
-    /// Database to connect to.
-    pub database: String,
-    /// Password for `user`, when the backend asks for one (peer auth needs none).
-    pub password: Option<String>,
-}
-
-impl BackendTarget {
-    /// The unix socket path, when the backend is reached over one.
-    pub fn socket_path(&self) -> Option<&Path> {
-        match &self.endpoint.addr {
-            BackendAddr::Unix(p) => Some(p),
-            BackendAddr::Tcp { .. } => None,
-        }
-    }
 }
 
 /// A running backend.
@@ -157,6 +92,24 @@ pub enum ProviderError {
     /// The provider cannot do this.
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl From<crate::pgconn::tls::TlsConfigError> for ProviderError {
+    fn from(e: crate::pgconn::tls::TlsConfigError) -> Self {
+        ProviderError::Other(e.to_string())
+    }
+}
+
+impl From<crate::pg::PgError> for ProviderError {
+    fn from(e: crate::pg::PgError) -> Self {
+        use crate::pg::PgError;
+        match e {
+            PgError::NoBinaries(m) => ProviderError::NoBinaries(m),
+            PgError::NotReady(m) => ProviderError::NotReady(m),
+            PgError::Io(e) => ProviderError::Io(e),
+            PgError::Other(m) => ProviderError::Other(m),
+        }
+    }
 }
 
 fn versions_unsupported<T>(name: &str) -> Result<T, ProviderError> {
@@ -237,6 +190,12 @@ pub trait Provider: Send + Sync + 'static {
                 self.name()
             )))
         })
+    }
+    /// Whether the end-of-token review may make one more fork, by default, to replay its
+    /// patch (destroyed right after). Providers whose forks are billed say no; a request
+    /// with `verify=true` forks anyway.
+    fn verify_forks_by_default(&self) -> bool {
+        true
     }
     /// Stop and remove the reference backend, if one runs (gateway shutdown). Idempotent.
     fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {

@@ -9,7 +9,8 @@ use tokio::sync::Notify;
 
 use super::golden_build::LiveSpec;
 use super::versions::GoldenInfo;
-use super::{Backend, BackendTag, BackendTarget, BoxFuture, Provider, ProviderError};
+use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
+use crate::pgconn::BackendTarget;
 
 /// Prefix of the token id in the tag of an unclaimed pool member.
 pub const POOL_PREFIX: &str = "pool-";
@@ -23,7 +24,7 @@ const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(500);
 async fn warm_up(b: &Backend) {
     let connected = tokio::time::timeout(
         std::time::Duration::from_secs(10),
-        crate::proxy::backend::connect(&b.target, &[], 1 << 20),
+        crate::pgconn::startup::connect(&b.target, &[], 1 << 20),
     )
     .await;
     match connected {
@@ -47,6 +48,9 @@ pub struct WarmPool {
     /// Handles being forked for the pool right now (so `list` can hide them too).
     filling: Mutex<Vec<String>>,
     refill: Notify,
+    /// Set by [`WarmPool::drain`] (under the `filling` lock): no new member is started, and
+    /// one that finishes forking is destroyed instead of offered.
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl WarmPool {
@@ -58,6 +62,7 @@ impl WarmPool {
             ready: Mutex::new(VecDeque::new()),
             filling: Mutex::new(Vec::new()),
             refill: Notify::new(),
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -77,6 +82,9 @@ impl WarmPool {
         tokio::spawn(async move {
             let mut filled_once = false;
             loop {
+                if pool.is_draining() {
+                    return;
+                }
                 let missing = pool.size.saturating_sub(pool.lock_ready().len());
                 if missing == 0 {
                     filled_once = true;
@@ -90,10 +98,15 @@ impl WarmPool {
                 }
                 // One at a time: refilling must not starve live sessions of CPU and disk.
                 let handle = format!("{POOL_PREFIX}{}", &crate::auth::new_token_id()[3..]);
-                pool.filling
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(handle.clone());
+                {
+                    // Checked under the lock drain() sets the flag under: either drain sees
+                    // this fork in `filling` and waits for it, or no fork starts.
+                    let mut filling = pool.filling.lock().unwrap_or_else(|p| p.into_inner());
+                    if pool.is_draining() {
+                        return;
+                    }
+                    filling.push(handle.clone());
+                }
                 let tag = BackendTag {
                     token_id: handle.clone(),
                     task: "(warm pool)".into(),
@@ -103,27 +116,36 @@ impl WarmPool {
                     golden: None,
                 };
                 let forked = pool.inner.fork(&tag).await;
-                pool.filling
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .retain(|h| h != &handle);
-                match forked {
-                    Ok(b) if b.golden != pool.inner.active_golden() => {
-                        // The golden changed while it was copied: not worth offering.
-                        if let Err(e) = pool.inner.destroy(&b.handle).await {
-                            tracing::warn!(handle = %b.handle, error = %e, "destroying a stale pool member failed");
-                        }
-                    }
+                // The handle stays in `filling` until the member is offered or destroyed, so
+                // drain() waits for it (a member warming up was in neither list before).
+                let unwanted = match forked {
+                    Ok(b) if pool.is_draining() => Some(b), // shutting down: nobody will claim it
+                    Ok(b) if b.golden != pool.inner.active_golden() => Some(b), // the golden changed meanwhile
                     Ok(b) => {
                         warm_up(&b).await;
-                        pool.lock_ready().push_back(b);
-                        metrics::gauge!("sandpit_pool_ready").set(pool.lock_ready().len() as f64);
+                        let _filling = pool.filling.lock().unwrap_or_else(|p| p.into_inner());
+                        if pool.is_draining() {
+                            Some(b)
+                        } else {
+                            pool.lock_ready().push_back(b);
+                            metrics::gauge!("sandpit_pool_ready")
+                                .set(pool.lock_ready().len() as f64);
+                            None
+                        }
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "warm pool fork failed; retrying in 5 s");
+                        pool.end_filling(&handle);
                         tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                        continue;
+                    }
+                };
+                if let Some(b) = unwanted {
+                    if let Err(e) = pool.inner.destroy(&b.handle).await {
+                        tracing::warn!(handle = %b.handle, error = %e, "destroying an unwanted pool member failed");
                     }
                 }
+                pool.end_filling(&handle);
             }
         });
     }
@@ -132,8 +154,36 @@ impl WarmPool {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Destroy the unclaimed members (gateway shutdown).
+    fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn end_filling(&self, handle: &str) {
+        self.filling
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|h| h != handle);
+    }
+
+    /// Destroy the unclaimed members (gateway shutdown), after waiting (bounded) for a member
+    /// being forked right now, which the filler then destroys itself.
     pub async fn drain(&self) {
+        {
+            let _filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
+            self.draining
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.refill.notify_one();
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !self
+            .filling
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         let members: Vec<Backend> = self.lock_ready().drain(..).collect();
         for b in members {
             if let Err(e) = self.inner.destroy(&b.handle).await {
@@ -313,5 +363,9 @@ impl Provider for WarmPool {
 
     fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
         self.inner.release_reference()
+    }
+
+    fn verify_forks_by_default(&self) -> bool {
+        self.inner.verify_forks_by_default()
     }
 }

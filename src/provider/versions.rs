@@ -132,12 +132,6 @@ pub fn instance_golden(inst: &Path) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
 /// `v20250102T030405-1a2b3c`: sorts by time, unique enough for one root.
 fn new_id() -> String {
     let now = time::OffsetDateTime::now_utc();
@@ -247,12 +241,7 @@ impl InstanceProvider {
             let (Some(version), Some(expires)) = (lines.next(), lines.next()) else {
                 continue; // being written
             };
-            let expired = time::OffsetDateTime::parse(
-                expires,
-                &time::format_description::well_known::Rfc3339,
-            )
-            .map(|t| t < now)
-            .unwrap_or(false);
+            let expired = crate::rfc3339::parse(expires).is_some_and(|t| t < now);
             if expired {
                 let _ = fs::remove_file(e.path());
             } else {
@@ -286,11 +275,7 @@ impl InstanceProvider {
             fs::metadata(dir.join(READY_MARKER))
                 .and_then(|m| m.modified())
                 .ok()
-                .map(|t| {
-                    time::OffsetDateTime::from(t)
-                        .format(&time::format_description::well_known::Rfc3339)
-                        .unwrap_or_default()
-                })
+                .map(|t| crate::rfc3339::format(t.into()))
                 .unwrap_or_default()
         };
         let mut out = vec![GoldenInfo {
@@ -377,7 +362,7 @@ impl InstanceProvider {
         };
         let meta = Meta {
             id: id.clone(),
-            created_at: now_rfc3339(),
+            created_at: crate::rfc3339::now(),
             source: spec.source.describe(),
             schemas: spec.schemas.clone(),
             exclude_tables: spec.exclude_tables.clone(),

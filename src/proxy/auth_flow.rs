@@ -1,15 +1,16 @@
 //! Authenticating the client: SCRAM-SHA-256 when the user name is a token id (and
 //! SCRAM-SHA-256-PLUS as well over TLS), otherwise a cleartext password holding the whole
-//! token (`<id>.<secret>`), only over TLS or loopback.
+//! token (`<id>.<secret>`), only over TLS or loopback. [`check_token`] is the one token
+//! check, also used by MCP over HTTP, and [`over_limit`] counts failures of both.
 
 use time::OffsetDateTime;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::ratelimit::Key;
+use crate::auth::ratelimit::{Key, TARPIT};
 use crate::auth::scram::Binding;
 use crate::auth::{self, ScramError, ScramServer};
-use crate::lifecycle::{state_word, Gateway};
-use crate::registry::TokenRecord;
+use crate::lifecycle::Gateway;
+use crate::registry::{TokenRecord, TokenState};
 use crate::wire::frame::FrameReader;
 use crate::wire::messages;
 
@@ -20,8 +21,8 @@ pub enum AuthError {
     UnknownToken(String),
     #[error("password authentication failed for token \"{0}\"")]
     WrongSecret(String),
-    #[error("token \"{0}\" has {1}")]
-    Ended(String, &'static str),
+    #[error("token \"{0}\" has {phrase}", phrase = ended_phrase(*.1))]
+    Ended(String, TokenState),
     #[error("cleartext password authentication requires TLS on this connection; use sslmode=require or SCRAM")]
     CleartextNeedsTls,
     #[error("invalid authentication message: {0}")]
@@ -60,14 +61,70 @@ impl AuthError {
         match self {
             AuthError::UnknownToken(_) => "unknown",
             AuthError::WrongSecret(_) => "wrong_secret",
-            AuthError::Ended(_, "expired") => "expired",
-            AuthError::Ended(..) => "revoked",
+            AuthError::Ended(_, TokenState::Revoked) => "revoked",
+            AuthError::Ended(..) => "expired",
             AuthError::CleartextNeedsTls => "cleartext_without_tls",
             AuthError::Protocol(_) | AuthError::Lost => "protocol",
             AuthError::Registry(_) => "registry",
         }
     }
 }
+
+/// The one token check (Postgres auth and MCP over HTTP): the record of token `id`, once
+/// `prove` has shown the caller holds its secret, if the token may still be used.
+pub async fn check_token(
+    gw: &Gateway,
+    id: &str,
+    prove: impl AsyncFnOnce(&TokenRecord) -> Result<(), AuthError>,
+) -> Result<TokenRecord, AuthError> {
+    let rec = gw
+        .registry
+        .lookup(id)
+        .await?
+        .ok_or_else(|| AuthError::UnknownToken(id.to_string()))?;
+    prove(&rec).await?;
+    // Only someone holding the secret learns that the token ended.
+    if !rec.state.is_usable() {
+        return Err(AuthError::Ended(rec.id, rec.state));
+    }
+    if rec.expires_at <= OffsetDateTime::now_utc() {
+        return Err(AuthError::Ended(rec.id, TokenState::Expired));
+    }
+    Ok(rec)
+}
+
+/// [`check_token`] with the secret itself as the proof (a cleartext password, an MCP bearer).
+pub async fn check_secret(gw: &Gateway, id: &str, secret: &str) -> Result<TokenRecord, AuthError> {
+    check_token(gw, id, async |rec: &TokenRecord| {
+        if rec.verifier.check_cleartext(secret) {
+            Ok(())
+        } else {
+            Err(AuthError::WrongSecret(rec.id.clone()))
+        }
+    })
+    .await
+}
+
+/// Count a failure in the gateway's limiter (Postgres and MCP alike; `peer` unknown: an
+/// unknown id is not counted). When its key is over the limit, this waits [`TARPIT`] and
+/// returns true: the caller then refuses with `too many authentication failures`.
+pub async fn over_limit(gw: &Gateway, e: &AuthError, peer: Option<std::net::IpAddr>) -> bool {
+    let Some(key) = peer.and_then(|p| e.limit_key(p)).or_else(|| match e {
+        AuthError::WrongSecret(id) => Some(Key::Token(id.clone())),
+        _ => None,
+    }) else {
+        return false;
+    };
+    if !gw.auth_limiter.failed(&key) {
+        return false;
+    }
+    metrics::counter!("sandpit_auth_rate_limited_total").increment(1);
+    tokio::time::sleep(TARPIT).await;
+    true
+}
+
+/// What a client over the limit is told.
+pub const TOO_MANY_FAILURES: &str = "too many authentication failures, try later";
 
 /// Run the authentication exchange; returns the token record on success (AuthenticationOk
 /// already sent). `channel_binding` is the TLS certificate's tls-server-end-point data when
@@ -80,13 +137,10 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     channel_binding: Option<&[u8]>,
 ) -> Result<TokenRecord, AuthError> {
     let rec = if auth::token::is_token_id(user) {
-        let rec = gw
-            .registry
-            .lookup(user)
-            .await?
-            .ok_or_else(|| AuthError::UnknownToken(user.to_string()))?;
-        scram(conn, &rec, channel_binding).await?;
-        rec
+        check_token(gw, user, async |rec: &TokenRecord| {
+            scram(conn, rec, channel_binding).await
+        })
+        .await?
     } else {
         if !cleartext_allowed {
             return Err(AuthError::CleartextNeedsTls);
@@ -99,31 +153,16 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             .map_err(|_| AuthError::Protocol("password is not UTF-8".into()))?;
         let (id, secret) = auth::parse_full_token(pw)
             .ok_or_else(|| AuthError::UnknownToken("(not a token)".into()))?;
-        let rec = gw
-            .registry
-            .lookup(id)
-            .await?
-            .ok_or_else(|| AuthError::UnknownToken(id.to_string()))?;
-        if !rec.verifier.check_cleartext(secret) {
-            return Err(AuthError::WrongSecret(rec.id));
-        }
-        rec
+        check_secret(gw, id, secret).await?
     };
-    // Only someone holding the secret learns that the token ended.
-    if !rec.state.is_usable() {
-        let word = ended_word(&rec);
-        return Err(AuthError::Ended(rec.id, word));
-    }
-    if rec.expires_at <= OffsetDateTime::now_utc() {
-        return Err(AuthError::Ended(rec.id, "expired"));
-    }
     send(conn, &messages::auth_ok()).await?;
     Ok(rec)
 }
 
-fn ended_word(rec: &TokenRecord) -> &'static str {
-    match state_word(rec.state) {
-        "revoked" => "been revoked",
+/// How a client is told its token ended: a live one past its TTL has expired too.
+fn ended_phrase(s: TokenState) -> &'static str {
+    match s {
+        TokenState::Revoked => "been revoked",
         _ => "expired",
     }
 }

@@ -12,9 +12,9 @@ use rand::Rng;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWriteExt;
 
-use super::backend_stream::{self, BackendStream};
 use crate::lifecycle::Gateway;
-use crate::provider::Endpoint;
+use crate::pgconn::stream::{self as backend_stream, BackendStream};
+use crate::pgconn::Endpoint;
 use crate::registry::postgres::{PgStore, SharedCancel};
 use crate::wire::startup::encode_cancel;
 

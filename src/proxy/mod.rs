@@ -1,13 +1,10 @@
 //! The Postgres-facing side: listener, TLS, startup and auth, backend connect, relay, cancel.
 
 pub mod auth_flow;
-pub mod backend;
-pub mod backend_stream;
 pub mod cancel;
 pub mod caps;
 pub mod options;
 pub mod pipeline;
-pub mod ratelimit;
 pub mod relay;
 pub mod session;
 pub mod stream;
@@ -34,8 +31,6 @@ pub struct Proxy {
     pub sessions: std::sync::atomic::AtomicU64,
     /// The TLS certificate's tls-server-end-point data, when SCRAM-SHA-256-PLUS is offered.
     pub tls_binding: Option<Vec<u8>>,
-    /// Authentication failures per source address and token id.
-    pub auth_limiter: ratelimit::AuthLimiter,
 }
 
 impl Proxy {
@@ -46,13 +41,11 @@ impl Proxy {
             Some(t) => (Some(t.acceptor), t.binding),
             None => (None, None),
         };
-        let per_minute = gw.config.limits.auth_failures_per_minute;
         let cancel = match gw.registry.shared() {
             Some(store) => CancelMap::shared(store.clone(), replica),
             None => CancelMap::default(),
         };
         Arc::new(Proxy {
-            auth_limiter: ratelimit::AuthLimiter::new(per_minute),
             gw,
             cancel,
             tls,

@@ -41,7 +41,7 @@ enum Ending {
 /// Relay until either side leaves or the token ends.
 pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     client: FrameReader<C>,
-    backend: FrameReader<super::backend_stream::BackendStream>,
+    backend: FrameReader<crate::pgconn::stream::BackendStream>,
     mut ended: watch::Receiver<Option<EndReason>>,
     secrets: &[String],
     mut pl: Pipeline,
@@ -54,6 +54,9 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     let (b_read, mut b_write) = b_stream.into_split();
     let mut b_reader = FrameReader::with_buffer(b_read, b_buf, b_max);
 
+    // Looked up once: a labelled lookup per write hashes and allocates its key.
+    let bytes_up = metrics::counter!("sandpit_bytes_total", "direction" => "client_to_backend");
+    let bytes_down = metrics::counter!("sandpit_bytes_total", "direction" => "backend_to_client");
     let mut to_backend = BytesMut::with_capacity(16 * 1024);
     let mut to_client = BytesMut::with_capacity(16 * 1024);
     let mut terminated = false;
@@ -148,14 +151,14 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
             w = b_write.write(&to_backend), if !to_backend.is_empty() => match w {
                 Ok(0) | Err(_) => break Ending::BackendGone,
                 Ok(n) => {
-                    metrics::counter!("sandpit_bytes_total", "direction" => "client_to_backend").increment(n as u64);
+                    bytes_up.increment(n as u64);
                     to_backend.advance(n);
                 }
             },
             w = c_write.write(&to_client), if !to_client.is_empty() => match w {
                 Ok(0) | Err(_) => break Ending::ClientGone,
                 Ok(n) => {
-                    metrics::counter!("sandpit_bytes_total", "direction" => "backend_to_client").increment(n as u64);
+                    bytes_down.increment(n as u64);
                     to_client.advance(n);
                     if to_client.is_empty() && c_write.flush().await.is_err() {
                         break Ending::ClientGone;

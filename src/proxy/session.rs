@@ -1,4 +1,9 @@
-//! One client connection: SSL negotiation, startup, auth, backend, relay.
+//! One client connection, as steps: negotiate (SSL, cancel) → admit (refusals that do not
+//! depend on the token) → authenticate → attach the backend → relay. Every refusal on the
+//! way is a [`SessionError`], reported at one exit.
+
+#[path = "session_error.rs"]
+mod error;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -6,19 +11,24 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tracing::Instrument;
 
-use super::auth_flow::{authenticate, AuthError};
-use super::backend::{self, BackendError};
-use super::cancel::CancelTarget;
+pub use error::SessionError;
+
+use super::auth_flow::{authenticate, over_limit};
+use super::cancel::{CancelKey, CancelTarget};
 use super::caps::CapPolicy;
 use super::pipeline::{Pipeline, SessionIdentity};
 use super::relay;
 use super::stream::ClientStream;
 use super::Proxy;
-use crate::lifecycle::LifecycleError;
+use crate::journal::log::TokenLog;
+use crate::lifecycle::{EndReason, LifecycleError, SessionSlot};
+use crate::pgconn::startup::{self as backend, BackendConn, BackendError};
+use crate::registry::TokenRecord;
 use crate::wire::frame::FrameReader;
-use crate::wire::messages::{self, Severity};
+use crate::wire::messages;
 use crate::wire::startup::{
     read_startup, StartupError, StartupMessage, StartupPacket, PROTOCOL_3_0,
 };
@@ -32,56 +42,70 @@ pub async fn handle(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     run(proxy, sock, peer).instrument(span).await
 }
 
+/// The steps of a session: negotiate → admit → authenticate → attach backend → relay. Each
+/// step before the relay returns a [`SessionError`] that the one exit reports.
 async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
-    let limits = proxy.gw.config.limits.clone();
-    let opened = tokio::time::timeout(limits.startup_timeout, negotiate(&proxy, sock)).await;
-    let (stream, startup) = match opened {
-        Ok(Ok(Some(x))) => x,
-        Ok(Ok(None)) => return, // cancel request or SSL refused and closed
-        Ok(Err((Some(mut s), e))) => {
+    let (mut client, startup) = match negotiate_step(&proxy, sock).await {
+        Ok(Some(opened)) => opened,
+        Ok(None) => return,
+        Err((mut stream, e)) => return e.report(&mut stream).await,
+    };
+    let attached = async {
+        admit(&mut client, &startup).await?;
+        let authed = authenticate_step(&proxy, &mut client, &startup, peer).await?;
+        attach(&proxy, &mut client, &startup, authed).await
+    }
+    .await;
+    match attached {
+        Ok(session) => relay_step(&proxy, client, session).await,
+        Err(e) => e.report(client.get_mut()).await,
+    }
+}
+
+/// SSL/GSS negotiation and cancel requests, up to the StartupMessage, within the startup
+/// timeout. None: nothing more to do (a cancel request, a refused or failed handshake).
+async fn negotiate_step(
+    proxy: &Proxy,
+    sock: TcpStream,
+) -> Result<Option<(FrameReader<ClientStream>, StartupMessage)>, (ClientStream, SessionError)> {
+    let limits = &proxy.gw.config.limits;
+    match tokio::time::timeout(limits.startup_timeout, negotiate(proxy, sock)).await {
+        Ok(Ok(Some((stream, startup)))) => Ok(Some((FrameReader::new(stream, 10 * 1024), startup))),
+        Ok(Ok(None)) => Ok(None), // cancel request or SSL refused and closed
+        Ok(Err((Some(s), e))) => {
             tracing::debug!(error = %e, "startup failed");
-            fatal(&mut s, "08P01", &e.to_string()).await;
-            return;
+            Err((s, SessionError::Startup(e)))
         }
         Ok(Err((None, e))) => {
             tracing::debug!(error = %e, "startup failed");
-            return;
+            Ok(None)
         }
         Err(_) => {
             tracing::debug!("startup timed out");
-            return;
+            Ok(None)
         }
-    };
-    let is_local = peer.ip().is_loopback();
-    let on_tls = stream.is_tls();
-    let cleartext_allowed = on_tls || (is_local && limits.cleartext_on_loopback);
-    let mut client = FrameReader::new(stream, 10 * 1024);
+    }
+}
 
-    // Refusals that do not depend on the token.
+/// Refusals that do not depend on the token, and the protocol version answer.
+async fn admit(
+    client: &mut FrameReader<ClientStream>,
+    startup: &StartupMessage,
+) -> Result<(), SessionError> {
     if let Some(r) = startup.get_raw("replication") {
         if !matches!(
             String::from_utf8_lossy(r).to_ascii_lowercase().as_str(),
             "false" | "off" | "0" | "no"
         ) {
-            return fatal(
-                client.get_mut(),
-                "0A000",
-                "replication connections are not supported by sandpit",
-            )
-            .await;
+            return Err(SessionError::Replication);
         }
     }
-    if let Some(reason) = super::options::forbidden(&startup) {
-        return fatal(client.get_mut(), "42501", &reason).await;
+    if let Some(reason) = super::options::forbidden(startup) {
+        return Err(SessionError::ForbiddenOption(reason));
     }
-    let Some(user) = startup.get("user").map(str::to_string) else {
-        return fatal(
-            client.get_mut(),
-            "28000",
-            "no user name in the startup packet; the user name is the token id",
-        )
-        .await;
-    };
+    if startup.get("user").is_none() {
+        return Err(SessionError::NoUser);
+    }
     if startup.minor > 0 || startup.params.iter().any(|(k, _)| k.starts_with("_pq_.")) {
         let unknown: Vec<&str> = startup
             .params
@@ -92,31 +116,44 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         // The first field is the newest version we speak, as a whole version number
         // (3.0 = 196608) like PostgreSQL's own PG_PROTOCOL_LATEST; libpq rejects anything
         // below 3.0 there.
-        if write(
+        write(
             client.get_mut(),
             &messages::negotiate_protocol_version(PROTOCOL_3_0 as i32, &unknown),
         )
         .await
-        .is_err()
-        {
-            return;
-        }
+        .map_err(|_| SessionError::Closed)?;
     }
+    Ok(())
+}
 
+/// A token that authenticated, with its session slot and its end signal.
+struct Authed {
+    rec: TokenRecord,
+    _slot: SessionSlot,
+    ended: watch::Receiver<Option<EndReason>>,
+}
+
+/// Authenticate within the startup timeout (failures counted, and limited, here), then take
+/// one of the token's session slots.
+async fn authenticate_step(
+    proxy: &Proxy,
+    client: &mut FrameReader<ClientStream>,
+    startup: &StartupMessage,
+    peer: SocketAddr,
+) -> Result<Authed, SessionError> {
+    let limits = &proxy.gw.config.limits;
+    let user = startup.get("user").ok_or(SessionError::NoUser)?;
+    let on_tls = client.get_mut().is_tls();
+    let cleartext_allowed = on_tls || (peer.ip().is_loopback() && limits.cleartext_on_loopback);
+    // SCRAM-SHA-256-PLUS is offered only where there is a channel to bind to.
+    let binding = if on_tls {
+        proxy.tls_binding.as_deref()
+    } else {
+        None
+    };
     let authed = tokio::time::timeout(
         limits.startup_timeout,
-        authenticate(
-            &proxy.gw,
-            &mut client,
-            &user,
-            cleartext_allowed,
-            // SCRAM-SHA-256-PLUS is offered only where there is a channel to bind to.
-            if on_tls {
-                proxy.tls_binding.as_deref()
-            } else {
-                None
-            },
-        ),
+        authenticate(&proxy.gw, client, user, cleartext_allowed, binding),
     )
     .await;
     let rec = match authed {
@@ -125,41 +162,55 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             metrics::counter!("sandpit_auth_failures_total", "reason" => e.reason()).increment(1);
             tracing::info!(reason = e.reason(), "authentication failed");
             // Only failures are limited (never a correct secret): over the limit, answered late.
-            if let Some(key) = e.limit_key(peer.ip()) {
-                if proxy.auth_limiter.failed(&key) {
-                    metrics::counter!("sandpit_auth_rate_limited_total").increment(1);
-                    tokio::time::sleep(super::ratelimit::TARPIT).await;
-                    let msg = "too many authentication failures, try later";
-                    return fatal(client.get_mut(), "28000", msg).await;
-                }
+            if over_limit(&proxy.gw, &e, Some(peer.ip())).await {
+                return Err(SessionError::RateLimited);
             }
-            if !matches!(e, AuthError::Lost) {
-                fatal(client.get_mut(), e.sqlstate(), &e.to_string()).await;
-            }
-            return;
+            return Err(SessionError::Auth(e));
         }
         Err(_) => {
             metrics::counter!("sandpit_auth_failures_total", "reason" => "timeout").increment(1);
-            return fatal(client.get_mut(), "08P01", "authentication timed out").await;
+            return Err(SessionError::AuthTimeout);
         }
     };
     tracing::Span::current()
         .record("token", rec.id.as_str())
         .record("task", rec.task.as_str());
-
-    let _slot = match proxy.gw.acquire_session(&rec) {
-        Ok(s) => s,
-        Err(max) => {
-            let msg = format!(
-                "too many connections for token \"{}\" (max_connections is {max})",
-                rec.id
-            );
-            return fatal(client.get_mut(), "53300", &msg).await;
-        }
-    };
+    let slot = proxy
+        .gw
+        .acquire_session(&rec)
+        .map_err(|max| SessionError::TooManyConnections {
+            id: rec.id.clone(),
+            max,
+        })?;
     // Subscribe before touching the backend so an end during the fork is not missed.
     let ended = proxy.gw.runtime(&rec.id).ended();
+    Ok(Authed {
+        rec,
+        _slot: slot,
+        ended,
+    })
+}
 
+/// A session whose backend is connected and whose client has been greeted.
+struct Attached {
+    authed: Authed,
+    /// The key the client was given; dropping it forgets it, so it lives as long as the relay.
+    _cancel_key: CancelKey,
+    conn: BackendConn,
+    watchdog: Option<relay::Watchdog>,
+    log: Option<Arc<TokenLog>>,
+}
+
+/// The backend: forked or resumed, connected as the token's login role (once more after a
+/// failure, the backend checked again), its cancel key recorded; then the client's greeting
+/// and the statement log.
+async fn attach(
+    proxy: &Proxy,
+    client: &mut FrameReader<ClientStream>,
+    startup: &StartupMessage,
+    authed: Authed,
+) -> Result<Attached, SessionError> {
+    let rec = &authed.rec;
     let timeouts = [
         (
             "statement_timeout",
@@ -187,7 +238,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             .filter(|(k, _)| !client_options.contains(k))
             .map(|(k, v)| (*k, v.as_bytes())),
     );
-    let max_message = limits.max_message;
+    let max_message = proxy.gw.config.limits.max_message;
     // A connection that fails on a backend the gateway believed running (its server
     // crashed) is tried once more after the backend is checked again and restarted.
     let mut retried = false;
@@ -195,22 +246,12 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         let backend = match proxy.gw.backend_for(&rec.id).await {
             Ok(b) => b,
             Err(LifecycleError::NotUsable(id, state)) => {
-                return fatal(
-                    client.get_mut(),
-                    "28000",
-                    &format!("token \"{id}\" is {state}"),
-                )
-                .await;
+                return Err(SessionError::NotUsable(id, state))
             }
             Err(e) => {
                 // The detail stays in our log; the client learns only that it failed.
                 tracing::error!(error = %e, "backend unavailable");
-                return fatal(
-                    client.get_mut(),
-                    "08006",
-                    "could not start the scratch database for this token",
-                )
-                .await;
+                return Err(SessionError::BackendUnavailable);
             }
         };
         // The login role follows the token's policy, so Postgres itself refuses what the
@@ -225,8 +266,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
                 let out =
                     messages::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
                         .unwrap_or(raw);
-                let _ = write(client.get_mut(), &out).await;
-                return;
+                return Err(SessionError::BackendRefused(out));
             }
             Err(e) if !retried => {
                 tracing::warn!(error = %e, "backend connect failed; checking the backend again");
@@ -236,41 +276,25 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
             }
             Err(e) => {
                 tracing::error!(error = %e, "backend connect failed");
-                return fatal(
-                    client.get_mut(),
-                    "08006",
-                    "could not connect to the scratch database for this token",
-                )
-                .await;
+                return Err(SessionError::BackendUnreachable);
             }
         }
     };
 
-    let Some((real_pid, real_secret)) = conn.key else {
-        return fatal(
-            client.get_mut(),
-            "08P01",
-            "scratch database sent no cancel key",
-        )
-        .await;
-    };
+    let (real_pid, real_secret) = conn.key.ok_or(SessionError::NoCancelKey)?;
     let target = CancelTarget {
         endpoint: login.endpoint.clone(),
         pid: real_pid,
         secret: real_secret,
     };
-    let key = match proxy.cancel.mint(&rec.id, target.clone()).await {
-        Ok(k) => k,
-        Err(e) => {
+    let key = proxy
+        .cancel
+        .mint(&rec.id, target.clone())
+        .await
+        .map_err(|e| {
             tracing::error!(error = %e, "recording the cancel key failed");
-            return fatal(
-                client.get_mut(),
-                "08006",
-                "sandpit cannot record this session's cancel key",
-            )
-            .await;
-        }
-    };
+            SessionError::CancelKeyNotRecorded
+        })?;
     // The gateway's own statement timeout, a second after the backend's would have fired.
     let watchdog = (rec.caps.statement_timeout_ms > 0).then(|| relay::Watchdog {
         limit: std::time::Duration::from_millis(rec.caps.statement_timeout_ms + 1000),
@@ -283,28 +307,35 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     }
     hello.extend_from_slice(&messages::backend_key_data(key.pid, key.secret));
     hello.extend_from_slice(&conn.ready);
-    if write(client.get_mut(), &hello).await.is_err() {
-        return;
-    }
+    write(client.get_mut(), &hello)
+        .await
+        .map_err(|_| SessionError::Closed)?;
     tracing::info!("session started");
     client.set_max_len(max_message);
     let log = if proxy.gw.config.log.statements {
-        match proxy
-            .gw
-            .logs
-            .get(&proxy.gw.config.data_dir, &rec.task, &rec.id)
-        {
+        let logs = &proxy.gw.logs;
+        match logs.get(&proxy.gw.config.data_dir, &rec.task, &rec.id) {
             Ok(l) => Some(l),
             Err(e) => {
-                // No statement may run unrecorded.
                 tracing::error!(error = %e, "cannot open the statement log");
-                let msg = "sandpit cannot write the statement log for this token";
-                return fatal(client.get_mut(), "58030", msg).await;
+                return Err(SessionError::LogUnavailable);
             }
         }
     } else {
         None
     };
+    Ok(Attached {
+        authed,
+        _cancel_key: key,
+        conn,
+        watchdog,
+        log,
+    })
+}
+
+/// Relay until either side ends (or the token does).
+async fn relay_step(proxy: &Proxy, client: FrameReader<ClientStream>, s: Attached) {
+    let rec = &s.authed.rec;
     let session_no = proxy
         .sessions
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -313,7 +344,7 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
         token: rec.id.clone(),
         task: rec.task.clone(),
         session: session_no,
-        log,
+        log: s.log,
         caps: CapPolicy {
             max_rows: rec.caps.max_rows,
             max_bytes: rec.caps.max_bytes,
@@ -323,11 +354,11 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     });
     relay::run(
         client,
-        conn.reader,
-        ended,
+        s.conn.reader,
+        s.authed.ended,
         proxy.gw.secrets(),
         pipeline,
-        watchdog,
+        s.watchdog,
     )
     .await;
     tracing::info!("session ended");
@@ -408,10 +439,4 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
 async fn write<W: AsyncWrite + Unpin>(w: &mut W, b: &[u8]) -> std::io::Result<()> {
     w.write_all(b).await?;
     w.flush().await
-}
-
-/// Send a FATAL error and close.
-async fn fatal<W: AsyncWrite + Unpin>(w: &mut W, code: &str, msg: &str) {
-    let _ = write(w, &messages::error_response(Severity::Fatal, code, msg)).await;
-    let _ = w.shutdown().await;
 }

@@ -53,9 +53,39 @@ pub enum TokenState {
 }
 
 impl TokenState {
+    /// Every state, in life order.
+    pub const ALL: [TokenState; 4] = [
+        TokenState::Issued,
+        TokenState::Live,
+        TokenState::Expired,
+        TokenState::Revoked,
+    ];
+
     /// Whether the token may still open sessions.
     pub fn is_usable(self) -> bool {
         matches!(self, TokenState::Issued | TokenState::Live)
+    }
+
+    /// The one spelling of a state: in records, the shared registry's `state` column,
+    /// metrics labels and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenState::Issued => "issued",
+            TokenState::Live => "live",
+            TokenState::Expired => "expired",
+            TokenState::Revoked => "revoked",
+        }
+    }
+
+    /// The state spelled `s` (see [`TokenState::as_str`]).
+    pub fn parse(s: &str) -> Option<TokenState> {
+        TokenState::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for TokenState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -390,5 +420,21 @@ impl Follower {
             }
             Err(e) => tracing::warn!(error = %e, "re-reading the token registry failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TokenState;
+
+    #[test]
+    fn state_spelling_is_the_records_and_parses_back() {
+        for s in TokenState::ALL {
+            let json = serde_json::to_value(s).unwrap();
+            assert_eq!(json, s.as_str());
+            assert_eq!(TokenState::parse(s.as_str()), Some(s));
+            assert_eq!(s.to_string(), s.as_str());
+        }
+        assert_eq!(TokenState::parse("ended"), None);
     }
 }

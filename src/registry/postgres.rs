@@ -15,9 +15,9 @@ use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls};
 
 use super::{RegistryError, TokenRecord};
-use crate::provider::tls::{self as btls, SslMode};
-use crate::provider::{BackendAddr, Endpoint};
-use crate::proxy::backend_stream::{self, BackendStream};
+use crate::pgconn::stream::{self as backend_stream, BackendStream};
+use crate::pgconn::tls::{self as btls, SslMode};
+use crate::pgconn::{BackendAddr, Endpoint};
 
 /// Idle connections kept for reuse.
 const MAX_IDLE: usize = 8;
@@ -137,7 +137,7 @@ fn lock_key(name: &str) -> i64 {
 }
 
 fn state_text(rec: &TokenRecord) -> &'static str {
-    crate::lifecycle::state_word(rec.state)
+    rec.state.as_str()
 }
 
 fn decode(id: &str, v: serde_json::Value) -> Result<TokenRecord, RegistryError> {

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 
 use super::conn::{ConnError, Side, TextRow};
 
+mod extras;
+pub use extras::{ObjKey, Privileges};
+
 /// Schema of a table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
@@ -159,6 +162,10 @@ pub struct Catalog {
     pub sequences: BTreeMap<u32, Sequence>,
     /// Why sequence positions could not be read, if they could not.
     pub sequence_error: Option<String>,
+    /// Comments (`COMMENT ON`) by object.
+    pub comments: BTreeMap<ObjKey, String>,
+    /// Privileges other than the owner's, by object (objects with none are absent).
+    pub acls: BTreeMap<ObjKey, Privileges>,
 }
 
 /// User namespaces only (no catalogs, toast or temp schemas).
@@ -364,6 +371,7 @@ pub async fn snapshot(side: &Side) -> Result<Catalog, ConnError> {
     );
     cat.types = objects(side.rows(&q).await?);
     read_sequences(side, &mut cat, &rel_filter).await?;
+    extras::read(side, &mut cat, &rel_filter).await?;
     Ok(cat)
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::provider::BackendTarget;
-use crate::proxy::backend_stream;
+use crate::pgconn::stream as backend_stream;
+use crate::pgconn::BackendTarget;
 
 /// A row as text output (None is NULL).
 pub type TextRow = Vec<Option<String>>;

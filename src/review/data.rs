@@ -7,8 +7,11 @@
 use std::cmp::Ordering;
 
 use super::catalog::{Catalog, Column, Table};
-use super::conn::{literal, ConnError, Side, TextRow};
+use super::conn::{ConnError, Side, TextRow};
 use super::model::{TableDiff, UpdatedRow};
+
+mod statements;
+use statements::{delete_sql, update_sql, Inserts};
 
 /// Rows fetched per round trip.
 const BATCH: u32 = 2000;
@@ -112,7 +115,9 @@ struct Plan<'a> {
     common: Vec<i32>,
     /// attnums only in scratch.
     added: Vec<i32>,
-    /// Positions (into `common`) of the ordering columns and how they compare.
+    /// `common` then `added`: the columns of a row as read.
+    all: Vec<i32>,
+    /// Positions (into `all`) of the ordering columns and how they compare.
     order: Vec<(usize, Cmp)>,
     matched_by: String,
     keyed: bool,
@@ -137,6 +142,60 @@ impl Plan<'_> {
         }
         Ordering::Equal
     }
+}
+
+/// Names of the key columns rows of a table are matched by (primary key first), if any.
+pub fn key_names(cat: &Catalog, table: u32) -> Vec<String> {
+    let Some(t) = cat.tables.get(&table) else {
+        return Vec::new();
+    };
+    keys(cat, table)
+        .into_iter()
+        .next()
+        .map(|(_, cols)| {
+            cols.iter()
+                .filter_map(|n| t.column(*n).map(|c| c.name.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Rows of a table the agent dropped: all deleted (counted, samples from the golden). The
+/// patch's DROP TABLE removes them.
+pub async fn dropped_table(
+    reference: &mut Side,
+    t: &Table,
+    lim: Limits,
+) -> Result<(TableDiff, TablePatch, u64), ConnError> {
+    let cols: Vec<&str> = t.columns.iter().map(|c| c.name.as_str()).collect();
+    let mut diff = TableDiff {
+        table: t.qname(),
+        matched_by: "dropped table".into(),
+        columns: cols.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let count = reference
+        .rows(&format!(
+            "SELECT pg_catalog.count(*) FROM ONLY {}",
+            t.qname()
+        ))
+        .await?;
+    diff.deleted = count
+        .first()
+        .and_then(|r| r[0].as_deref())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    if !cols.is_empty() && diff.deleted > 0 {
+        let sample = format!(
+            "SELECT {} FROM ONLY {} LIMIT {}",
+            cols.join(", "),
+            t.qname(),
+            lim.samples
+        );
+        diff.samples.deleted = reference.rows(&sample).await?;
+    }
+    let read = diff.samples.deleted.len() as u64;
+    Ok((diff, TablePatch::default(), read))
 }
 
 /// Rows of a table that exists only in the scratch database: all inserted.
@@ -206,15 +265,23 @@ pub async fn compare(
         .map(|c| c.attnum)
         .filter(|n| old.column(*n).is_none())
         .collect();
+    let all: Vec<i32> = common.iter().chain(added.iter()).copied().collect();
     let ref_keys = keys(ref_cat, oid);
     let key = keys(new_cat, oid)
         .into_iter()
         .find(|(_, cols)| ref_keys.iter().any(|(_, c)| c == cols));
+    // Without a key, whole rows are compared, values of added columns included (NULL in
+    // the golden), except stored generated ones, which follow from the others.
     let (matched_by, key_cols, keyed) = match key {
         Some((name, cols)) => (name, cols, true),
         None => (
             "none (compared as multisets)".to_string(),
-            common.clone(),
+            all.iter()
+                .copied()
+                .filter(|n| {
+                    common.contains(n) || new.column(*n).map(|c| c.generated != "s") == Some(true)
+                })
+                .collect(),
             false,
         ),
     };
@@ -223,15 +290,21 @@ pub async fn compare(
         new,
         common: common.clone(),
         added,
+        all: all.clone(),
         order: Vec::new(),
         matched_by,
         keyed,
     };
     for n in &key_cols {
-        let Some(pos) = common.iter().position(|c| c == n) else {
+        let Some(pos) = all.iter().position(|c| c == n) else {
             continue;
         };
-        let cmp = if is_int(plan.col_old(*n).type_oid) && is_int(plan.col_new(*n).type_oid) {
+        let old_int = plan
+            .old
+            .column(*n)
+            .map(|c| is_int(c.type_oid))
+            .unwrap_or(true);
+        let cmp = if old_int && is_int(plan.col_new(*n).type_oid) {
             Cmp::Int
         } else {
             Cmp::Text
@@ -257,10 +330,15 @@ pub async fn compare(
         ..Default::default()
     };
     if !plan.added.is_empty() {
-        diff.note = Some(
-            "columns added by the agent are not compared; the patch adds them with their default"
-                .into(),
-        );
+        diff.note = Some(if keyed {
+            "values of columns added by the agent are compared with NULL: the patch adds those \
+             columns empty and sets their values by key"
+                .into()
+        } else {
+            "values of columns added by the agent are compared with NULL: rows whose added \
+             columns are not NULL show as deleted and inserted"
+                .into()
+        });
     }
     let mut patch = TablePatch::default();
     if common.is_empty() {
@@ -313,10 +391,12 @@ async fn merge(
     diff: &mut TableDiff,
     patch: &mut TablePatch,
 ) -> Result<(TableDiff, TablePatch, u64), ConnError> {
-    let order_by = |cols: &dyn Fn(i32) -> String| -> String {
+    // The golden has no added columns (all NULL there): it orders by the common ones.
+    let order_by = |cols: &dyn Fn(i32) -> String, golden: bool| -> String {
         plan.order
             .iter()
-            .map(|&(i, c)| order_expr(&cols(plan.common[i]), c))
+            .filter(|&&(i, _)| !golden || i < plan.common.len())
+            .map(|&(i, c)| order_expr(&cols(plan.all[i]), c))
             .collect::<Vec<_>>()
             .join(", ")
     };
@@ -340,28 +420,33 @@ async fn merge(
         "SELECT {} FROM ONLY {}{}",
         ref_cols.join(", "),
         plan.old.qname(),
-        ob(order_by(&old_name))
+        ob(order_by(&old_name, true))
     );
     let new_sql = format!(
         "SELECT {} FROM ONLY {}{}",
         new_cols.join(", "),
         plan.new.qname(),
-        ob(order_by(&new_name))
+        ob(order_by(&new_name, false))
     );
-    let all_new: Vec<i32> = plan
-        .common
-        .iter()
-        .chain(plan.added.iter())
-        .copied()
-        .collect();
-    let mut ins = Inserts::new(plan.new, &all_new);
+    let mut ins = Inserts::new(plan.new, &plan.all);
     let width = new_cols.len();
+    // Golden rows get NULL for the added columns.
+    let fill = |row: Option<TextRow>| {
+        row.map(|mut r| {
+            r.resize(width, None);
+            r
+        })
+    };
+    // Compared for updates: every column but added stored generated ones.
+    let compared: Vec<usize> = (0..width)
+        .filter(|&i| i < plan.common.len() || plan.col_new(plan.all[i]).generated != "s")
+        .collect();
     let mut read = 0u64;
     let mut matched = 0u64;
     {
         let mut rc = reference.cursor(&ref_sql, BATCH).await?;
         let mut sc = scratch.cursor(&new_sql, BATCH).await?;
-        let mut r = rc.next().await?;
+        let mut r = fill(rc.next().await?);
         let mut s = sc.next().await?;
         loop {
             let ord = match (&r, &s) {
@@ -372,15 +457,14 @@ async fn merge(
             };
             match ord {
                 Ordering::Less => {
-                    let Some(mut row) = r.take() else { break };
+                    let Some(row) = r.take() else { break };
                     read += 1;
                     diff.deleted += 1;
                     patch.deletes.push(delete_sql(plan, &row));
                     if diff.samples.deleted.len() < lim.samples {
-                        row.resize(width, None);
                         diff.samples.deleted.push(row);
                     }
-                    r = rc.next().await?;
+                    r = fill(rc.next().await?);
                 }
                 Ordering::Greater => {
                     let Some(row) = s.take() else { break };
@@ -393,21 +477,23 @@ async fn merge(
                     s = sc.next().await?;
                 }
                 Ordering::Equal => {
-                    let (Some(mut a), Some(b)) = (r.take(), s.take()) else {
+                    let (Some(a), Some(b)) = (r.take(), s.take()) else {
                         break;
                     };
                     read += 2;
                     matched += 1;
                     if plan.keyed {
                         let changed: Vec<usize> =
-                            (0..plan.common.len()).filter(|&i| a[i] != b[i]).collect();
+                            compared.iter().copied().filter(|&i| a[i] != b[i]).collect();
                         if !changed.is_empty() {
                             diff.updated += 1;
+                            for &i in &changed {
+                                *diff.updated_columns.entry(new_cols[i].clone()).or_default() += 1;
+                            }
                             if let Some(u) = update_sql(plan, &a, &b, &changed) {
                                 patch.updates.push(u);
                             }
                             if diff.samples.updated.len() < lim.samples {
-                                a.resize(width, None);
                                 diff.samples.updated.push(UpdatedRow {
                                     changed: changed.iter().map(|&i| new_cols[i].clone()).collect(),
                                     before: a,
@@ -417,7 +503,8 @@ async fn merge(
                         }
                     }
                     // Both sides advance: fetch their next batches concurrently.
-                    (r, s) = tokio::try_join!(rc.next(), sc.next())?;
+                    let (rn, sn) = tokio::try_join!(rc.next(), sc.next())?;
+                    (r, s) = (fill(rn), sn);
                 }
             }
         }
@@ -434,123 +521,6 @@ async fn merge(
 
 fn diff_rows(d: &TableDiff) -> u64 {
     d.samples.deleted.len() as u64
-}
-
-fn typed(v: &Option<String>, c: &Column) -> String {
-    match v {
-        None => "NULL".into(),
-        Some(s) => format!("{}::{}", literal(s), c.type_name),
-    }
-}
-
-/// WHERE clause selecting a row by key (keyed tables).
-fn key_where(plan: &Plan<'_>, row: &TextRow) -> String {
-    plan.order
-        .iter()
-        .map(|&(i, _)| {
-            let c = plan.col_new(plan.common[i]);
-            format!("{} = {}", c.name, typed(&row[i], c))
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ")
-}
-
-fn delete_sql(plan: &Plan<'_>, row: &TextRow) -> String {
-    let t = plan.new.qname();
-    if plan.keyed {
-        return format!("DELETE FROM {t} WHERE {};", key_where(plan, row));
-    }
-    // No key: delete one occurrence of an identical row (compared by text output, as the
-    // diff did).
-    let cond: Vec<String> = plan
-        .common
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let c = &plan.col_new(*n).name;
-            match &row[i] {
-                None => format!("{c} IS NULL"),
-                Some(v) => format!("pg_catalog.format('%s', {c}) = {}", literal(v)),
-            }
-        })
-        .collect();
-    format!(
-        "DELETE FROM {t} WHERE ctid = (SELECT ctid FROM {t} WHERE {} LIMIT 1);",
-        cond.join(" AND ")
-    )
-}
-
-fn update_sql(
-    plan: &Plan<'_>,
-    before: &TextRow,
-    after: &TextRow,
-    changed: &[usize],
-) -> Option<String> {
-    let sets: Vec<String> = changed
-        .iter()
-        .filter_map(|&i| {
-            let c = plan.col_new(plan.common[i]);
-            (c.generated != "s" && c.identity != "a")
-                .then(|| format!("{} = {}", c.name, typed(&after[i], c)))
-        })
-        .collect();
-    if sets.is_empty() {
-        return None;
-    }
-    Some(format!(
-        "UPDATE {} SET {} WHERE {};",
-        plan.new.qname(),
-        sets.join(", "),
-        key_where(plan, before)
-    ))
-}
-
-/// Multi-row INSERT builder (generated columns are left out; identity ALWAYS overridden).
-struct Inserts {
-    head: String,
-    cols: Vec<(usize, Column)>,
-    rows: Vec<String>,
-}
-
-impl Inserts {
-    fn new(t: &Table, attnums: &[i32]) -> Inserts {
-        let cols: Vec<(usize, Column)> = attnums
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| t.column(*n).map(|c| (i, c.clone())))
-            .filter(|(_, c)| c.generated != "s")
-            .collect();
-        let names: Vec<&str> = cols.iter().map(|(_, c)| c.name.as_str()).collect();
-        let overriding = if cols.iter().any(|(_, c)| c.identity == "a") {
-            " OVERRIDING SYSTEM VALUE"
-        } else {
-            ""
-        };
-        Inserts {
-            head: format!(
-                "INSERT INTO {} ({}){overriding} VALUES\n",
-                t.qname(),
-                names.join(", ")
-            ),
-            cols,
-            rows: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, row: &TextRow, out: &mut Vec<String>) {
-        let vals: Vec<String> = self.cols.iter().map(|(i, c)| typed(&row[*i], c)).collect();
-        self.rows.push(format!("  ({})", vals.join(", ")));
-        if self.rows.len() >= INSERT_BATCH {
-            self.flush(out);
-        }
-    }
-
-    fn flush(&mut self, out: &mut Vec<String>) {
-        if !self.rows.is_empty() {
-            out.push(format!("{}{};", self.head, self.rows.join(",\n")));
-            self.rows.clear();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -2,16 +2,19 @@
 //! Only tables whose activity counters or storage changed are scanned (Postgres' own
 //! `pg_stat` counters and `relfilenode`), so the cost follows what the agent touched.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::catalog::{self, Catalog};
+
+mod data_order;
 use super::conn::{literal, ConnError, Side, Timeouts, SESSION_SETTINGS};
 use super::data::{self, Limits, TablePatch};
 use super::model::{Review, ScanInfo, TableDiff};
 use super::schema::{self, order};
+use crate::pgconn::BackendTarget;
 use crate::provider::golden::{AGENT, AGENT_READ, AGENT_WRITE, REVIEWER};
-use crate::provider::BackendTarget;
+use data_order::Step;
 
 /// Knobs of one diff.
 #[derive(Debug, Clone, Copy)]
@@ -105,10 +108,15 @@ pub async fn diff(
         if t.relkind != "r" {
             continue; // partitioned parents hold no rows; their partitions are scanned
         }
+        // Adding a column with a default changes neither counters nor storage, yet its
+        // values are the agent's.
         let scan_it = match old_cat.tables.get(oid) {
             None => true,
             Some(o) => {
-                scan.mode == "all" || o.counters != t.counters || o.relfilenode != t.relfilenode
+                scan.mode == "all"
+                    || o.counters != t.counters
+                    || o.relfilenode != t.relfilenode
+                    || t.columns.iter().any(|c| o.column(c.attnum).is_none())
             }
         };
         if !scan_it {
@@ -120,7 +128,12 @@ pub async fn diff(
         let res = if old_cat.tables.contains_key(oid) {
             data::compare(&mut old, &mut new, &old_cat, &new_cat, *oid, lim).await
         } else {
-            data::new_table(&mut new, t, lim).await
+            data::new_table(&mut new, t, lim)
+                .await
+                .map(|(mut d, p, n)| {
+                    d.key = data::key_names(&new_cat, *oid);
+                    (d, p, n)
+                })
         };
         match res {
             Ok((d, p, read)) => {
@@ -144,14 +157,46 @@ pub async fn diff(
             }
         }
     }
+    // Tables the agent dropped: their rows count as deleted.
+    for (oid, t) in &old_cat.tables {
+        if t.relkind != "r" || new_cat.tables.contains_key(oid) {
+            continue;
+        }
+        scan.tables_scanned += 1;
+        old.exec("SAVEPOINT sandpit_table").await?;
+        match data::dropped_table(&mut old, t, lim).await {
+            Ok((mut d, _, read)) => {
+                old.exec("RELEASE SAVEPOINT sandpit_table").await?;
+                scan.rows_read += read;
+                d.key = data::key_names(&old_cat, *oid);
+                if d.has_changes() {
+                    tables.push(d);
+                }
+            }
+            Err(e) => {
+                old.exec("ROLLBACK TO SAVEPOINT sandpit_table").await?;
+                tables.push(TableDiff {
+                    table: t.qname(),
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                });
+            }
+        }
+    }
     let _ = new.rollback().await;
     let _ = old.rollback().await;
+    for t in &mut tables {
+        t.mark_cut_samples();
+    }
 
     let mut notes = sd.notes.clone();
     if tables.iter().any(|t| t.error.is_some()) {
         notes.push("some tables could not be compared; the patch does not cover them".into());
     }
-    let patch = render_patch(&sd.stmts, &patches, &new_cat, token, task);
+    let mut order = data_order(&old_cat, &new_cat, &patches);
+    quiet_triggers(&old_cat, &new_cat, &patches, &mut order);
+    notes.extend(order.notes.iter().cloned());
+    let patch = render_patch(&sd.stmts, &patches, &order, token, task);
     Ok(Review {
         token: token.to_string(),
         task: task.to_string(),
@@ -164,6 +209,7 @@ pub async fn diff(
         statements: Default::default(),
         notes,
         patch,
+        verification: None,
     })
 }
 
@@ -235,43 +281,75 @@ fn stats_reset(old: &Catalog, new: &Catalog) -> bool {
     })
 }
 
-/// Tables in parents-before-children order of their foreign keys (cycles broken arbitrarily).
-fn fk_order(cat: &Catalog, tables: &BTreeSet<u32>) -> Vec<u32> {
-    let mut parents: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for k in cat.constraints.values().filter(|k| k.flag == "f") {
-        if let Ok(p) = k.extra.parse::<u32>() {
-            if p != k.table {
-                parents.entry(k.table).or_default().push(p);
+/// The order of the row changes in the patch (see [`data_order`]).
+fn data_order(
+    old: &Catalog,
+    new: &Catalog,
+    tables: &BTreeMap<u32, TablePatch>,
+) -> data_order::DataOrder {
+    let present: BTreeMap<u32, Vec<Step>> = tables
+        .iter()
+        .map(|(oid, p)| {
+            let steps = [
+                (Step::Delete, &p.deletes),
+                (Step::Update, &p.updates),
+                (Step::Insert, &p.inserts),
+            ]
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(s, _)| *s)
+            .collect();
+            (*oid, steps)
+        })
+        .collect();
+    data_order::order(old, new, &present)
+}
+
+/// ALTER TABLE … ADD COLUMN fires no trigger, but the patch's UPDATEs that fill the column
+/// would: the golden's triggers of such tables are off while the rows change (the patch owns
+/// those tables anyway, as it alters them).
+fn quiet_triggers(
+    old: &Catalog,
+    new: &Catalog,
+    tables: &BTreeMap<u32, TablePatch>,
+    order: &mut data_order::DataOrder,
+) {
+    for oid in tables.keys() {
+        let (Some(o), Some(t)) = (old.tables.get(oid), new.tables.get(oid)) else {
+            continue;
+        };
+        if t.columns.iter().all(|c| o.column(c.attnum).is_some()) {
+            continue;
+        }
+        // Triggers in force while the rows change: the golden's, unchanged (a changed one
+        // is dropped before and created after).
+        for (toid, g) in new.triggers.iter().filter(|(_, g)| g.table == *oid) {
+            let kept = old.triggers.get(toid).map(|og| {
+                super::relations::trigger_shape(og, old) == super::relations::trigger_shape(g, new)
+            });
+            if kept != Some(true) {
+                continue;
             }
+            let tn = t.qname();
+            order
+                .before
+                .push(format!("ALTER TABLE {tn} DISABLE TRIGGER {};", g.name));
+            order
+                .after
+                .push(format!("ALTER TABLE {tn} ENABLE TRIGGER {};", g.name));
+            order.notes.push(format!(
+                "trigger {} of {tn} is disabled while the patch's rows change: the agent added \
+                 columns to {tn}, which fired no trigger, and the patch fills them by UPDATE",
+                g.name
+            ));
         }
     }
-    fn visit(
-        t: u32,
-        parents: &BTreeMap<u32, Vec<u32>>,
-        seen: &mut BTreeSet<u32>,
-        out: &mut Vec<u32>,
-    ) {
-        if !seen.insert(t) {
-            return;
-        }
-        for p in parents.get(&t).into_iter().flatten() {
-            visit(*p, parents, seen, out);
-        }
-        out.push(t);
-    }
-    let mut seen = BTreeSet::new();
-    let mut out = Vec::new();
-    for t in tables {
-        visit(*t, &parents, &mut seen, &mut out);
-    }
-    out.retain(|t| tables.contains(t));
-    out
 }
 
 fn render_patch(
     stmts: &schema::Stmts,
     tables: &BTreeMap<u32, TablePatch>,
-    cat: &Catalog,
+    order: &data_order::DataOrder,
     token: &str,
     task: &str,
 ) -> String {
@@ -311,43 +389,40 @@ fn render_patch(
             out.push('\n');
         }
     }
-    let set: BTreeSet<u32> = tables.keys().copied().collect();
-    let ordered = fk_order(cat, &set);
-    let section = |out: &mut String,
-                   title: &str,
-                   pick: &dyn Fn(&TablePatch) -> &Vec<String>,
-                   oids: &mut dyn Iterator<Item = &u32>| {
-        let mut first = true;
-        for oid in oids {
-            let Some(p) = tables.get(oid) else { continue };
-            for s in pick(p) {
-                if first {
-                    out.push_str(&format!("\n-- {title}\n"));
-                    first = false;
-                }
-                out.push_str(s);
-                out.push('\n');
-            }
+    if !order.before.is_empty() {
+        out.push_str("\n-- before the row changes (see the review's notes)\n");
+        for st in &order.before {
+            out.push_str(st);
+            out.push('\n');
         }
-    };
-    section(
-        &mut out,
-        "deleted rows (children first)",
-        &|p| &p.deletes,
-        &mut ordered.iter().rev(),
-    );
-    section(
-        &mut out,
-        "updated rows",
-        &|p| &p.updates,
-        &mut ordered.iter(),
-    );
-    section(
-        &mut out,
-        "inserted rows (parents first)",
-        &|p| &p.inserts,
-        &mut ordered.iter(),
-    );
+    }
+    for (oid, step) in &order.steps {
+        let Some(p) = tables.get(oid) else { continue };
+        let (title, list) = match step {
+            Step::Delete => ("deleted", &p.deletes),
+            Step::Update => ("updated", &p.updates),
+            Step::Insert => ("inserted", &p.inserts),
+        };
+        if list.is_empty() {
+            continue;
+        }
+        out.push_str(&format!("\n-- {title} rows\n"));
+        for st in list {
+            out.push_str(st);
+            out.push('\n');
+        }
+    }
+    if !order.steps.is_empty() {
+        // Deferred checks run here, when every row is in place: a table with pending checks
+        // could not be altered by what follows.
+        out.push_str("\nSET CONSTRAINTS ALL IMMEDIATE;\n");
+    }
+    if !order.after.is_empty() {
+        for st in &order.after {
+            out.push_str(st);
+            out.push('\n');
+        }
+    }
     if !after.is_empty() {
         out.push_str("\n-- constraints, indexes, views, triggers, sequence positions\n");
         for s in after {
@@ -369,7 +444,8 @@ mod tests {
         t.inserts
             .push("INSERT INTO public.t VALUES ('it''s \\'' || x');".to_string());
         let tables = BTreeMap::from([(1u32, t)]);
-        let patch = render_patch(&Vec::new(), &tables, &Catalog::default(), "tok", "task");
+        let order = data_order(&Catalog::default(), &Catalog::default(), &tables);
+        let patch = render_patch(&Vec::new(), &tables, &order, "tok", "task");
         let first_sql = patch
             .lines()
             .find(|l| !l.starts_with("--"))

@@ -3,10 +3,10 @@
 
 use std::fmt::Write;
 
-use super::log::LoggedStatement;
 use super::model::{Review, TableDiff};
 use super::render::{headline, value};
 use super::store::cap;
+use crate::journal::log::LoggedStatement;
 
 /// Statements listed on the page (the log itself has all of them).
 const STATEMENTS_MAX: usize = 1000;
@@ -159,6 +159,22 @@ fn table(out: &mut String, t: &TableDiff) {
     if let Some(n) = &t.note {
         let _ = write!(out, "<p class=\"muted\">{}</p>", esc(n));
     }
+    if !t.updated_columns.is_empty() {
+        let per: Vec<String> = t
+            .updated_columns
+            .iter()
+            .map(|(c, n)| format!("{} {n}", esc(c)))
+            .collect();
+        let _ = write!(out, "<p>updated per column: {}</p>", per.join(", "));
+    }
+    for (kind, s) in &t.samples.showing {
+        let _ = write!(
+            out,
+            "<p class=\"muted showing\">{}: {} (counts are exact)</p>",
+            esc(kind),
+            esc(s)
+        );
+    }
     if t.samples.inserted.is_empty() && t.samples.deleted.is_empty() && t.samples.updated.is_empty()
     {
         return;
@@ -233,7 +249,9 @@ pub fn page(r: &Review, stmts: &[LoggedStatement]) -> String {
     }
     let _ = write!(
         out,
-        "<h2>SQL patch</h2><p class=\"muted\">Never applied by sandpit.</p><pre id=\"patch\">{}</pre></body></html>",
+        "<h2>SQL patch</h2><p class=\"muted\">Never applied by sandpit.</p>\
+         <pre id=\"verification\">{}</pre><pre id=\"patch\">{}</pre></body></html>",
+        esc(&super::verify::text(r.verification.as_ref())),
         esc(&r.patch)
     );
     out.push('\n');

@@ -1,16 +1,16 @@
-//! What the agent did: the statement log, and the diff of its scratch database against the
-//! golden (schema, rows, sequences) with a SQL patch a person may choose to apply.
+//! What the agent did: the diff of its scratch database against the golden (schema, rows,
+//! sequences) with a SQL patch a person may choose to apply. Its statements come from the
+//! journal (`crate::journal`), which review reads and never the other way.
 
 pub mod catalog;
-pub mod classify;
 pub mod conn;
 pub mod data;
 pub mod diff;
 pub mod html;
-pub mod log;
 pub mod model;
 pub mod objects;
 pub mod relations;
 pub mod render;
 pub mod schema;
 pub mod store;
+pub mod verify;

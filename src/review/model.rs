@@ -32,6 +32,10 @@ pub struct Review {
     /// The SQL patch that, applied to a fresh fork of the golden, reproduces the scratch
     /// state for what this diff covers. Never applied by sandpit.
     pub patch: String,
+    /// The patch replayed on a fresh fork of the golden and compared with the scratch
+    /// database (None only in reviews stored before the check existed).
+    #[serde(default)]
+    pub verification: Option<super::verify::Verification>,
 }
 
 impl Review {
@@ -139,6 +143,9 @@ pub struct TableDiff {
     pub deleted: u64,
     /// Rows with the same key and different values.
     pub updated: u64,
+    /// Updated rows per changed column (a row counts once for each column it changed).
+    #[serde(default)]
+    pub updated_columns: BTreeMap<String, u64>,
     /// Capped samples.
     pub samples: Samples,
     /// Why the table could not be compared, if it could not.
@@ -165,6 +172,27 @@ pub struct Samples {
     pub deleted: Vec<Vec<Option<String>>>,
     /// Updated rows.
     pub updated: Vec<UpdatedRow>,
+    /// For each kind whose samples were cut: "showing N of M".
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub showing: BTreeMap<String, String>,
+}
+
+impl TableDiff {
+    /// Records "showing N of M" for every kind whose samples are fewer than its count.
+    pub fn mark_cut_samples(&mut self) {
+        let s = &mut self.samples;
+        s.showing.clear();
+        for (kind, shown, total) in [
+            ("inserted", s.inserted.len(), self.inserted),
+            ("deleted", s.deleted.len(), self.deleted),
+            ("updated", s.updated.len(), self.updated),
+        ] {
+            if (shown as u64) < total {
+                s.showing
+                    .insert(kind.into(), format!("showing {shown} of {total}"));
+            }
+        }
+    }
 }
 
 /// One updated row.

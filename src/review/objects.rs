@@ -243,14 +243,14 @@ pub(super) fn sequences(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                         let mut cur = old.qname();
                         if old.name != s.name {
                             d.stmt(
-                                order::RENAME_OTHER,
+                                order::RENAME_SEQUENCE,
                                 format!("ALTER SEQUENCE {cur} RENAME TO {};", s.name),
                             );
                             cur = q(&old.schema, &s.name);
                         }
                         if old.schema != s.schema {
                             d.stmt(
-                                order::RENAME_OTHER,
+                                order::RENAME_SEQUENCE,
                                 format!("ALTER SEQUENCE {cur} SET SCHEMA {};", s.schema),
                             );
                         }

@@ -8,7 +8,7 @@ use super::schema::{order, q, table_name, SchemaDiff};
 
 /// A constraint's definition with the table it references (FK) written as `_`, so that
 /// renaming that table is not a change of the constraint.
-fn constraint_shape(k: &Object, cat: &Catalog) -> String {
+pub(super) fn constraint_shape(k: &Object, cat: &Catalog) -> String {
     match k.extra.parse::<u32>() {
         Ok(target) if k.flag == "f" && target != 0 => k.def.replacen(
             &format!("REFERENCES {}(", table_name(cat, target)),
@@ -20,7 +20,7 @@ fn constraint_shape(k: &Object, cat: &Catalog) -> String {
 }
 
 /// A trigger's definition with its own name and table written as `_`.
-fn trigger_shape(t: &Object, cat: &Catalog) -> String {
+pub(super) fn trigger_shape(t: &Object, cat: &Catalog) -> String {
     t.def
         .replacen(&format!("TRIGGER {} ", t.name), "TRIGGER _ ", 1)
         .replacen(&format!(" ON {} ", table_name(cat, t.table)), " ON _ ", 1)
@@ -66,6 +66,7 @@ pub(super) fn constraints(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     Some(old.def.clone()),
                     Some(k.def.clone()),
                 );
+                d.recreated.insert(('k', *oid));
                 d.stmt(
                     drop_order(old),
                     format!(
@@ -148,6 +149,7 @@ pub(super) fn indexes(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     Some(old.def.clone()),
                     Some(i.def.clone()),
                 );
+                d.recreated.insert(('c', *oid));
                 d.stmt(
                     order::DROP_INDEX,
                     format!("DROP INDEX {};", q(&old.schema, &old.name)),
@@ -246,6 +248,7 @@ pub(super) fn views(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     Some(old.def.clone()),
                     Some(v.def.clone()),
                 );
+                d.recreated.insert(('c', *oid));
                 d.stmt(order::DROP_VIEW, drop(old));
                 d.stmt(order::CREATE_VIEW, view_sql(v));
             }
@@ -291,6 +294,7 @@ pub(super) fn triggers(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     Some(old.def.clone()),
                     Some(t.def.clone()),
                 );
+                d.recreated.insert(('g', *oid));
                 d.stmt(
                     order::DROP_TRIGGER,
                     format!("DROP TRIGGER {} ON {};", old.name, table_name(b, old.table)),

@@ -88,10 +88,16 @@ fn table(out: &mut String, t: &TableDiff) {
             .collect();
         let _ = writeln!(out, "    ~ {}: {}", key.join(", "), changes.join("; "));
     }
-    let shown =
-        (t.samples.inserted.len() + t.samples.deleted.len() + t.samples.updated.len()) as u64;
-    if shown < t.inserted + t.updated + t.deleted {
-        let _ = writeln!(out, "    (samples only; counts are exact)");
+    if !t.updated_columns.is_empty() {
+        let per: Vec<String> = t
+            .updated_columns
+            .iter()
+            .map(|(c, n)| format!("{c} {n}"))
+            .collect();
+        let _ = writeln!(out, "    updated per column: {}", per.join(", "));
+    }
+    for (kind, s) in &t.samples.showing {
+        let _ = writeln!(out, "    {kind}: {s} (counts are exact)");
     }
 }
 
@@ -104,6 +110,7 @@ pub fn text(r: &Review) -> String {
         r.token, r.task, r.generated_at
     );
     let _ = writeln!(out, "{}", headline(r));
+    out.push_str(&super::verify::text(r.verification.as_ref()));
     let _ = writeln!(
         out,
         "Scanned {} of {} tables (mode {}{}), {} rows read, {:.0} ms",

@@ -2,9 +2,14 @@
 //! of the patch. Each statement carries an order number so the patch runs dependents' drops
 //! before renames, creates before data, and constraints/indexes/triggers after the data.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::catalog::{Catalog, Column, Table};
+use super::conn::literal;
 use super::model::{Action, SchemaChange, SequenceChange};
 use super::{objects, relations};
+
+mod annotations;
 
 /// Patch statements with their place in the patch (see [`order`]).
 pub type Stmts = Vec<(u32, String)>;
@@ -23,8 +28,11 @@ pub mod order {
     pub const RENAME_FUNCTION: u32 = 5;
     /// CREATE OR REPLACE FUNCTION.
     pub const FUNCTION: u32 = 6;
+    /// ALTER SEQUENCE … RENAME / SET SCHEMA (before a new one takes its old name, and
+    /// before any default names it).
+    pub const RENAME_SEQUENCE: u32 = 7;
     /// CREATE SEQUENCE.
-    pub const CREATE_SEQUENCE: u32 = 7;
+    pub const CREATE_SEQUENCE: u32 = 8;
     /// DROP VIEW.
     pub const DROP_VIEW: u32 = 10;
     /// DROP TRIGGER.
@@ -65,7 +73,7 @@ pub mod order {
     pub const DROP_SCHEMA: u32 = 91;
     /// Row changes go here.
     pub const DATA: u32 = 99;
-    /// SET NOT NULL.
+    /// SET NOT NULL; for added columns then their DEFAULT and identity (after their data).
     pub const SET_NOT_NULL: u32 = 100;
     /// ADD CONSTRAINT (not FK).
     pub const ADD_CONSTRAINT: u32 = 101;
@@ -81,6 +89,10 @@ pub mod order {
     pub const OWNED_BY: u32 = 106;
     /// setval.
     pub const SETVAL: u32 = 107;
+    /// COMMENT ON.
+    pub const COMMENT: u32 = 108;
+    /// GRANT / REVOKE.
+    pub const GRANT: u32 = 109;
 }
 
 /// Result of the schema diff.
@@ -94,6 +106,9 @@ pub struct SchemaDiff {
     pub stmts: Stmts,
     /// Caveats.
     pub notes: Vec<String>,
+    /// Objects the patch drops and creates again (catalog letter as in
+    /// [`super::catalog::ObjKey`], OID): they lose their comments and privileges.
+    pub recreated: BTreeSet<(char, u32)>,
 }
 
 impl SchemaDiff {
@@ -139,10 +154,49 @@ pub fn diff(before: &Catalog, after: &Catalog) -> SchemaDiff {
     relations::indexes(before, after, &mut d);
     relations::views(before, after, &mut d);
     relations::triggers(before, after, &mut d);
+    annotations::comments(before, after, &mut d);
+    annotations::grants(before, after, &mut d);
     d
 }
 
-fn create_table(t: &Table) -> String {
+/// A column default with the objects it names written by OID, so that renaming a sequence,
+/// table, function or type it refers to is not a change of the default.
+fn default_meaning(cat: &Catalog, expr: &str) -> String {
+    let mut s = expr.to_string();
+    if s.contains("::regclass") {
+        let rels = cat
+            .sequences
+            .iter()
+            .map(|(o, x)| (o, x.qname()))
+            .chain(cat.tables.iter().map(|(o, t)| (o, t.qname())));
+        for (oid, name) in rels {
+            s = s.replace(
+                &format!("{}::regclass", literal(&name)),
+                &format!("#rel{oid}"),
+            );
+        }
+    }
+    // Overloaded names are left alone: the text cannot say which one is meant.
+    let mut by_name: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (oid, f) in &cat.functions {
+        by_name.entry(q(&f.schema, &f.name)).or_default().push(*oid);
+    }
+    for (name, oids) in by_name {
+        if let [oid] = oids.as_slice() {
+            s = s.replace(&format!("{name}("), &format!("#fn{oid}("));
+        }
+    }
+    for (oid, t) in &cat.types {
+        s = s.replace(
+            &format!("::{}", q(&t.schema, &t.name)),
+            &format!("::#type{oid}"),
+        );
+    }
+    s
+}
+
+/// A table's `CREATE TABLE` as the schema diff writes it (promotion compares with it).
+pub fn create_table(t: &Table) -> String {
     let cols: Vec<String> = t
         .columns
         .iter()
@@ -222,7 +276,7 @@ fn tables(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
             );
             d.stmt(order::ALTER_COLUMN, format!("ALTER TABLE {name} SET {w};"));
         }
-        columns(&name, old, t, d);
+        columns(&name, old, t, (b, a), d);
     }
     for (oid, t) in &b.tables {
         if !a.tables.contains_key(oid) {
@@ -239,7 +293,7 @@ fn tables(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
     }
 }
 
-fn columns(table: &str, old: &Table, new: &Table, d: &mut SchemaDiff) {
+fn columns(table: &str, old: &Table, new: &Table, cats: (&Catalog, &Catalog), d: &mut SchemaDiff) {
     for c in &new.columns {
         let obj = format!("{table}.{}", c.name);
         let Some(o) = old.column(c.attnum) else {
@@ -251,18 +305,7 @@ fn columns(table: &str, old: &Table, new: &Table, d: &mut SchemaDiff) {
                 None,
                 Some(c.definition()),
             );
-            let mut add = c.clone();
-            add.not_null = false;
-            d.stmt(
-                order::ADD_COLUMN,
-                format!("ALTER TABLE {table} ADD COLUMN {};", add.definition()),
-            );
-            if c.not_null {
-                d.stmt(
-                    order::SET_NOT_NULL,
-                    format!("ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL;", c.name),
-                );
-            }
+            added_column(table, c, d);
             continue;
         };
         if o.name != c.name {
@@ -282,7 +325,7 @@ fn columns(table: &str, old: &Table, new: &Table, d: &mut SchemaDiff) {
                 ),
             );
         }
-        alter_column(table, &obj, o, c, d);
+        alter_column(table, &obj, o, c, cats, d);
     }
     for o in &old.columns {
         if new.column(o.attnum).is_none() {
@@ -302,7 +345,64 @@ fn columns(table: &str, old: &Table, new: &Table, d: &mut SchemaDiff) {
     }
 }
 
-fn alter_column(table: &str, obj: &str, o: &Column, c: &Column, d: &mut SchemaDiff) {
+/// An added column: created empty (a stored generated column computes itself), filled by
+/// the row changes, then given its NOT NULL, default and identity, which would otherwise
+/// refuse or overwrite its values.
+fn added_column(table: &str, c: &Column, d: &mut SchemaDiff) {
+    let col = &c.name;
+    if c.generated == "s" {
+        let mut add = c.clone();
+        add.not_null = false;
+        d.stmt(
+            order::ADD_COLUMN,
+            format!("ALTER TABLE {table} ADD COLUMN {};", add.definition()),
+        );
+    } else {
+        let plain = Column {
+            default: None,
+            identity: String::new(),
+            not_null: false,
+            ..c.clone()
+        };
+        d.stmt(
+            order::ADD_COLUMN,
+            format!("ALTER TABLE {table} ADD COLUMN {};", plain.definition()),
+        );
+    }
+    if c.not_null {
+        d.stmt(
+            order::SET_NOT_NULL,
+            format!("ALTER TABLE {table} ALTER COLUMN {col} SET NOT NULL;"),
+        );
+    }
+    if c.generated == "s" {
+        return;
+    }
+    if let Some(x) = &c.default {
+        d.stmt(
+            order::SET_NOT_NULL,
+            format!("ALTER TABLE {table} ALTER COLUMN {col} SET DEFAULT {x};"),
+        );
+    }
+    let identity = match c.identity.as_str() {
+        "a" => "ALWAYS",
+        "d" => "BY DEFAULT",
+        _ => return,
+    };
+    d.stmt(
+        order::SET_NOT_NULL,
+        format!("ALTER TABLE {table} ALTER COLUMN {col} ADD GENERATED {identity} AS IDENTITY;"),
+    );
+}
+
+fn alter_column(
+    table: &str,
+    obj: &str,
+    o: &Column,
+    c: &Column,
+    (b, a): (&Catalog, &Catalog),
+    d: &mut SchemaDiff,
+) {
     let mut what = Vec::new();
     let col = &c.name;
     if o.type_name != c.type_name || o.collation != c.collation {
@@ -320,7 +420,8 @@ fn alter_column(table: &str, obj: &str, o: &Column, c: &Column, d: &mut SchemaDi
             ),
         );
     }
-    if o.default != c.default && c.generated != "s" {
+    let meaning = |cat: &Catalog, x: &Option<String>| x.as_ref().map(|x| default_meaning(cat, x));
+    if meaning(b, &o.default) != meaning(a, &c.default) && c.generated != "s" {
         what.push(format!(
             "default {} -> {}",
             o.default.as_deref().unwrap_or("none"),

@@ -5,12 +5,14 @@
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::diff::{self, DiffOptions};
-use super::log::{self, LoggedStatement};
 use super::model::{FailedStatement, Review, StatementSummary};
 use super::{html, render};
-use crate::lifecycle::Gateway;
+use crate::config::{Config, ReviewConfig};
+use crate::journal::log::{self, LoggedStatement};
+use crate::provider::Provider;
 use crate::registry::TokenRecord;
 
 /// Longest statement text kept in a failure summary.
@@ -82,8 +84,40 @@ pub enum ReviewError {
     },
 }
 
+/// What taking and storing reviews needs from the gateway, handed in by the caller (the
+/// review never reaches for the gateway itself).
+#[derive(Clone)]
+pub struct Reviewer {
+    /// Where scratch and reference databases come from.
+    pub provider: Arc<dyn Provider>,
+    /// The `[review]` settings.
+    pub settings: ReviewConfig,
+    /// The gateway's data dir (statement logs live under it).
+    pub data_dir: PathBuf,
+    /// Where reviews are stored ([`reviews_dir`]).
+    pub dir: PathBuf,
+    /// `limits.min_free_bytes`: no verification fork below it.
+    pub min_free_bytes: u64,
+    /// The gateway's id, tagged on the forks the review makes (the janitor's ownership).
+    pub gateway_id: String,
+}
+
+impl Reviewer {
+    /// The reviewer of a gateway with this configuration and provider.
+    pub fn new(cfg: &Config, provider: Arc<dyn Provider>, gateway_id: &str) -> Reviewer {
+        Reviewer {
+            provider,
+            settings: cfg.review.clone(),
+            data_dir: cfg.data_dir.clone(),
+            dir: reviews_dir(cfg),
+            min_free_bytes: cfg.limits.min_free_bytes,
+            gateway_id: gateway_id.to_string(),
+        }
+    }
+}
+
 /// Directory of stored reviews: `review.dir`, else `<data dir>/reviews`.
-pub fn reviews_dir(cfg: &crate::config::Config) -> PathBuf {
+pub fn reviews_dir(cfg: &Config) -> PathBuf {
     cfg.review
         .dir
         .clone()
@@ -130,8 +164,8 @@ pub fn cap(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
-fn options(gw: &Gateway) -> DiffOptions {
-    let r = &gw.config.review;
+fn options(rv: &Reviewer) -> DiffOptions {
+    let r = &rv.settings;
     DiffOptions {
         statement_timeout: r.statement_timeout,
         settle_timeout: r.settle_timeout,
@@ -142,8 +176,8 @@ fn options(gw: &Gateway) -> DiffOptions {
 
 /// The first statements of the token's log, as many as the HTML page lists (the summary
 /// counts all of them: [`summarize_log`]).
-pub fn statements(gw: &Gateway, rec: &TokenRecord) -> Result<Vec<LoggedStatement>, ReviewError> {
-    let path = log::log_path(&gw.config.data_dir, &rec.task, &rec.id);
+pub fn statements(rv: &Reviewer, rec: &TokenRecord) -> Result<Vec<LoggedStatement>, ReviewError> {
+    let path = log::log_path(&rv.data_dir, &rec.task, &rec.id);
     Ok(log::read_page(&path, 0, PAGE_STATEMENTS)?.statements)
 }
 
@@ -193,17 +227,34 @@ pub fn summarize_log(path: &Path) -> Result<StatementSummary, log::LogError> {
 
 /// Take a review now (`full_scan`: compare every table, not only touched ones). A token that
 /// never connected has no scratch database and so no changes; nothing is forked for it.
-pub async fn take(gw: &Gateway, rec: &TokenRecord, full_scan: bool) -> Result<Review, ReviewError> {
-    take_with(gw, rec, full_scan, false).await
+pub async fn take(
+    rv: &Reviewer,
+    rec: &TokenRecord,
+    full_scan: bool,
+) -> Result<Review, ReviewError> {
+    take_verified(rv, rec, full_scan, false).await
+}
+
+/// [`take`], and with `verify` the patch replayed on a fresh fork of the golden
+/// ([`super::verify`]).
+pub async fn take_verified(
+    rv: &Reviewer,
+    rec: &TokenRecord,
+    full_scan: bool,
+    verify: bool,
+) -> Result<Review, ReviewError> {
+    let why_not = (!verify).then(|| "not asked for (verify=true asks for it)".to_string());
+    take_with(rv, rec, full_scan, false, why_not).await
 }
 
 async fn take_with(
-    gw: &Gateway,
+    rv: &Reviewer,
     rec: &TokenRecord,
     full_scan: bool,
     end_sessions: bool,
+    no_verify: Option<String>,
 ) -> Result<Review, ReviewError> {
-    let log_file = log::log_path(&gw.config.data_dir, &rec.task, &rec.id);
+    let log_file = log::log_path(&rv.data_dir, &rec.task, &rec.id);
     let summary = tokio::task::spawn_blocking(move || summarize_log(&log_file))
         .await
         .map_err(|e| ReviewError::Backend(format!("log summary task: {e}")))??;
@@ -211,22 +262,25 @@ async fn take_with(
         None => Review {
             token: rec.id.clone(),
             task: rec.task.clone(),
-            generated_at: diff::now_rfc3339(),
+            generated_at: crate::rfc3339::now(),
             scan: super::model::ScanInfo {
                 mode: "none".into(),
                 reason: Some("the token never connected: no scratch database exists".into()),
                 ..Default::default()
             },
             patch: String::new(),
+            verification: Some(super::verify::Verification::not_verified(
+                "the token never connected: there is no scratch database to rebuild",
+            )),
             ..Default::default()
         },
         Some(handle) => {
-            let scratch = gw
+            let scratch = rv
                 .provider
                 .ensure_running(handle)
                 .await
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
-            let reference = gw
+            let reference = rv
                 .provider
                 .reference(rec.golden.as_deref())
                 .await
@@ -234,12 +288,17 @@ async fn take_with(
             let opts = DiffOptions {
                 full_scan,
                 end_sessions,
-                ..options(gw)
+                ..options(rv)
             };
             // The review's own login, never the agent's (whose role settings the agent
             // controls).
-            let scratch = gw.provider.review_target(&scratch);
-            diff::diff(&reference.target, &scratch, opts, &rec.id, &rec.task).await?
+            let target = rv.provider.review_target(&scratch);
+            let mut r = diff::diff(&reference.target, &target, opts, &rec.id, &rec.task).await?;
+            r.verification = Some(match no_verify {
+                Some(why) => super::verify::Verification::not_verified(why),
+                None => super::verify::check(rv, rec, &scratch, &r.patch).await,
+            });
+            r
         }
     };
     review.statements = summary;
@@ -291,11 +350,12 @@ pub fn load(dir: &Path, task: &str, token: &str, f: Format) -> Option<String> {
     std::fs::read_to_string(review_path(dir, task, token, f)).ok()
 }
 
-/// Called by the lifecycle after a fork: start the reference in the background, so the
-/// review at the end of the token does not wait for it (it is started once and kept).
-pub fn prepare(gw: &Gateway, golden: Option<String>) {
-    if gw.config.review.on_end {
-        let provider = gw.provider.clone();
+/// Called after a fork (a lifecycle hook set up by `server.rs`): start the reference in the
+/// background, so the review at the end of the token does not wait for it (it is started
+/// once and kept).
+pub fn prepare(rv: &Reviewer, golden: Option<String>) {
+    if rv.settings.on_end {
+        let provider = rv.provider.clone();
         tokio::spawn(async move {
             if let Err(e) = provider.reference(golden.as_deref()).await {
                 tracing::warn!(error = %e, "starting the review reference failed");
@@ -304,16 +364,20 @@ pub fn prepare(gw: &Gateway, golden: Option<String>) {
     }
 }
 
-/// Called by the lifecycle right before a token's backend is destroyed: take the review and
-/// store it. Failures are logged, never block the destroy.
-pub async fn on_end(gw: &Gateway, id: &str) {
-    let Some(rec) = gw.registry.get(id) else {
+/// Called right before a token's backend is destroyed (a lifecycle hook set up by
+/// `server.rs`), when `review.on_end` is set: take the review and store it. Failures are
+/// logged, never block the destroy.
+pub async fn on_end(rv: &Reviewer, rec: &TokenRecord) {
+    if !rv.settings.on_end {
         return;
-    };
+    }
+    let id = &rec.id;
+    // The token has ended: without this the janitor would reap its backend mid-review.
+    let _hold = rec.backend.as_deref().map(crate::provider::holds::hold);
     let result = async {
-        let review = take_with(gw, &rec, false, true).await?;
-        let stmts = statements(gw, &rec)?;
-        write_all(&reviews_dir(&gw.config), &review, &stmts)?;
+        let review = take_with(rv, rec, false, true, super::verify::skipped_at_end(rv)).await?;
+        let stmts = statements(rv, rec)?;
+        write_all(&rv.dir, &review, &stmts)?;
         Ok::<_, ReviewError>(review)
     }
     .await;
@@ -330,7 +394,7 @@ pub async fn on_end(gw: &Gateway, id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::review::log::{OutcomeRecord, StatementRecord};
+    use crate::journal::log::{OutcomeRecord, StatementRecord};
 
     fn stmt(seq: u64, kind: &str, sqlstate: Option<&str>, done: bool) -> LoggedStatement {
         LoggedStatement {
@@ -377,7 +441,7 @@ mod tests {
 
     #[test]
     fn streamed_summary_matches_the_summary_of_the_loaded_log() {
-        use crate::review::log::{LogRecord, TokenLog};
+        use crate::journal::log::{LogRecord, TokenLog};
         let dir = tempfile::tempdir().unwrap();
         let log = TokenLog::open(dir.path(), "k", "t", 0).unwrap();
         let stmts = [

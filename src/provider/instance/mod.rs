@@ -20,10 +20,11 @@ use super::golden::{self, GoldenCtx, AGENT, DATABASE, REVIEWER, SUPERUSER};
 use super::golden_build::LiveSpec;
 use super::golden_sql;
 use super::versions::{self, Golden, GoldenInfo, GOLDEN_FILE};
-use super::{Backend, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError};
+use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::pg::process;
 use crate::pg::user::{self, RunAs};
 use crate::pg::{self as pgbin, PgBinaries};
+use crate::pgconn::{BackendTarget, Endpoint};
 pub(super) use root::make_dir;
 use root::prepare_root;
 

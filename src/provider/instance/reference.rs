@@ -9,9 +9,10 @@ use nix::sys::signal::Signal;
 
 use super::{make_dir, validate_handle, InstanceProvider, DESTROY_GRACE};
 use crate::pg::process;
+use crate::pgconn::{BackendTarget, Endpoint};
 use crate::provider::copy;
 use crate::provider::golden::{self, AGENT, DATABASE, REVIEWER};
-use crate::provider::{Backend, BackendTarget, Endpoint, ProviderError};
+use crate::provider::{Backend, ProviderError};
 
 /// Directory (under the real root, outside `instances/`, so `list()` never sees it) of the
 /// reference backend: a pristine fork of the golden that review diffs compare against.

@@ -15,10 +15,9 @@ use serde::Serialize;
 use time::OffsetDateTime;
 
 use super::remote_api::{self as api, Sandbox, SandboxState};
-use super::tls::{self as btls, SslMode};
-use super::{
-    Backend, BackendAddr, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError,
-};
+use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
+use crate::pgconn::tls::{self as btls, SslMode};
+use crate::pgconn::{BackendAddr, BackendTarget, Endpoint};
 
 /// Largest response body accepted from the service.
 const MAX_BODY: usize = 4 * 1024 * 1024;
@@ -134,8 +133,7 @@ impl RemoteProvider {
                 OffsetDateTime::now_utc().unix_timestamp_nanos()
             ),
             task: "sandpit review reference".into(),
-            expires_at: expires
-                .format(&time::format_description::well_known::Rfc3339)
+            expires_at: crate::rfc3339::try_format(expires)
                 .map_err(|e| remote(format!("formatting the reference expiry: {e}")))?,
             gateway_id: String::new(),
             golden: None,
@@ -386,12 +384,9 @@ impl RemoteProvider {
         let id = sb.id.clone();
         *made.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
         let result = async {
-            let left = OffsetDateTime::parse(
-                &tag.expires_at,
-                &time::format_description::well_known::Rfc3339,
-            )
-            .map(|t| (t - OffsetDateTime::now_utc()).whole_seconds().max(0) as u64)
-            .unwrap_or(0);
+            let left = crate::rfc3339::parse(&tag.expires_at)
+                .map(|t| (t - OffsetDateTime::now_utc()).whole_seconds().max(0) as u64)
+                .unwrap_or(0);
             let ttl = json(&api::SetTtl {
                 ttl_seconds: left + self.cfg.ttl_grace.as_secs(),
             })?;
@@ -440,6 +435,10 @@ fn json<T: Serialize>(v: &T) -> Result<serde_json::Value, ProviderError> {
 }
 
 impl Provider for RemoteProvider {
+    fn verify_forks_by_default(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> &'static str {
         "remote"
     }

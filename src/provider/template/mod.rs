@@ -21,11 +21,10 @@ use tokio_postgres::config::Host;
 use tokio_postgres::{Client, NoTls};
 
 use super::pool::POOL_PREFIX;
-use super::tls::{self as btls, SslMode};
-use super::{
-    Backend, BackendAddr, BackendTag, BackendTarget, BoxFuture, Endpoint, Provider, ProviderError,
-};
-use crate::proxy::backend_stream;
+use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
+use crate::pgconn::stream as backend_stream;
+use crate::pgconn::tls::{self as btls, SslMode};
+use crate::pgconn::{BackendAddr, BackendTarget, Endpoint};
 use key::load_key;
 
 /// Longest wait at destroy for the gateways' own sessions to leave before they are forced out.

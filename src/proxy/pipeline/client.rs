@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
-use super::log::{log_param, text_of};
+use super::log::text_of;
 use super::names::Lookup;
 use super::policy::DENY_SQL;
 use super::*;
+use crate::journal::classify;
+use crate::journal::log::param_text;
 use crate::proxy::caps::CapMode;
-use crate::review::classify;
 use crate::wire::messages::frontend;
 
 impl Pipeline {
@@ -167,7 +168,11 @@ impl Pipeline {
             ) {
                 return self.refuse();
             }
-            let text: Arc<str> = Arc::from(text_of(query));
+            // One copy of valid UTF-8 (not to a String, then again to the Arc).
+            let text: Arc<str> = match String::from_utf8_lossy(query) {
+                std::borrow::Cow::Borrowed(t) => Arc::from(t),
+                std::borrow::Cow::Owned(t) => Arc::from(t),
+            };
             self.parses += 1;
             let p = Prepared {
                 text,
@@ -230,7 +235,7 @@ impl Pipeline {
                 let params: Vec<Option<String>> = b
                     .params
                     .iter()
-                    .map(|(fmt, v)| log_param(*fmt, *v))
+                    .map(|(fmt, v)| param_text(*fmt, *v))
                     .collect();
                 let portal = Portal {
                     text,
@@ -273,8 +278,9 @@ impl Pipeline {
 
     fn on_function_call(&mut self, f: Frame) {
         let (oid, args) = frontend::function_call(f.body()).unwrap_or((0, Vec::new()));
-        let params: Vec<Option<String>> = args.iter().map(|(fmt, v)| log_param(*fmt, *v)).collect();
-        let mut stmt = self.new_stmt("function", &format!("function call oid={oid}"), params);
+        let params: Vec<Option<String>> =
+            args.iter().map(|(fmt, v)| param_text(*fmt, *v)).collect();
+        let mut stmt = self.new_stmt("function", &format!("function call oid={oid}"), &params);
         stmt.function = true;
         if self.denies(stmt.kind) {
             return self.deny_simple(VecDeque::from([stmt]));
@@ -313,11 +319,8 @@ impl Pipeline {
         self.stmt_dirty = true;
         self.portal_dirty = true;
         let stmts: VecDeque<Stmt> = match &pieces {
-            Some(p) if !p.is_empty() => p
-                .iter()
-                .map(|s| self.new_stmt("simple", s, Vec::new()))
-                .collect(),
-            _ => VecDeque::from([self.new_stmt("simple", &text, Vec::new())]),
+            Some(p) if !p.is_empty() => p.iter().map(|s| self.new_stmt("simple", s, &[])).collect(),
+            _ => VecDeque::from([self.new_stmt("simple", &text, &[])]),
         };
         if self.id.allow.is_some() && stmts.iter().any(|s| self.denies(s.kind)) {
             // Judged statement by statement; one refusal rejects the whole string.
@@ -349,14 +352,14 @@ impl Pipeline {
                 piece.as_bytes(),
                 max,
                 key,
-                Pending::Execute { stmt, barrier },
+                Pending::Execute {
+                    stmt: Box::new(stmt),
+                    barrier,
+                },
             ));
         }
         let copy_ends_before = self.copy_ends;
-        self.push(
-            frontend::build_sync(),
-            vec![Pending::Sync { copy_ends_before }],
-        );
+        self.push(sync_message(), vec![Pending::Sync { copy_ends_before }]);
     }
 
     fn on_execute(&mut self, f: Frame) {
@@ -368,18 +371,16 @@ impl Pipeline {
         if self.portal_dirty && portal.is_empty() {
             self.close_unnamed_portal();
         }
-        let (text, params, catalog, statement_id) = match self.portals.lookup(&portal, self.group) {
-            Lookup::Defined(p) => (
-                p.text.clone(),
-                p.params.clone(),
-                p.catalog,
-                Some(p.statement_id),
-            ),
-            _ => (Arc::from(""), Vec::new(), false, None),
+        // Logged with the text and parameters the portal holds (borrowed, not copied).
+        let (text, mut stmt) = match self.portals.lookup(&portal, self.group) {
+            Lookup::Defined(p) => {
+                let mut stmt = self.new_stmt("extended", &p.text, &p.params);
+                stmt.count.catalog = p.catalog;
+                stmt.statement_id = Some(p.statement_id);
+                (p.text.clone(), stmt)
+            }
+            _ => (Arc::from(""), self.new_stmt("extended", "", &[])),
         };
-        let mut stmt = self.new_stmt("extended", &text, params);
-        stmt.count.catalog = catalog;
-        stmt.statement_id = statement_id;
         let refusal = if self.denies(stmt.kind) {
             stmt.denied = true;
             metrics::counter!("sandpit_denied_statements_total", "kind" => stmt.kind.as_str())
@@ -400,7 +401,7 @@ impl Pipeline {
                 0,
                 None,
                 Pending::Execute {
-                    stmt,
+                    stmt: Box::new(stmt),
                     barrier: false,
                 },
             ));
@@ -420,7 +421,7 @@ impl Pipeline {
                 let mut bytes = BytesMut::new();
                 bytes.extend_from_slice(&frontend::build_execute(&portal, max));
                 let mut pending = vec![Pending::Execute {
-                    stmt,
+                    stmt: Box::new(stmt),
                     barrier: error_mode,
                 }];
                 if !portal.is_empty() {
@@ -437,7 +438,7 @@ impl Pipeline {
             None => self.push(
                 f.raw,
                 vec![Pending::Execute {
-                    stmt,
+                    stmt: Box::new(stmt),
                     barrier: false,
                 }],
             ),

@@ -1,25 +1,42 @@
 //! Statement log records of a session: a statement record before a message goes to the
 //! backend (write-ahead), an outcome record when its response arrives.
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
-use time::OffsetDateTime;
+use metrics::Counter;
 
 use super::{Pipeline, Stmt};
+use crate::journal::classify::{self, Kind};
+use crate::journal::log::{OutcomeRef, StatementRef};
 use crate::proxy::caps::ResultCount;
-use crate::review::classify::{self, Kind};
-use crate::review::log::{LogRecord, OutcomeRecord, StatementRecord};
 use crate::wire::messages;
 
-/// Longest text parameter kept in the log, in bytes.
-const PARAM_LOG_MAX: usize = 256;
-/// Binary parameters are logged as a hex prefix of this many bytes.
-const PARAM_HEX_MAX: usize = 32;
+const KINDS: [Kind; 7] = [
+    Kind::Read,
+    Kind::Write,
+    Kind::Ddl,
+    Kind::Transaction,
+    Kind::Privilege,
+    Kind::Utility,
+    Kind::Unparsed,
+];
 
-fn now() -> String {
-    OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
+/// `sandpit_statements_total` per kind, looked up once (a labelled lookup per statement
+/// hashes and allocates its key).
+fn statements_counter(kind: Kind) -> &'static Counter {
+    static COUNTERS: OnceLock<Vec<Counter>> = OnceLock::new();
+    let all = COUNTERS.get_or_init(|| {
+        KINDS
+            .iter()
+            .map(|k| metrics::counter!("sandpit_statements_total", "kind" => k.as_str()))
+            .collect()
+    });
+    let i = KINDS
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(KINDS.len() - 1);
+    &all[i]
 }
 
 pub(super) fn text_of(b: &[u8]) -> String {
@@ -37,20 +54,6 @@ fn verb_of(text: &str) -> &'static str {
     } else {
         "SELECT"
     }
-}
-
-pub(super) fn log_param(fmt: i16, v: Option<&[u8]>) -> Option<String> {
-    let v = v?;
-    if fmt == 1 {
-        let n = v.len().min(PARAM_HEX_MAX);
-        let more = if v.len() > n { "…" } else { "" };
-        return Some(format!("\\x{}{more}", hex::encode(&v[..n])));
-    }
-    let mut s = String::from_utf8_lossy(&v[..v.len().min(PARAM_LOG_MAX)]).into_owned();
-    if v.len() > PARAM_LOG_MAX {
-        s.push('…');
-    }
-    Some(s)
 }
 
 impl Stmt {
@@ -91,26 +94,26 @@ impl Pipeline {
         &self,
         protocol: &str,
         text: &str,
-        params: Vec<Option<String>>,
+        params: &[Option<String>],
         kind: Kind,
     ) -> Option<u64> {
-        metrics::counter!("sandpit_statements_total", "kind" => kind.as_str()).increment(1);
+        statements_counter(kind).increment(1);
         let Some(log) = &self.id.log else {
             return Some(0);
         };
         let seq = log.next_seq();
-        let rec = LogRecord::Statement(StatementRecord {
+        let rec = StatementRef {
             seq,
-            ts: now(),
-            token: self.id.token.clone(),
-            task: self.id.task.clone(),
+            ts: None,
+            token: &self.id.token,
+            task: &self.id.task,
             session: self.id.session,
-            protocol: protocol.to_string(),
-            text: text.to_string(),
+            protocol,
+            text,
             params,
-            kind: kind.as_str().to_string(),
-        });
-        match log.append(&rec) {
+            kind: kind.as_str(),
+        };
+        match log.append_statement(&rec) {
             Ok(()) => Some(seq),
             Err(e) => {
                 // Written before it runs, or it does not run.
@@ -121,7 +124,7 @@ impl Pipeline {
         }
     }
 
-    pub(super) fn new_stmt(&self, protocol: &str, text: &str, params: Vec<Option<String>>) -> Stmt {
+    pub(super) fn new_stmt(&self, protocol: &str, text: &str, params: &[Option<String>]) -> Stmt {
         let kind = classify::classify(text);
         let seq = self.log_statement(protocol, text, params, kind);
         let mut s = Stmt::new(kind, verb_of(text));
@@ -134,7 +137,7 @@ impl Pipeline {
     pub(super) fn log_outcome(
         &self,
         stmt: &Stmt,
-        sqlstate: Option<String>,
+        sqlstate: Option<&str>,
         tag: Option<&str>,
         skipped: bool,
     ) {
@@ -151,19 +154,19 @@ impl Pipeline {
         if stmt.capped {
             metrics::counter!("sandpit_capped_statements_total").increment(1);
         }
-        let rec = LogRecord::Outcome(OutcomeRecord {
+        let Some(log) = &self.id.log else { return };
+        let rec = OutcomeRef {
             seq: stmt.seq,
-            ts: now(),
+            ts: None,
             rows,
             capped: stmt.capped,
-            duration_ms: stmt.started.elapsed().as_secs_f64() * 1000.0,
+            micros: stmt.started.elapsed().as_micros() as u64,
             sqlstate,
-            tag: tag.map(str::to_string),
+            tag,
             skipped,
             denied: stmt.denied,
-        });
-        let Some(log) = &self.id.log else { return };
-        if let Err(e) = log.append(&rec) {
+        };
+        if let Err(e) = log.append_outcome(&rec) {
             tracing::error!(error = %e, "statement log write failed");
             metrics::counter!("sandpit_log_errors_total").increment(1);
         }

@@ -28,8 +28,8 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 
 use super::caps::{CapPolicy, ResultCount};
-use crate::review::classify::Kind;
-use crate::review::log::TokenLog;
+use crate::journal::classify::Kind;
+use crate::journal::log::TokenLog;
 use crate::wire::frame::Frame;
 
 /// Most named prepared statements / portals a session may keep (bounds gateway memory); one
@@ -137,7 +137,9 @@ enum Pending {
         statement: Option<(Vec<u8>, u64)>,
     },
     Execute {
-        stmt: Stmt,
+        /// Boxed: a statement's state is large, and entries move through the outbox and
+        /// the FIFO (moving a pointer, not the state).
+        stmt: Box<Stmt>,
         barrier: bool,
     },
     /// The statement the gateway injected to fail a capped result in error mode.
@@ -155,15 +157,10 @@ enum Pending {
     /// A simple Query (or FunctionCall) relayed as is: responses until ReadyForQuery. Its
     /// last statement stays at the front until then, so results beyond what the splitter
     /// found are still counted and capped.
-    Simple {
-        stmts: VecDeque<Stmt>,
-    },
+    Simple { stmts: VecDeque<Stmt> },
     /// A simple Query or FunctionCall replaced by a refusal raised in the backend: an error,
     /// then ReadyForQuery.
-    Denied {
-        code: &'static str,
-        message: String,
-    },
+    Denied { code: &'static str, message: String },
 }
 
 impl Pending {
@@ -188,10 +185,10 @@ impl Outgoing {
         describe: Option<(Vec<u8>, u64)>,
         last: Pending,
     ) -> Outgoing {
-        use crate::wire::messages::frontend;
-        let mut bytes = BytesMut::new();
-        bytes.extend_from_slice(&frontend::build_parse(b"", sql));
-        bytes.extend_from_slice(&frontend::build_bind(b"", b""));
+        // Written straight into one buffer sized for all of it (no message built apart).
+        let mut bytes = BytesMut::with_capacity(sql.len() + 64);
+        put_message(&mut bytes, b'P', &[b"", b"\0", sql, b"\0", &[0, 0]]);
+        put_message(&mut bytes, b'B', &[b"\0\0", &[0; 6]]);
         let mut pending = vec![
             Pending::Parse {
                 swallow: true,
@@ -203,20 +200,35 @@ impl Outgoing {
             },
         ];
         if describe.is_some() {
-            bytes.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
+            put_message(&mut bytes, b'D', &[b"P\0"]);
             pending.push(Pending::Describe {
                 swallow_nodata: true,
                 portal_key: describe,
                 statement: None,
             });
         }
-        bytes.extend_from_slice(&frontend::build_execute(b"", max_rows));
+        put_message(&mut bytes, b'E', &[b"\0", &max_rows.to_be_bytes()]);
         pending.push(last);
         Outgoing {
             bytes: bytes.freeze(),
             pending,
         }
     }
+}
+
+/// Appends a message of `tag` whose body is `parts` one after another.
+fn put_message(out: &mut BytesMut, tag: u8, parts: &[&[u8]]) {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    out.extend_from_slice(&[tag]);
+    out.extend_from_slice(&((len as i32 + 4).to_be_bytes()));
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+}
+
+/// Sync, shared (no allocation per use).
+fn sync_message() -> Bytes {
+    Bytes::from_static(b"S\0\0\0\x04")
 }
 
 /// A prepared statement: its text, and whether a Describe showed that its result has only

@@ -10,7 +10,6 @@
 //! group can be relied on. A message that needs a name with a pending change from an earlier
 //! group must wait for that answer ([`Lookup::Wait`]).
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 /// What a name is bound to, in bytes held by the gateway.
@@ -37,11 +36,15 @@ impl<V> Lookup<'_, V> {
     }
 }
 
-/// Statements or portals of one session.
+/// Statements or portals of one session. The unnamed one (most drivers use only it) has
+/// slots of its own: no hashing on the common path.
 pub(super) struct Names<V> {
     confirmed: HashMap<Vec<u8>, V>,
-    /// Changes not answered yet, per name, oldest first.
+    /// The confirmed unnamed entry.
+    unnamed: Option<V>,
+    /// Changes not answered yet, per name, oldest first (the unnamed one's apart).
     pending: HashMap<Vec<u8>, VecDeque<Proposed<V>>>,
+    unnamed_pending: VecDeque<Proposed<V>>,
     /// Changes in `pending`, all names together.
     pending_count: usize,
     /// Bytes of names and values in `confirmed` and `pending`.
@@ -65,7 +68,9 @@ impl<V: Weight> Names<V> {
     pub fn new() -> Names<V> {
         Names {
             confirmed: HashMap::new(),
+            unnamed: None,
             pending: HashMap::new(),
+            unnamed_pending: VecDeque::new(),
             pending_count: 0,
             bytes: 0,
             releasing: (0, 0),
@@ -74,7 +79,7 @@ impl<V: Weight> Names<V> {
 
     /// The state of `name` for a message of group `group`.
     pub fn lookup(&self, name: &[u8], group: u64) -> Lookup<'_, V> {
-        if let Some(q) = self.pending.get(name) {
+        if let Some(q) = self.pending_of(name) {
             if let Some(p) = q.back() {
                 if p.group != group {
                     return Lookup::Wait;
@@ -85,15 +90,40 @@ impl<V: Weight> Names<V> {
                 };
             }
         }
-        match self.confirmed.get(name) {
+        match self.confirmed_of(name) {
             Some(v) => Lookup::Defined(v),
             None => Lookup::Undefined,
         }
     }
 
+    fn pending_of(&self, name: &[u8]) -> Option<&VecDeque<Proposed<V>>> {
+        if name.is_empty() {
+            return Some(&self.unnamed_pending);
+        }
+        if self.pending.is_empty() {
+            return None;
+        }
+        self.pending.get(name)
+    }
+
+    fn confirmed_of(&self, name: &[u8]) -> Option<&V> {
+        if name.is_empty() {
+            return self.unnamed.as_ref();
+        }
+        self.confirmed.get(name)
+    }
+
+    fn confirmed_remove(&mut self, name: &[u8]) -> Option<V> {
+        if name.is_empty() {
+            return self.unnamed.take();
+        }
+        self.confirmed.remove(name)
+    }
+
     /// Entries held (confirmed and pending, less those being closed), for the limit.
     pub fn len(&self) -> usize {
-        (self.confirmed.len() + self.pending_count).saturating_sub(self.releasing.0)
+        (self.confirmed.len() + usize::from(self.unnamed.is_some()) + self.pending_count)
+            .saturating_sub(self.releasing.0)
     }
 
     /// Bytes held (less those being closed), for the tracking limit.
@@ -105,9 +135,18 @@ impl<V: Weight> Names<V> {
     pub fn propose(&mut self, name: &[u8], value: Option<V>, group: u64) {
         self.bytes += name.len() + value.as_ref().map_or(0, Weight::weight);
         self.pending_count += 1;
-        let queue = self.pending.entry(name.to_vec()).or_default();
+        let confirmed = if name.is_empty() {
+            self.unnamed.as_ref()
+        } else {
+            self.confirmed.get(name)
+        };
+        let queue = if name.is_empty() {
+            &mut self.unnamed_pending
+        } else {
+            self.pending.entry(name.to_vec()).or_default()
+        };
         // A Close of a confirmed entry with nothing else pending frees it (and itself).
-        let frees = match (&value, queue.is_empty(), self.confirmed.get(name)) {
+        let frees = match (&value, queue.is_empty(), confirmed) {
             (None, true, Some(old)) => 2 * name.len() + old.weight(),
             _ => 0,
         };
@@ -127,11 +166,12 @@ impl<V: Weight> Names<V> {
         let Some(Proposed { value: change, .. }) = self.take_oldest(name) else {
             return;
         };
-        if let Some(old) = self.confirmed.remove(name) {
+        if let Some(old) = self.confirmed_remove(name) {
             self.bytes = self.bytes.saturating_sub(name.len() + old.weight());
         }
         match change {
             // Its bytes were counted when proposed.
+            Some(v) if name.is_empty() => self.unnamed = Some(v),
             Some(v) => {
                 self.confirmed.insert(name.to_vec(), v);
             }
@@ -149,13 +189,16 @@ impl<V: Weight> Names<V> {
     }
 
     fn take_oldest(&mut self, name: &[u8]) -> Option<Proposed<V>> {
-        let Entry::Occupied(mut e) = self.pending.entry(name.to_vec()) else {
-            return None;
+        let oldest = if name.is_empty() {
+            self.unnamed_pending.pop_front()
+        } else {
+            let q = self.pending.get_mut(name)?;
+            let oldest = q.pop_front();
+            if q.is_empty() {
+                self.pending.remove(name);
+            }
+            oldest
         };
-        let oldest = e.get_mut().pop_front();
-        if e.get().is_empty() {
-            e.remove();
-        }
         if let Some(p) = &oldest {
             self.pending_count -= 1;
             if p.frees > 0 {
@@ -169,14 +212,20 @@ impl<V: Weight> Names<V> {
     /// The confirmed entry of `name`, when no change of it is pending (so what the server
     /// answers now is about this very entry).
     pub fn settled_mut(&mut self, name: &[u8]) -> Option<&mut V> {
-        if self.pending.contains_key(name) {
+        if self.pending_of(name).is_some_and(|q| !q.is_empty()) {
             return None;
+        }
+        if name.is_empty() {
+            return self.unnamed.as_mut();
         }
         self.confirmed.get_mut(name)
     }
 
     /// Forget every confirmed entry (portals at the end of a transaction).
     pub fn clear_confirmed(&mut self) {
+        if let Some(v) = self.unnamed.take() {
+            self.bytes = self.bytes.saturating_sub(v.weight());
+        }
         for (name, v) in self.confirmed.drain() {
             self.bytes = self.bytes.saturating_sub(name.len() + v.weight());
         }
@@ -204,25 +253,32 @@ mod tests {
 
     #[test]
     fn changes_take_effect_only_when_answered() {
+        // The unnamed entry has slots of its own: the same rules hold for it.
+        for name in [&b"s"[..], b""] {
+            changes_of(name);
+        }
+    }
+
+    fn changes_of(s: &[u8]) {
         // (step, expected lookup of "s" in group 2 afterwards)
         let mut n: Names<Arc<str>> = Names::new();
-        assert_eq!(text(n.lookup(b"s", 0)), "-");
-        n.propose(b"s", Some(Arc::from("write")), 0);
+        assert_eq!(text(n.lookup(s, 0)), "-");
+        n.propose(s, Some(Arc::from("write")), 0);
         // Same group: relied on (a failure would skip the later message too).
-        assert_eq!(text(n.lookup(b"s", 0)), "write");
+        assert_eq!(text(n.lookup(s, 0)), "write");
         // A later group must wait for the answer.
-        assert_eq!(text(n.lookup(b"s", 1)), "wait");
-        n.confirm(b"s");
-        assert_eq!(text(n.lookup(b"s", 1)), "write");
+        assert_eq!(text(n.lookup(s, 1)), "wait");
+        n.confirm(s);
+        assert_eq!(text(n.lookup(s, 1)), "write");
         // The server refuses a second Parse of a defined name: the gateway proposes nothing,
         // and a refused change is discarded, never applied.
-        n.propose(b"s", Some(Arc::from("read")), 1);
-        n.discard(b"s");
-        assert_eq!(text(n.lookup(b"s", 2)), "write");
-        n.propose(b"s", None, 2);
-        assert_eq!(text(n.lookup(b"s", 2)), "-");
-        n.confirm(b"s");
-        assert_eq!(text(n.lookup(b"s", 3)), "-");
+        n.propose(s, Some(Arc::from("read")), 1);
+        n.discard(s);
+        assert_eq!(text(n.lookup(s, 2)), "write");
+        n.propose(s, None, 2);
+        assert_eq!(text(n.lookup(s, 2)), "-");
+        n.confirm(s);
+        assert_eq!(text(n.lookup(s, 3)), "-");
         assert_eq!(n.len(), 0);
         assert_eq!(n.bytes(), 0);
     }

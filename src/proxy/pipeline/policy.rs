@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use super::{Pending, Pipeline, Stmt};
-use crate::review::classify::Kind;
+use crate::journal::classify::Kind;
 
 /// Raises the refusal inside the backend, so that the transaction state the client sees
 /// after a refused statement is the real one.
@@ -36,7 +36,7 @@ impl Pipeline {
                 message = Some(self.denial_message(s.kind));
                 metrics::counter!("sandpit_denied_statements_total", "kind" => s.kind.as_str())
                     .increment(1);
-                self.log_outcome(&s, Some("42501".into()), None, false);
+                self.log_outcome(&s, Some("42501"), None, false);
             } else {
                 self.log_outcome(&s, None, None, true);
             }
@@ -50,7 +50,7 @@ impl Pipeline {
     pub(super) fn refuse_unlogged(&mut self, stmts: VecDeque<Stmt>) {
         metrics::counter!("sandpit_unlogged_refusals_total").increment(1);
         for s in stmts {
-            self.log_outcome(&s, Some("58030".into()), None, false);
+            self.log_outcome(&s, Some("58030"), None, false);
         }
         self.refuse_in_backend("58030", super::responses::unlogged_message());
     }

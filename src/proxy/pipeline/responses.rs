@@ -24,7 +24,7 @@ impl Pipeline {
     fn counting(&mut self) -> &mut Stmt {
         let Pipeline { fifo, stray, .. } = self;
         let front = match fifo.front_mut() {
-            Some(Pending::Execute { stmt, .. }) => Some(stmt),
+            Some(Pending::Execute { stmt, .. }) => Some(&mut **stmt),
             Some(Pending::Simple { stmts }) => stmts.front_mut(),
             _ => None,
         };
@@ -155,8 +155,7 @@ impl Pipeline {
                     // The last statement of a Query may have had results (it stays until
                     // ReadyForQuery so that every result is counted).
                     let done = s.results > 0;
-                    let tag = s.last_tag.clone();
-                    self.log_outcome(&s, None, tag.as_deref(), !done);
+                    self.log_outcome(&s, None, s.last_tag.as_deref(), !done);
                 }
             }
             Some(Pending::Sync { .. }) | Some(Pending::Denied { .. }) | None => {}
@@ -233,11 +232,11 @@ impl Pipeline {
             return self.close_stray(f, tag, out);
         }
         match self.fifo.pop_front() {
-            Some(Pending::Execute { stmt, .. }) => self.finish(stmt, Some(f), tag, out),
+            Some(Pending::Execute { mut stmt, .. }) => self.finish(&mut stmt, Some(f), tag, out),
             Some(Pending::Simple { mut stmts }) => {
                 if stmts.len() > 1 {
-                    if let Some(stmt) = stmts.pop_front() {
-                        self.finish(stmt, Some(f), tag, out);
+                    if let Some(mut stmt) = stmts.pop_front() {
+                        self.finish(&mut stmt, Some(f), tag, out);
                     }
                 } else if let Some(stmt) = stmts.front_mut() {
                     // Its outcome is logged at ReadyForQuery: more results may follow when
@@ -276,8 +275,8 @@ impl Pipeline {
             return;
         }
         match self.fifo.pop_front() {
-            Some(Pending::Execute { stmt, .. }) if stmt.lowered => {
-                self.finish(stmt, None, None, out)
+            Some(Pending::Execute { mut stmt, .. }) if stmt.lowered => {
+                self.finish(&mut stmt, None, None, out)
             }
             Some(Pending::Execute { stmt, .. }) => {
                 // The client's own max_rows: a cursor-style fetch, passed on as is.
@@ -300,14 +299,14 @@ impl Pipeline {
     /// was suspended by our lowered max_rows): pass it on and log the outcome.
     fn finish(
         &mut self,
-        mut stmt: Stmt,
+        stmt: &mut Stmt,
         completion: Option<Frame>,
         tag: Option<String>,
         out: &mut BytesMut,
     ) {
-        match self.close_result(&mut stmt, completion, tag, out) {
-            Closed::Shown(shown) => self.log_outcome(&stmt, None, shown.as_deref(), false),
-            Closed::Injected => self.log_outcome(&stmt, Some("54000".into()), None, false),
+        match self.close_result(stmt, completion, tag, out) {
+            Closed::Shown(shown) => self.log_outcome(stmt, None, shown.as_deref(), false),
+            Closed::Injected => self.log_outcome(stmt, Some("54000"), None, false),
         }
     }
 
@@ -429,7 +428,7 @@ impl Pipeline {
                 let failed = stmts.pop_front();
                 let skipped: Vec<Stmt> = stmts.drain(..).collect();
                 if let Some(s) = failed {
-                    self.log_outcome(&s, code, None, false);
+                    self.log_outcome(&s, code.as_deref(), None, false);
                 }
                 for s in skipped {
                     self.log_outcome(&s, None, None, true);
@@ -456,12 +455,12 @@ impl Pipeline {
                 Some(Pending::Execute { stmt, .. }) => {
                     if first && stmt.denied {
                         refusal = Some(("42501", self.denial_message(stmt.kind)));
-                        self.log_outcome(&stmt, Some("42501".into()), None, false);
+                        self.log_outcome(&stmt, Some("42501"), None, false);
                     } else if first && stmt.unlogged {
                         refusal = Some(("58030", unlogged_message()));
-                        self.log_outcome(&stmt, Some("58030".into()), None, false);
+                        self.log_outcome(&stmt, Some("58030"), None, false);
                     } else if first {
-                        self.log_outcome(&stmt, code.clone(), None, false);
+                        self.log_outcome(&stmt, code.as_deref(), None, false);
                     } else {
                         self.log_outcome(&stmt, None, None, true);
                     }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::*;
+use crate::journal::log::{read_statements, LoggedStatement};
 use crate::proxy::caps::CapMode;
-use crate::review::log::{read_statements, LoggedStatement};
 use crate::wire::frame::{build, FrameReader};
 use crate::wire::messages::{self, frontend, Severity};
 
@@ -192,7 +192,7 @@ fn max_rows(frames: &[Frame]) -> Vec<i32> {
 }
 
 fn logged(dir: &tempfile::TempDir) -> Vec<LoggedStatement> {
-    read_statements(&crate::review::log::log_path(
+    read_statements(&crate::journal::log::log_path(
         dir.path(),
         "table",
         "sp_table",
@@ -210,3 +210,18 @@ fn with_log(caps: CapPolicy) -> (Pipeline, tempfile::TempDir) {
 
 mod names_and_copy;
 mod results;
+
+#[test]
+fn the_gateways_own_messages_are_the_wire_builders_bytes() {
+    // `Outgoing::unnamed_run` writes its messages by hand into one buffer.
+    let sql = b"select abalance from t where aid = 7";
+    let mut want = BytesMut::new();
+    want.extend_from_slice(&frontend::build_parse(b"", sql));
+    want.extend_from_slice(&frontend::build_bind(b"", b""));
+    want.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
+    want.extend_from_slice(&frontend::build_execute(b"", 201));
+    let got = Outgoing::unnamed_run(sql, 201, Some((Vec::new(), 1)), Pending::InjectedError);
+    assert_eq!(got.bytes, want.freeze());
+    assert_eq!(got.pending.len(), 4);
+    assert_eq!(sync_message(), frontend::build_sync());
+}

@@ -11,7 +11,7 @@ use tokio::net::{tcp, unix, TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use crate::provider::{tls, BackendAddr, Endpoint};
+use super::{tls, BackendAddr, Endpoint};
 use crate::wire::startup::SSL_REQUEST;
 
 /// Bound on reaching a TCP backend (connect + TLS handshake), so a black-holed address costs

@@ -4,8 +4,8 @@ use bytes::Bytes;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use tokio::io::AsyncWriteExt;
 
-use super::backend_stream::{self, BackendStream};
-use crate::provider::BackendTarget;
+use super::stream::{self as backend_stream, BackendStream};
+use super::BackendTarget;
 use crate::wire::frame::{build, FrameReader};
 use crate::wire::messages;
 use crate::wire::startup::encode_startup;

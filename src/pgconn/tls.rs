@@ -16,7 +16,12 @@ use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvi
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
-use super::{BackendTls, ProviderError};
+use super::BackendTls;
+
+/// A TLS client configuration that could not be built (bad CA file, rustls refusal).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsConfigError(String);
 
 /// How a backend connection is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,8 +54,8 @@ fn provider() -> Arc<CryptoProvider> {
 pub fn client_config(
     mode: SslMode,
     ca_file: Option<&Path>,
-) -> Result<Option<Arc<ClientConfig>>, ProviderError> {
-    let bad = |e: rustls::Error| ProviderError::Other(format!("backend TLS: {e}"));
+) -> Result<Option<Arc<ClientConfig>>, TlsConfigError> {
+    let bad = |e: rustls::Error| TlsConfigError(format!("backend TLS: {e}"));
     let builder = || {
         ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
@@ -67,18 +72,18 @@ pub fn client_config(
             match ca {
                 Some(path) => {
                     let pem = std::fs::read(path).map_err(|e| {
-                        ProviderError::Other(format!("reading CA file {}: {e}", path.display()))
+                        TlsConfigError(format!("reading CA file {}: {e}", path.display()))
                     })?;
                     let mut n = 0;
                     for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
                         let cert = cert.map_err(|e| {
-                            ProviderError::Other(format!("CA file {}: {e}", path.display()))
+                            TlsConfigError(format!("CA file {}: {e}", path.display()))
                         })?;
                         roots.add(cert).map_err(bad)?;
                         n += 1;
                     }
                     if n == 0 {
-                        return Err(ProviderError::Other(format!(
+                        return Err(TlsConfigError(format!(
                             "CA file {} holds no certificate",
                             path.display()
                         )));

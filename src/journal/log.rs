@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
+mod line;
 mod read;
 
+pub use line::{param_text, to_line, OutcomeRef, StatementRef};
 pub use read::{read_page, read_statements, scan, statement_at, LogEntry, Page};
 
 /// One line of the log.
@@ -125,78 +126,6 @@ pub const DEFAULT_MAX_BYTES_PER_TOKEN: u64 = 256 * 1024 * 1024;
 /// moment earlier by another thread) before it is written out of order.
 const TURN_WAIT: Duration = Duration::from_secs(1);
 
-/// A statement record as stored: the text cut to [`TEXT_MAX`] with its length and digest.
-/// Field order matters to readers: `type` then `seq` come first (see `read::head`).
-#[derive(Serialize)]
-struct StatementLine<'a> {
-    #[serde(rename = "type")]
-    kind_of_record: &'static str,
-    seq: u64,
-    ts: &'a str,
-    token: &'a str,
-    task: &'a str,
-    session: u64,
-    protocol: &'a str,
-    text: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    text_len: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    text_sha256: Option<String>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    params: &'a [Option<String>],
-    kind: &'a str,
-}
-
-/// The line (with its newline) a record is stored as.
-pub fn to_line(rec: &LogRecord) -> Result<Vec<u8>, serde_json::Error> {
-    // Sized for a typical record up front: growing from empty reallocates several times.
-    let mut line = Vec::with_capacity(384);
-    match rec {
-        LogRecord::Statement(s) => {
-            let (text, cut) = cut_text(&s.text);
-            serde_json::to_writer(
-                &mut line,
-                &StatementLine {
-                    kind_of_record: "statement",
-                    seq: s.seq,
-                    ts: &s.ts,
-                    token: &s.token,
-                    task: &s.task,
-                    session: s.session,
-                    protocol: &s.protocol,
-                    text,
-                    text_len: cut.as_ref().map(|c| c.text_len),
-                    text_sha256: cut.map(|c| c.text_sha256),
-                    params: &s.params,
-                    kind: &s.kind,
-                },
-            )?;
-        }
-        LogRecord::Outcome(_) => serde_json::to_writer(&mut line, rec)?,
-    }
-    line.push(b'\n');
-    Ok(line)
-}
-
-/// The text as stored, and its length and digest when that is not all of it.
-fn cut_text(text: &str) -> (&str, Option<TextCut>) {
-    if text.len() <= TEXT_MAX {
-        return (text, None);
-    }
-    let mut end = TEXT_MAX;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let digest = Sha256::digest(text.as_bytes());
-    (
-        &text[..end],
-        Some(TextCut {
-            text_len: text.len() as u64,
-            text_sha256: hex::encode(digest),
-        }),
-    )
-}
-
 /// The file side of a [`TokenLog`], under its lock.
 struct Writer {
     file: std::fs::File,
@@ -208,6 +137,12 @@ struct Writer {
     /// Highest statement `seq` whose append has finished: records are written in `seq`
     /// order, so readers can page by `seq` (see `read::start_offset`).
     turn: u64,
+    /// Appends waiting for their turn.
+    waiters: usize,
+    /// The line being written (reused: no allocation per record).
+    line: Vec<u8>,
+    /// Parts of the last records kept formatted (text, token and task, date and time).
+    escaped: line::EscapeCache,
 }
 
 /// An open, append-only log of one token. Each record is one `write(2)` of one line on an
@@ -255,6 +190,9 @@ impl TokenLog {
                 len,
                 torn,
                 turn: last,
+                waiters: 0,
+                line: Vec::with_capacity(512),
+                escaped: line::EscapeCache::default(),
             }),
             turns: Condvar::new(),
             seq: AtomicU64::new(last),
@@ -273,37 +211,56 @@ impl TokenLog {
     /// (each belongs to a statement already logged). A write that fails is undone
     /// (truncated away), so a full disk leaves no cut-off record behind.
     pub fn append(&self, rec: &LogRecord) -> Result<(), LogError> {
-        let mut line = to_line(rec).map_err(|e| LogError::Io {
-            path: self.path.clone(),
-            source: e.into(),
-        })?;
+        match rec {
+            LogRecord::Statement(s) => self.append_statement(&line::statement_ref(s)),
+            LogRecord::Outcome(o) => self.append_outcome(&line::outcome_ref(o)),
+        }
+    }
+
+    /// Append a statement record (see [`TokenLog::append`]); its `seq` from [`TokenLog::next_seq`].
+    pub fn append_statement(&self, s: &StatementRef<'_>) -> Result<(), LogError> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let statement_seq = match rec {
-            LogRecord::Statement(s) => Some(s.seq),
-            LogRecord::Outcome(_) => None,
-        };
-        if let Some(seq) = statement_seq {
+        if s.seq > w.turn + 1 {
             // Lower numbers were taken a moment ago by other threads that are about to
             // append; a number that is never appended delays this one by TURN_WAIT at most.
+            w.waiters += 1;
             w = self
                 .turns
-                .wait_timeout_while(w, TURN_WAIT, |w| seq > w.turn + 1)
+                .wait_timeout_while(w, TURN_WAIT, |w| s.seq > w.turn + 1)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
+            w.waiters -= 1;
         }
-        let result = self.write_line(&mut w, &mut line, statement_seq.is_some());
-        if let Some(seq) = statement_seq {
-            w.turn = w.turn.max(seq);
-            drop(w);
+        let w_ = &mut *w;
+        w_.line.clear();
+        line::statement_line(&mut w_.line, s, &mut w_.escaped);
+        let result = self.write_line(&mut w, true);
+        w.turn = w.turn.max(s.seq);
+        // A notify is a futex call each time: only when someone waits (they register
+        // under the same lock, so none is missed).
+        let wake = w.waiters > 0;
+        drop(w);
+        if wake {
             self.turns.notify_all();
         }
         result
     }
 
-    fn write_line(&self, w: &mut Writer, line: &mut Vec<u8>, quota: bool) -> Result<(), LogError> {
+    /// Append an outcome record (see [`TokenLog::append`]).
+    pub fn append_outcome(&self, o: &OutcomeRef<'_>) -> Result<(), LogError> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        w.line.clear();
+        let w_ = &mut *w;
+        line::outcome_line(&mut w_.line, o, &mut w_.escaped);
+        self.write_line(&mut w, false)
+    }
+
+    /// Writes `w.line` in one `write(2)`.
+    fn write_line(&self, w: &mut Writer, quota: bool) -> Result<(), LogError> {
         if w.torn {
-            line.insert(0, b'\n');
+            w.line.insert(0, b'\n');
         }
+        let line = &w.line;
         if quota && self.max_bytes > 0 && w.len + line.len() as u64 > self.max_bytes {
             metrics::counter!("sandpit_log_quota_exceeded_total").increment(1);
             return Err(LogError::Quota {
@@ -311,9 +268,9 @@ impl TokenLog {
                 max: self.max_bytes,
             });
         }
-        match w.file.write_all(line) {
+        match (&w.file).write_all(line) {
             Ok(()) => {
-                w.len += line.len() as u64;
+                w.len += w.line.len() as u64;
                 w.torn = false;
                 self.dirty.store(true, Ordering::Release);
                 Ok(())
@@ -407,6 +364,21 @@ impl LogBook {
                 tracing::warn!(error = %e, "statement log sync failed");
             }
         }
+    }
+}
+
+/// How often [`sync_ticker`] fsyncs the open logs.
+pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// fsync the logs `book` finds in `owner` every [`SYNC_INTERVAL`], until the task is
+/// aborted. Records are written before each statement runs (SIGKILL-safe); this makes them
+/// survive a machine crash too, at most a second late.
+pub async fn sync_ticker<T: Send + Sync + 'static>(owner: Arc<T>, book: fn(&T) -> &LogBook) {
+    let mut tick = tokio::time::interval(SYNC_INTERVAL);
+    loop {
+        tick.tick().await;
+        let owner = owner.clone();
+        let _ = tokio::task::spawn_blocking(move || book(&owner).sync_all()).await;
     }
 }
 

@@ -1,0 +1,501 @@
+//! Applying a [`Plan`] to a target database in one transaction, as the operator's role.
+//! First every guard is checked (rows locked `FOR UPDATE`, schema objects compared with
+//! their golden definitions, sequence positions); if any fails, nothing is applied and each
+//! conflict is listed. Then the DDL and the row changes run, each row change guarded again
+//! by the golden's values and required to touch exactly the rows it names. A dry run does
+//! all of it and rolls back.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::names;
+use super::plan::{Plan, Row, TableChange, Want};
+use crate::pgconn::BackendTarget;
+use crate::review::catalog::{self, Catalog, Table};
+use crate::review::conn::{literal, ConnError, Side, Timeouts};
+
+/// Rows per INSERT statement.
+const INSERT_BATCH: usize = 100;
+/// Conflicts listed (the count is exact).
+const CONFLICTS_MAX: usize = 1000;
+
+/// How an attempt ended (a failure to reach or talk to the target is an `Err`).
+#[derive(Debug)]
+pub enum Applied {
+    /// Everything applied (or, in a dry run, would have been; then rolled back).
+    Done,
+    /// The target moved since the golden: nothing applied.
+    Conflicts(Vec<String>, usize),
+}
+
+fn matches(col: &str, v: &Option<String>) -> String {
+    match v {
+        None => format!("{col} IS NULL"),
+        Some(s) => format!(
+            "({col} IS NOT NULL AND pg_catalog.format('%s', {col}) OPERATOR(pg_catalog.=) {})",
+            literal(s)
+        ),
+    }
+}
+
+/// A value for `col` of `table` in the target's catalog, cast to its type when known.
+fn value(table: Option<&Table>, col: &str, v: &Option<String>) -> String {
+    match v {
+        None => "NULL".into(),
+        Some(s) => match table.and_then(|t| t.columns.iter().find(|c| c.name == col)) {
+            Some(c) => format!("{}::{}", literal(s), c.type_name),
+            None => literal(s),
+        },
+    }
+}
+
+fn key_where(tc: &TableChange, table: Option<&Table>, row: &Row) -> String {
+    tc.key
+        .iter()
+        .map(|&i| {
+            let c = &tc.columns[i];
+            match &row[i] {
+                None => format!("{c} IS NULL"),
+                Some(_) => format!("{c} OPERATOR(pg_catalog.=) {}", value(table, c, &row[i])),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+fn guard_where(tc: &TableChange, row: &Row) -> String {
+    let mut g: Vec<String> = tc
+        .guard
+        .iter()
+        .map(|&i| matches(&tc.columns[i], &row[i]))
+        .collect();
+    if g.is_empty() {
+        g.push("true".into());
+    }
+    g.join(" AND ")
+}
+
+fn describe_key(tc: &TableChange, row: &Row) -> String {
+    let cols: Vec<&str> = tc.key.iter().map(|&i| tc.columns[i].as_str()).collect();
+    let vals: Vec<String> = tc
+        .key
+        .iter()
+        .map(|&i| row[i].clone().unwrap_or_else(|| "NULL".into()))
+        .collect();
+    format!(
+        "{} row ({})=({})",
+        tc.table,
+        cols.join(", "),
+        vals.join(", ")
+    )
+}
+
+fn tables_by_name(cat: &Catalog) -> BTreeMap<String, (u32, &Table)> {
+    cat.tables
+        .iter()
+        .map(|(oid, t)| (t.qname(), (*oid, t)))
+        .collect()
+}
+
+/// The definition of a schema object in `cat` found by kind and qualified name.
+fn definition(cat: &Catalog, kind: &str, object: &str) -> Option<String> {
+    let tables = tables_by_name(cat);
+    match kind {
+        "table" => tables
+            .get(object)
+            .map(|(_, t)| crate::review::schema::create_table(t)),
+        "column" => {
+            let (table, col) = names::parent_and_last(object)?;
+            let (_, t) = tables.get(&table)?;
+            t.columns
+                .iter()
+                .find(|c| c.name == col.quoted)
+                .map(|c| c.definition())
+        }
+        "index" => cat
+            .indexes
+            .values()
+            .find(|i| format!("{}.{}", i.schema, i.name) == object)
+            .map(|i| i.def.clone()),
+        "constraint" => {
+            let (table, name) = names::parent_and_last(object)?;
+            let (oid, _) = tables.get(&table)?;
+            cat.constraints
+                .values()
+                .find(|k| k.table == *oid && k.name == name.quoted)
+                .map(|k| k.def.clone())
+        }
+        _ => None,
+    }
+}
+
+fn schema_conflicts(plan: &Plan, cat: &Catalog) -> Vec<String> {
+    let mut out = Vec::new();
+    for g in &plan.schema_guards {
+        let now = definition(cat, &g.kind, &g.object);
+        match (&g.want, now) {
+            (Want::Absent, Some(_)) => out.push(format!(
+                "{} {}: exists in the target, the golden had no such object",
+                g.kind, g.object
+            )),
+            (Want::Def(_), None) => {
+                out.push(format!("{} {}: missing from the target", g.kind, g.object))
+            }
+            (Want::Def(want), Some(now)) if *want != now => out.push(format!(
+                "{} {}: changed since the golden (golden: {want}; target: {now})",
+                g.kind, g.object
+            )),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Tables in parents-before-children order of the target's foreign keys.
+fn fk_order<'a>(cat: &Catalog, tables: &'a [TableChange]) -> Vec<&'a TableChange> {
+    let by_name = tables_by_name(cat);
+    let oid_of = |t: &TableChange| by_name.get(&t.table).map(|(o, _)| *o).unwrap_or(0);
+    let mut parents: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for k in cat.constraints.values().filter(|k| k.flag == "f") {
+        if let Ok(p) = k.extra.parse::<u32>() {
+            if p != k.table {
+                parents.entry(k.table).or_default().push(p);
+            }
+        }
+    }
+    fn visit(
+        t: u32,
+        parents: &BTreeMap<u32, Vec<u32>>,
+        seen: &mut BTreeSet<u32>,
+        out: &mut Vec<u32>,
+    ) {
+        if !seen.insert(t) {
+            return;
+        }
+        for p in parents.get(&t).into_iter().flatten() {
+            visit(*p, parents, seen, out);
+        }
+        out.push(t);
+    }
+    let mut seen = BTreeSet::new();
+    let mut order = Vec::new();
+    for t in tables {
+        visit(oid_of(t), &parents, &mut seen, &mut order);
+    }
+    let pos = |t: &TableChange| order.iter().position(|o| *o == oid_of(t)).unwrap_or(0);
+    let mut v: Vec<&TableChange> = tables.iter().collect();
+    v.sort_by_key(|t| pos(t));
+    v
+}
+
+struct Run<'a> {
+    side: &'a Side,
+    conflicts: Vec<String>,
+    total: usize,
+}
+
+impl Run<'_> {
+    fn conflict(&mut self, c: String) {
+        self.total += 1;
+        if self.conflicts.len() < CONFLICTS_MAX {
+            self.conflicts.push(c);
+        }
+    }
+
+    /// Guards of the rows of `tc` (before anything is applied).
+    async fn check_rows(&mut self, tc: &TableChange, cat: &Catalog) -> Result<(), ConnError> {
+        let tables = tables_by_name(cat);
+        let Some((_, t)) = tables.get(&tc.table) else {
+            self.conflict(format!("table {}: missing from the target", tc.table));
+            return Ok(());
+        };
+        let guarded = tc
+            .deletes
+            .iter()
+            .map(|r| (r, "deleted"))
+            .chain(tc.updates.iter().map(|(b, _, _)| (b, "updated")));
+        for (row, what) in guarded {
+            let cols: Vec<String> = tc
+                .guard
+                .iter()
+                .map(|&i| matches(&tc.columns[i], &row[i]))
+                .chain(std::iter::once("true".into()))
+                .collect();
+            let q = format!(
+                "SELECT {} FROM ONLY {} WHERE {} FOR UPDATE",
+                cols.join(", "),
+                tc.table,
+                key_where(tc, Some(t), row)
+            );
+            let rows = self.side.rows(&q).await?;
+            match rows.first() {
+                None => self.conflict(format!(
+                    "{}: gone from the target (the task {what} it)",
+                    describe_key(tc, row)
+                )),
+                Some(r) => {
+                    let differ: Vec<&str> = tc
+                        .guard
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| r[*j].as_deref() != Some("t"))
+                        .map(|(_, &i)| tc.columns[i].as_str())
+                        .collect();
+                    if !differ.is_empty() {
+                        self.conflict(format!(
+                            "{}: changed in the target since the golden ({}), the task {what} it",
+                            describe_key(tc, row),
+                            differ.join(", ")
+                        ));
+                    }
+                }
+            }
+        }
+        for row in &tc.inserts {
+            let q = format!(
+                "SELECT 1 FROM ONLY {} WHERE {}",
+                tc.table,
+                key_where(tc, Some(t), row)
+            );
+            if !self.side.rows(&q).await?.is_empty() {
+                self.conflict(format!(
+                    "{}: already in the target, the task inserted it",
+                    describe_key(tc, row)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `sql` (ending in RETURNING 1) and checks it touched `want` rows.
+    async fn exact(
+        &mut self,
+        sql: &str,
+        want: usize,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), ConnError> {
+        let got = self.side.rows(sql).await?.len();
+        if got != want {
+            self.conflict(format!(
+                "{}: touched {got} rows in the target, {want} expected",
+                what()
+            ));
+        }
+        Ok(())
+    }
+
+    async fn deletes(&mut self, tc: &TableChange, t: Option<&Table>) -> Result<(), ConnError> {
+        for row in &tc.deletes {
+            let sql = format!(
+                "DELETE FROM ONLY {} WHERE {} AND {} RETURNING 1",
+                tc.table,
+                key_where(tc, t, row),
+                guard_where(tc, row)
+            );
+            self.exact(&sql, 1, || describe_key(tc, row)).await?;
+        }
+        Ok(())
+    }
+
+    async fn updates(&mut self, tc: &TableChange, t: Option<&Table>) -> Result<(), ConnError> {
+        for (before, after, changed) in &tc.updates {
+            let sets: Vec<String> = changed
+                .iter()
+                .filter(|&&i| {
+                    let c = t.and_then(|t| t.columns.iter().find(|c| c.name == tc.columns[i]));
+                    c.is_none_or(|c| c.generated != "s" && c.identity != "a")
+                })
+                .map(|&i| {
+                    format!(
+                        "{} = {}",
+                        tc.columns[i],
+                        value(t, &tc.columns[i], &after[i])
+                    )
+                })
+                .collect();
+            if sets.is_empty() {
+                continue;
+            }
+            let sql = format!(
+                "UPDATE ONLY {} SET {} WHERE {} AND {} RETURNING 1",
+                tc.table,
+                sets.join(", "),
+                key_where(tc, t, before),
+                guard_where(tc, before)
+            );
+            self.exact(&sql, 1, || describe_key(tc, before)).await?;
+        }
+        Ok(())
+    }
+
+    async fn inserts(&mut self, tc: &TableChange, t: Option<&Table>) -> Result<(), ConnError> {
+        let col = |i: usize| t.and_then(|t| t.columns.iter().find(|c| c.name == tc.columns[i]));
+        let cols: Vec<usize> = (0..tc.columns.len())
+            .filter(|&i| col(i).is_none_or(|c| c.generated != "s"))
+            .collect();
+        let overriding = if cols
+            .iter()
+            .any(|&i| col(i).is_some_and(|c| c.identity == "a"))
+        {
+            " OVERRIDING SYSTEM VALUE"
+        } else {
+            ""
+        };
+        let head = format!(
+            "INSERT INTO {} ({}){overriding} VALUES ",
+            tc.table,
+            cols.iter()
+                .map(|&i| tc.columns[i].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for chunk in tc.inserts.chunks(INSERT_BATCH) {
+            let rows: Vec<String> = chunk
+                .iter()
+                .map(|r| {
+                    let v: Vec<String> = cols
+                        .iter()
+                        .map(|&i| value(t, &tc.columns[i], &r[i]))
+                        .collect();
+                    format!("({})", v.join(", "))
+                })
+                .collect();
+            let sql = format!("{head}{} RETURNING 1", rows.join(", "));
+            self.exact(&sql, chunk.len(), || format!("inserts into {}", tc.table))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+/// Apply `plan` to `target` as `role` (None: the login role) in one transaction; with
+/// `dry_run` everything runs and is rolled back.
+pub async fn apply(
+    plan: &Plan,
+    target: &BackendTarget,
+    role: Option<&str>,
+    dry_run: bool,
+    timeout: Duration,
+) -> Result<Applied, ConnError> {
+    let t = Timeouts {
+        statement: timeout,
+        lock: timeout.min(Duration::from_secs(10)),
+    };
+    let side = Side::connect("target", target, t).await?;
+    // The review's session settings stay (text output of values is compared with the
+    // review's); writes are allowed; names in every statement are qualified.
+    side.exec("SET default_transaction_read_only = off; SET standard_conforming_strings = on")
+        .await?;
+    side.exec("BEGIN ISOLATION LEVEL READ COMMITTED").await?;
+    let result = run(&side, plan, role, dry_run).await;
+    match result {
+        Ok(Applied::Done) if !dry_run => {
+            side.exec("COMMIT").await?;
+            Ok(Applied::Done)
+        }
+        other => {
+            let _ = side.exec("ROLLBACK").await;
+            other
+        }
+    }
+}
+
+async fn run(
+    side: &Side,
+    plan: &Plan,
+    role: Option<&str>,
+    dry_run: bool,
+) -> Result<Applied, ConnError> {
+    if let Some(r) = role {
+        side.exec(&format!("SET LOCAL ROLE {}", names::quote(r)))
+            .await?;
+    }
+    let cat = catalog::snapshot(side).await?;
+    let mut run = Run {
+        side,
+        conflicts: schema_conflicts(plan, &cat),
+        total: 0,
+    };
+    run.total = run.conflicts.len();
+    for (seq, want) in &plan.sequence_guards {
+        if !cat.sequences.values().any(|s| s.qname() == *seq) {
+            run.conflict(format!("sequence {seq}: missing from the target"));
+            continue;
+        }
+        let r = side
+            .rows(&format!("SELECT last_value::text, is_called FROM {seq}"))
+            .await?;
+        let now = r
+            .first()
+            .map(|r| (r[0].clone(), r[1].as_deref() == Some("t")));
+        if now != Some((Some(want.last_value.clone()), want.is_called)) {
+            run.conflict(format!(
+                "sequence {seq}: moved in the target since the golden (golden last_value {}, target {})",
+                want.last_value,
+                now.and_then(|n| n.0).unwrap_or_default()
+            ));
+        }
+    }
+    for tc in plan.tables.iter().filter(|t| !t.new_table) {
+        run.check_rows(tc, &cat).await?;
+    }
+    if run.total > 0 {
+        return Ok(Applied::Conflicts(run.conflicts, run.total));
+    }
+    // The target's usual search path for the changes (its triggers expect it); every name
+    // below is qualified.
+    side.exec("SET LOCAL search_path TO DEFAULT; SET CONSTRAINTS ALL DEFERRED")
+        .await?;
+    for s in plan.before_data.iter().chain(plan.identity_tables.iter()) {
+        side.exec(s).await?;
+    }
+    for (seq, params) in &plan.create_sequences {
+        let r = side
+            .rows(&format!("SELECT pg_catalog.to_regclass({})", literal(seq)))
+            .await?;
+        if r.first().and_then(|r| r[0].as_ref()).is_none() {
+            side.exec(&format!("CREATE SEQUENCE {seq} {params}"))
+                .await?;
+        }
+    }
+    // Types, generated and identity columns, and foreign keys as they are now, created
+    // tables included.
+    side.exec("SET LOCAL search_path = pg_catalog, pg_temp")
+        .await?;
+    let cat = catalog::snapshot(side).await?;
+    side.exec("SET LOCAL search_path TO DEFAULT").await?;
+    let tables = tables_by_name(&cat);
+    let order = fk_order(&cat, &plan.tables);
+    let table = |tc: &TableChange| tables.get(&tc.table).map(|(_, t)| *t);
+    for tc in order.iter().rev() {
+        run.deletes(tc, table(tc)).await?;
+    }
+    for tc in &order {
+        run.updates(tc, table(tc)).await?;
+    }
+    for tc in &order {
+        run.inserts(tc, table(tc)).await?;
+    }
+    if run.total > 0 {
+        return Ok(Applied::Conflicts(run.conflicts, run.total));
+    }
+    for s in &plan.after_data {
+        side.exec(s).await?;
+    }
+    // setval is not undone by a rollback: it runs last, after deferred constraints have
+    // been checked, and never in a dry run.
+    side.exec("SET CONSTRAINTS ALL IMMEDIATE").await?;
+    if dry_run {
+        return Ok(Applied::Done);
+    }
+    for (seq, st) in &plan.setvals {
+        side.exec(&format!(
+            "SELECT pg_catalog.setval({}, {}, {})",
+            literal(seq),
+            literal(&st.last_value),
+            st.is_called
+        ))
+        .await?;
+    }
+    Ok(Applied::Done)
+}

@@ -1,0 +1,123 @@
+//! The change kept for promotion: when a token ends, a second diff of its scratch database
+//! against the golden that holds every changed row (the stored review keeps only samples),
+//! bounded by `promote.max_rows`, with the golden's masked columns. Kept next to the review
+//! as `<token>.change.json` (mode 0600: it quotes data).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::decisions::{write_private, CaptureInfo};
+use crate::config::Config;
+use crate::pgconn::BackendTarget;
+use crate::provider::Provider;
+use crate::registry::TokenRecord;
+use crate::review::diff::{self, DiffOptions};
+use crate::review::model::Review;
+
+/// A captured change.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Change {
+    /// Masked columns of the golden, `schema.table.column`.
+    pub masked: Vec<String>,
+    /// The diff, every changed row in its samples (when complete).
+    pub review: Review,
+}
+
+/// Path of a token's captured change.
+pub fn path(dir: &Path, task: &str, token: &str) -> PathBuf {
+    dir.join(task).join(format!("{token}.change.json"))
+}
+
+/// The captured change, if one was kept.
+pub fn load(dir: &Path, task: &str, token: &str) -> Option<Change> {
+    let b = std::fs::read(path(dir, task, token)).ok()?;
+    serde_json::from_slice(&b).ok()
+}
+
+/// Masked columns of golden version `golden` (`schema.table.column`), from its build report.
+pub async fn masked_columns(provider: &dyn Provider, golden: Option<&str>) -> Vec<String> {
+    let Some(g) = golden else {
+        return Vec::new();
+    };
+    let Ok(all) = provider.goldens().await else {
+        return Vec::new();
+    };
+    all.iter()
+        .find(|v| v.id == g)
+        .and_then(|v| v.report.get("masked"))
+        .and_then(|m| m.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str())
+                .map(|s| s.split_once(": ").map(|x| x.0).unwrap_or(s).to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Take and store the change of `rec`, whose scratch database the review reaches as
+/// `scratch`.
+pub async fn capture(
+    cfg: &Config,
+    provider: &dyn Provider,
+    rec: &TokenRecord,
+    scratch: &BackendTarget,
+    dir: &Path,
+) -> CaptureInfo {
+    let max = cfg.promote.max_rows;
+    let masked = masked_columns(provider, rec.golden.as_deref()).await;
+    let mut info = CaptureInfo {
+        masked: masked.clone(),
+        ..Default::default()
+    };
+    let reference = match provider.reference(rec.golden.as_deref()).await {
+        Ok(r) => r,
+        Err(e) => {
+            info.reason = Some(format!("no reference of the golden: {e}"));
+            return info;
+        }
+    };
+    let opts = DiffOptions {
+        statement_timeout: cfg.review.statement_timeout,
+        settle_timeout: cfg.review.settle_timeout,
+        samples: max.saturating_add(1),
+        // Every table: a promotion must not miss one whose counters did not move.
+        full_scan: true,
+        end_sessions: false,
+        ..DiffOptions::default()
+    };
+    let mut review = match diff::diff(&reference.target, scratch, opts, &rec.id, &rec.task).await {
+        Ok(r) => r,
+        Err(e) => {
+            info.reason = Some(format!("the diff failed: {e}"));
+            return info;
+        }
+    };
+    info.rows = review
+        .data
+        .iter()
+        .map(|t| t.inserted + t.updated + t.deleted)
+        .sum();
+    info.schema_changes = review.schema.len();
+    if info.rows > max as u64 {
+        info.reason = Some(format!(
+            "{} changed rows, more than promote.max_rows ({max})",
+            info.rows
+        ));
+        // Only counts are kept: the rows could not all be held.
+        for t in &mut review.data {
+            t.samples = Default::default();
+        }
+    } else {
+        info.complete = true;
+    }
+    let change = Change { masked, review };
+    let p = path(dir, &rec.task, &rec.id);
+    let bytes = serde_json::to_vec(&change).unwrap_or_default();
+    if let Err(e) = write_private(dir, &rec.task, &p, &bytes) {
+        info.complete = false;
+        info.reason = Some(format!("writing {}: {e}", p.display()));
+    }
+    info
+}

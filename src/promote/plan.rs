@@ -1,0 +1,499 @@
+//! What promoting a reviewed change means, worked out from the review's data model (never
+//! from the patch text): the guards the target must pass (every updated or deleted row
+//! still has its golden values, every inserted key is absent, every schema object is in
+//! its golden state), the DDL and the row changes to run, and what cannot be promoted at
+//! all (masked values, tables without a key, kinds of schema change not handled).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::names::{self, Part};
+use crate::review::model::{Action, Review, SeqState, TableDiff};
+
+/// Cells of a row (Postgres text output; None is NULL).
+pub type Row = Vec<Option<String>>;
+
+/// The state a schema object must have in the target before anything is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Want {
+    /// The golden had no such object.
+    Absent,
+    /// The golden's definition, as the review's catalog deparses it.
+    Def(String),
+}
+
+/// A guard on one schema object.
+#[derive(Debug, Clone)]
+pub struct SchemaGuard {
+    /// table, column, index, constraint.
+    pub kind: String,
+    /// Qualified, quoted name.
+    pub object: String,
+    /// What the target must hold.
+    pub want: Want,
+}
+
+/// Row changes of one table, with what guards them.
+#[derive(Debug, Clone)]
+pub struct TableChange {
+    /// Qualified, quoted table name.
+    pub table: String,
+    /// Created by the task: no row of it can exist in the target.
+    pub new_table: bool,
+    /// Columns of the rows, quoted.
+    pub columns: Vec<String>,
+    /// Positions (in `columns`) of the key.
+    pub key: Vec<usize>,
+    /// Positions compared with the golden's values before an update or delete (columns
+    /// the golden had, masked ones left out).
+    pub guard: Vec<usize>,
+    /// Rows to delete (golden values).
+    pub deletes: Vec<Row>,
+    /// Rows to update: golden values, new values, positions that changed.
+    pub updates: Vec<(Row, Row, Vec<usize>)>,
+    /// Rows to insert.
+    pub inserts: Vec<Row>,
+}
+
+/// Everything a promotion does, in order, and why it may not.
+#[derive(Debug, Clone, Default)]
+pub struct Plan {
+    /// Reasons the change cannot be promoted at all.
+    pub refusals: Vec<String>,
+    /// Schema objects to check first.
+    pub schema_guards: Vec<SchemaGuard>,
+    /// Sequences whose position must still be the golden's.
+    pub sequence_guards: Vec<(String, SeqState)>,
+    /// DDL before the row changes, in order.
+    pub before_data: Vec<String>,
+    /// Sequences to create (name, parameters), unless a created table made them already.
+    pub create_sequences: Vec<(String, String)>,
+    /// DDL of tables that create their own sequences (identity columns), run before
+    /// `create_sequences`.
+    pub identity_tables: Vec<String>,
+    /// Row changes per table.
+    pub tables: Vec<TableChange>,
+    /// DDL after the row changes (NOT NULL, constraints, indexes), in order.
+    pub after_data: Vec<String>,
+    /// Sequence positions to set.
+    pub setvals: Vec<(String, SeqState)>,
+}
+
+/// How much a plan changes.
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize, PartialEq)]
+pub struct Counts {
+    /// Schema changes.
+    pub schema: usize,
+    /// Rows inserted.
+    pub inserted: usize,
+    /// Rows updated.
+    pub updated: usize,
+    /// Rows deleted.
+    pub deleted: usize,
+    /// Sequence positions set.
+    pub sequences: usize,
+}
+
+impl Plan {
+    /// What the plan changes.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            schema: self.before_data.len()
+                + self.after_data.len()
+                + self.create_sequences.len()
+                + self.identity_tables.len(),
+            inserted: self.tables.iter().map(|t| t.inserts.len()).sum(),
+            updated: self.tables.iter().map(|t| t.updates.len()).sum(),
+            deleted: self.tables.iter().map(|t| t.deletes.len()).sum(),
+            sequences: self.setvals.len(),
+        }
+    }
+}
+
+/// Masked columns of the golden, as plain `schema.table.column`.
+pub type Masked = BTreeSet<String>;
+
+fn masked_in(masked: &Masked, table: &str) -> BTreeSet<String> {
+    let t = names::plain(table);
+    masked
+        .iter()
+        .filter_map(|m| {
+            let (tab, col) = m.rsplit_once('.')?;
+            (tab == t).then(|| col.to_string())
+        })
+        .collect()
+}
+
+/// Work out the plan of `review` (which must hold every changed row: see
+/// [`crate::promote::change`]).
+pub fn build(review: &Review, masked: &Masked) -> Plan {
+    let mut plan = Plan::default();
+    let mut before: Vec<(u8, String)> = Vec::new();
+    let mut after: Vec<(u8, String)> = Vec::new();
+    // Columns the task added, per table (their values have no golden to guard against).
+    let mut added_cols: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for c in &review.schema {
+        let refuse = |plan: &mut Plan, why: &str| {
+            plan.refusals.push(format!(
+                "{} {} {}: {why}",
+                c.kind,
+                c.object,
+                c.action.word()
+            ))
+        };
+        let unsupported =
+            "this kind of schema change is not promoted (apply the reviewed patch by hand)";
+        let guard = |plan: &mut Plan, want: Want| {
+            plan.schema_guards.push(SchemaGuard {
+                kind: c.kind.clone(),
+                object: c.object.clone(),
+                want,
+            })
+        };
+        match (c.kind.as_str(), c.action) {
+            ("table", Action::Added) => {
+                let Some(sql) = c.after.clone() else {
+                    refuse(&mut plan, "no definition in the review");
+                    continue;
+                };
+                guard(&mut plan, Want::Absent);
+                if sql.contains(" AS IDENTITY") {
+                    plan.identity_tables.push(sql);
+                } else {
+                    before.push((5, sql));
+                }
+            }
+            ("table", Action::Dropped) => {
+                if !masked_in(masked, &c.object).is_empty() {
+                    refuse(
+                        &mut plan,
+                        "the table has masked columns: its real values were never reviewed",
+                    );
+                    continue;
+                }
+                let Some(def) = c.before.clone() else {
+                    refuse(&mut plan, "no golden definition in the review");
+                    continue;
+                };
+                guard(&mut plan, Want::Def(def));
+                before.push((4, format!("DROP TABLE {};", c.object)));
+            }
+            ("column", Action::Added) => {
+                let (Some((table, col)), Some(def)) =
+                    (names::parent_and_last(&c.object), c.after.clone())
+                else {
+                    refuse(&mut plan, "no definition in the review");
+                    continue;
+                };
+                guard(&mut plan, Want::Absent);
+                added_cols
+                    .entry(names::plain(&table))
+                    .or_default()
+                    .insert(col.plain.clone());
+                match def.strip_suffix(" NOT NULL") {
+                    Some(nullable) => {
+                        before.push((6, format!("ALTER TABLE {table} ADD COLUMN {nullable};")));
+                        after.push((
+                            0,
+                            format!(
+                                "ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL;",
+                                col.quoted
+                            ),
+                        ));
+                    }
+                    None => before.push((6, format!("ALTER TABLE {table} ADD COLUMN {def};"))),
+                }
+            }
+            ("column", Action::Dropped) => {
+                let (Some((table, col)), Some(def)) =
+                    (names::parent_and_last(&c.object), c.before.clone())
+                else {
+                    refuse(&mut plan, "no golden definition in the review");
+                    continue;
+                };
+                if masked.contains(&names::plain(&c.object)) {
+                    refuse(
+                        &mut plan,
+                        "the column is masked: its real values were never reviewed",
+                    );
+                    continue;
+                }
+                guard(&mut plan, Want::Def(def));
+                before.push((
+                    3,
+                    format!("ALTER TABLE {table} DROP COLUMN {};", col.quoted),
+                ));
+            }
+            ("index", Action::Added) => {
+                let Some(def) = c.after.clone() else {
+                    refuse(&mut plan, "no definition in the review");
+                    continue;
+                };
+                guard(&mut plan, Want::Absent);
+                after.push((3, format!("{def};")));
+            }
+            ("index", Action::Dropped) => {
+                let Some(def) = c.before.clone() else {
+                    refuse(&mut plan, "no golden definition in the review");
+                    continue;
+                };
+                guard(&mut plan, Want::Def(def));
+                before.push((2, format!("DROP INDEX {};", c.object)));
+            }
+            ("constraint", Action::Added) => {
+                let (Some((table, name)), Some(def)) =
+                    (names::parent_and_last(&c.object), c.after.clone())
+                else {
+                    refuse(&mut plan, "no definition in the review");
+                    continue;
+                };
+                guard(&mut plan, Want::Absent);
+                let rank = if def.starts_with("FOREIGN KEY") { 2 } else { 1 };
+                after.push((
+                    rank,
+                    format!("ALTER TABLE {table} ADD CONSTRAINT {} {def};", name.quoted),
+                ));
+            }
+            ("constraint", Action::Dropped) => {
+                let (Some((table, name)), Some(def)) =
+                    (names::parent_and_last(&c.object), c.before.clone())
+                else {
+                    refuse(&mut plan, "no golden definition in the review");
+                    continue;
+                };
+                let rank = if def.starts_with("FOREIGN KEY") { 0 } else { 1 };
+                guard(&mut plan, Want::Def(def));
+                before.push((
+                    rank,
+                    format!("ALTER TABLE {table} DROP CONSTRAINT {};", name.quoted),
+                ));
+            }
+            ("sequence", Action::Added) => {
+                plan.create_sequences
+                    .push((c.object.clone(), c.detail.clone()));
+            }
+            _ => refuse(&mut plan, unsupported),
+        }
+    }
+    before.sort_by_key(|(r, _)| *r);
+    after.sort_by_key(|(r, _)| *r);
+    plan.before_data = before.into_iter().map(|(_, s)| s).collect();
+    plan.after_data = after.into_iter().map(|(_, s)| s).collect();
+
+    for t in &review.data {
+        if let Some(tc) = table_change(t, masked, &added_cols, &mut plan.refusals) {
+            plan.tables.push(tc);
+        }
+    }
+    for s in &review.sequences {
+        if let Some(b) = &s.before {
+            plan.sequence_guards.push((s.sequence.clone(), b.clone()));
+        }
+        plan.setvals.push((s.sequence.clone(), s.after.clone()));
+    }
+    plan
+}
+
+fn table_change(
+    t: &TableDiff,
+    masked: &Masked,
+    added_cols: &BTreeMap<String, BTreeSet<String>>,
+    refusals: &mut Vec<String>,
+) -> Option<TableChange> {
+    let name = &t.table;
+    if let Some(e) = &t.error {
+        refusals.push(format!("table {name} could not be compared ({e})"));
+        return None;
+    }
+    if t.samples.inserted.len() as u64 != t.inserted
+        || t.samples.updated.len() as u64 != t.updated
+        || t.samples.deleted.len() as u64 != t.deleted
+    {
+        refusals.push(format!(
+            "table {name}: the review holds only some of its changed rows (a captured change holds all)"
+        ));
+        return None;
+    }
+    let parts: Vec<Option<Vec<Part>>> = t.columns.iter().map(|c| names::split(c)).collect();
+    if parts.iter().any(|p| p.as_ref().map(|v| v.len()) != Some(1)) {
+        refusals.push(format!("table {name}: a column name does not parse"));
+        return None;
+    }
+    let plain: Vec<String> = parts
+        .into_iter()
+        .map(|p| p.map(|mut v| v.remove(0).plain).unwrap_or_default())
+        .collect();
+    let new_table = t.matched_by == "new table";
+    let mut tc = TableChange {
+        table: name.clone(),
+        new_table,
+        columns: t.columns.clone(),
+        key: Vec::new(),
+        guard: Vec::new(),
+        deletes: t.samples.deleted.clone(),
+        updates: t
+            .samples
+            .updated
+            .iter()
+            .map(|u| {
+                let changed = u
+                    .changed
+                    .iter()
+                    .filter_map(|c| t.columns.iter().position(|x| x == c))
+                    .collect();
+                (u.before.clone(), u.after.clone(), changed)
+            })
+            .collect(),
+        inserts: t.samples.inserted.clone(),
+    };
+    if new_table {
+        return Some(tc);
+    }
+    if t.key.is_empty() {
+        refusals.push(format!(
+            "table {name} has no primary key or usable unique index: its rows cannot be guarded"
+        ));
+        return None;
+    }
+    for k in &t.key {
+        match t.columns.iter().position(|c| c == k) {
+            Some(i) => tc.key.push(i),
+            None => {
+                refusals.push(format!(
+                    "table {name}: key column {k} is not among its columns"
+                ));
+                return None;
+            }
+        }
+    }
+    let masked_cols = masked_in(masked, name);
+    let added = added_cols.get(&names::plain(name));
+    let before = refusals.len();
+    let is_masked = |i: usize| masked_cols.contains(&plain[i]);
+    if !(tc.deletes.is_empty() && tc.updates.is_empty()) {
+        if let Some(&k) = tc.key.iter().find(|&&k| is_masked(k)) {
+            refusals.push(format!(
+                "table {name}: rows are found by key column {}, which is masked (the golden's key is not the real one)",
+                t.columns[k]
+            ));
+        }
+    }
+    if !tc.inserts.is_empty() && !masked_cols.is_empty() {
+        let cols: Vec<&String> = plain.iter().filter(|c| masked_cols.contains(*c)).collect();
+        refusals.push(format!(
+            "table {name}: inserted rows carry values for masked columns ({}), which are never written back",
+            cols.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    let mut written: BTreeSet<usize> = BTreeSet::new();
+    for (_, _, changed) in &tc.updates {
+        written.extend(changed.iter().copied().filter(|&i| is_masked(i)));
+    }
+    if !written.is_empty() {
+        refusals.push(format!(
+            "table {name}: updates write masked columns ({}), whose values are never written back",
+            written
+                .iter()
+                .map(|&i| plain[i].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if refusals.len() > before {
+        return None;
+    }
+    tc.guard = (0..t.columns.len())
+        .filter(|&i| !is_masked(i) && !added.is_some_and(|a| a.contains(&plain[i])))
+        .collect();
+    Some(tc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::model::{Samples, SchemaChange, UpdatedRow};
+
+    fn v(s: &str) -> Option<String> {
+        Some(s.to_string())
+    }
+
+    fn review() -> Review {
+        Review {
+            schema: vec![SchemaChange {
+                kind: "column".into(),
+                action: Action::Added,
+                object: "public.customers.note".into(),
+                detail: String::new(),
+                before: None,
+                after: Some("note text NOT NULL".into()),
+            }],
+            data: vec![TableDiff {
+                table: "public.customers".into(),
+                matched_by: "primary key".into(),
+                key: vec!["id".into()],
+                columns: vec!["id".into(), "email".into(), "city".into(), "note".into()],
+                updated: 1,
+                samples: Samples {
+                    updated: vec![UpdatedRow {
+                        before: vec![v("1"), v("a@x"), v("Oslo"), None],
+                        after: vec![v("1"), v("a@x"), v("Bergen"), v("n")],
+                        changed: vec!["city".into()],
+                    }],
+                    ..Default::default()
+                },
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn guards_leave_out_masked_and_added_columns() {
+        let masked: Masked = ["public.customers.email".to_string()].into();
+        let p = build(&review(), &masked);
+        assert!(p.refusals.is_empty(), "{:?}", p.refusals);
+        assert_eq!(p.tables[0].guard, vec![0, 2]);
+        assert_eq!(
+            p.before_data,
+            vec!["ALTER TABLE public.customers ADD COLUMN note text;"]
+        );
+        assert_eq!(
+            p.after_data,
+            vec!["ALTER TABLE public.customers ALTER COLUMN note SET NOT NULL;"]
+        );
+        assert_eq!(p.schema_guards[0].want, Want::Absent);
+    }
+
+    #[test]
+    fn writing_a_masked_column_is_refused_with_the_column_named() {
+        let mut r = review();
+        r.data[0].samples.updated[0].changed = vec!["email".into()];
+        let masked: Masked = ["public.customers.email".to_string()].into();
+        let p = build(&r, &masked);
+        assert_eq!(p.refusals.len(), 1, "{:?}", p.refusals);
+        assert!(
+            p.refusals[0].contains("masked columns (email)"),
+            "{:?}",
+            p.refusals
+        );
+        // A masked key cannot find the real row.
+        let masked: Masked = ["public.customers.id".to_string()].into();
+        let p = build(&review(), &masked);
+        assert!(
+            p.refusals[0].contains("key column id, which is masked"),
+            "{:?}",
+            p.refusals
+        );
+    }
+
+    #[test]
+    fn cut_samples_and_keyless_tables_are_refused() {
+        let mut r = review();
+        r.data[0].updated = 2;
+        assert!(build(&r, &Masked::new()).refusals[0].contains("only some"));
+        let mut r = review();
+        r.data[0].key.clear();
+        assert!(build(&r, &Masked::new()).refusals[0].contains("no primary key"));
+    }
+}

@@ -1,0 +1,163 @@
+//! The golden VM: booted once from the image, the golden database built inside it from the
+//! configured SQL, checkpointed, then its memory and device state saved (VM templating: the
+//! RAM is already in a shared file, so the migration stream holds only device state).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::bridge::{self, Bridge};
+use super::qemu::{self, Image, Qmp, VmSpec};
+use super::MicrovmConfig;
+use crate::pg::process;
+use crate::provider::golden::{GoldenCtx, SUPERUSER};
+use crate::provider::ProviderError;
+
+/// Bump when the way the golden VM is made changes.
+const FORMAT: &str = "sandpit-microvm-golden-v1";
+/// Written last into a finished golden.
+const READY: &str = "ready";
+
+/// A finished golden snapshot.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Its id (hash of what went into it).
+    pub id: String,
+    /// The RAM file (clones map it privately).
+    pub mem: PathBuf,
+    /// Device state (migration stream without RAM).
+    pub state: PathBuf,
+    /// Its disk, backing file of every clone's overlay.
+    pub disk: PathBuf,
+    /// Host `psql`, for readiness checks.
+    pub psql: PathBuf,
+}
+
+/// The golden for this SQL, image and VM shape: found, or built now.
+pub async fn ensure(cfg: &MicrovmConfig, image: &Image) -> Result<Snapshot, ProviderError> {
+    let sql = std::fs::read(&cfg.golden_sql)
+        .map_err(|e| ProviderError::Golden(format!("reading {}: {e}", cfg.golden_sql.display())))?;
+    let mut h = Sha256::new();
+    h.update(&sql);
+    h.update(image.dir.to_string_lossy().as_bytes());
+    h.update(format!("{FORMAT} {} {} {}", cfg.memory_mib, cfg.vcpus, cfg.accel).as_bytes());
+    let id = format!("golden-{}", &hex::encode(h.finalize())[..16]);
+    let dir = cfg.root.join("goldens").join(&id);
+    let bins = crate::pg::find_binaries(cfg.bin_dir.as_deref())?;
+    let snap = Snapshot {
+        id: id.clone(),
+        mem: dir.join("mem"),
+        state: dir.join("state"),
+        disk: dir.join("disk.qcow2"),
+        psql: bins.psql.clone(),
+    };
+    if dir.join(READY).exists() {
+        return Ok(snap);
+    }
+    if dir.exists() {
+        qemu::kill(&dir).await;
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let t0 = Instant::now();
+    let r = build(cfg, image, &dir, &snap, &bins).await;
+    qemu::kill(&dir).await;
+    if let Err(e) = r {
+        let console = std::fs::read_to_string(dir.join(qemu::CONSOLE)).unwrap_or_default();
+        let log = std::fs::read_to_string(dir.join("qemu.log")).unwrap_or_default();
+        return Err(ProviderError::Golden(format!(
+            "golden VM: {e}; qemu: {}; console: {}",
+            crate::provider::golden::tail(&log),
+            crate::provider::golden::tail(&console)
+        )));
+    }
+    std::fs::write(dir.join(READY), format!("{FORMAT}\n"))?;
+    tracing::info!(golden = %id, seconds = t0.elapsed().as_secs(), "microvm golden snapshot taken");
+    Ok(snap)
+}
+
+async fn build(
+    cfg: &MicrovmConfig,
+    image: &Image,
+    dir: &Path,
+    snap: &Snapshot,
+    bins: &crate::pg::PgBinaries,
+) -> Result<(), ProviderError> {
+    qemu::overlay(&image.dir.join("root.qcow2"), &snap.disk).await?;
+    let spec = VmSpec {
+        qemu: &cfg.qemu,
+        accel: &cfg.accel,
+        memory_mib: cfg.memory_mib,
+        vcpus: cfg.vcpus,
+        image,
+        dir,
+        disk: &snap.disk,
+        mem: &snap.mem,
+        shared: true,
+        incoming: false,
+        name: "sandpit-vm-golden",
+    };
+    qemu::start(&spec)?;
+    let deadline = cfg.boot_timeout;
+    let chan = bridge::connect_channel(&dir.join(qemu::CHANNEL), deadline).await?;
+    let b = Bridge::start(chan, &process::socket_path(dir))?;
+    b.ping(deadline).await?;
+    b.set_clock().await?;
+    wait_postgres(&bins.psql, dir, deadline).await?;
+    // Roles, database and the golden SQL, exactly as the instance provider's golden.
+    let run_as = crate::pg::user::resolve(None)?;
+    let ctx = GoldenCtx {
+        bins,
+        run_as: &run_as,
+        netns: false,
+        root: dir,
+        sql_path: &cfg.golden_sql,
+        gateway_user: SUPERUSER,
+        max_connections: 20,
+    };
+    crate::provider::golden::load(&ctx, dir, &cfg.golden_sql).await?;
+    let mut qmp = Qmp::connect(&dir.join(qemu::QMP), deadline).await?;
+    qmp.execute(
+        "migrate-set-capabilities",
+        json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]}),
+    )
+    .await?;
+    let uri = format!("file:{}", snap.state.display());
+    qmp.execute("migrate", json!({ "uri": uri })).await?;
+    qmp.wait_migration(deadline).await?;
+    let _ = qmp.execute("quit", json!({})).await;
+    drop(b);
+    Ok(())
+}
+
+/// Waits until the guest's Postgres answers `select 1` through the bridge socket in `dir`.
+pub async fn wait_postgres(
+    psql: &Path,
+    dir: &Path,
+    deadline: Duration,
+) -> Result<(), ProviderError> {
+    let start = Instant::now();
+    loop {
+        let out = crate::provider::golden::psql_command(psql, dir, SUPERUSER, "postgres")
+            .args(["-c", "select 1"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .await
+            .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        if start.elapsed() > deadline {
+            return Err(ProviderError::NotReady(format!(
+                "guest Postgres not ready within {deadline:?}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
