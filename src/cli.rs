@@ -103,8 +103,9 @@ impl ApiClient {
         max_connections: Option<u32>,
         timeouts: (Option<Duration>, Option<Duration>),
         metadata: BTreeMap<String, String>,
+        superuser: bool,
     ) -> Result<Value, CliError> {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "task": task,
             "ttl_seconds": ttl.map(|d| d.as_secs().max(1)),
             "max_rows": max_rows,
@@ -116,6 +117,11 @@ impl ApiClient {
             "idle_in_transaction_timeout_ms": timeouts.1.map(|d| d.as_millis() as u64),
             "metadata": metadata,
         });
+        // Sent only when asked for, so an older gateway (which refuses unknown fields)
+        // still issues ordinary tokens.
+        if superuser {
+            body["superuser"] = Value::Bool(true);
+        }
         self.call("POST", "/v1/tokens", Some(body))
     }
 

@@ -202,6 +202,10 @@ enum TokenCmd {
         /// Metadata key=value (repeatable).
         #[arg(long = "meta")]
         meta: Vec<String>,
+        /// Sessions log in as a superuser of the token's own VM (microvm provider only;
+        /// refused by any other provider).
+        #[arg(long)]
+        superuser: bool,
         #[command(flatten)]
         api: ApiArgs,
     },
@@ -449,6 +453,7 @@ fn run(cli: Cli) -> Result<()> {
                 statement_timeout,
                 idle_in_transaction_timeout,
                 meta,
+                superuser,
                 api,
             } => {
                 let max_bytes = max_bytes.as_deref().map(cli::parse_size).transpose()?;
@@ -469,6 +474,7 @@ fn run(cli: Cli) -> Result<()> {
                         idle_in_transaction_timeout.map(Into::into),
                     ),
                     metadata,
+                    *superuser,
                 )?;
                 print(&v, api.json, |v| {
                     v.get("dsn")

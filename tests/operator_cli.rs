@@ -1,6 +1,7 @@
 //! What an operator meets at the command line: one gateway per data dir, ports checked before
 //! the golden build, `--check-config`, a second Ctrl-C that still stops the scratch servers,
-//! and CLI commands that take a token's DSN for its id and never print its secret.
+//! CLI commands that take a token's DSN for its id and never print its secret, and the
+//! superuser opt-in refused by a provider that cannot contain a superuser.
 
 mod common;
 
@@ -426,4 +427,41 @@ fn a_second_signal_stops_the_scratch_servers_before_exiting() {
         "{log}"
     );
     drop(client);
+}
+
+/// A superuser token is for the microvm provider only: on `instance` (a host process per
+/// token) both the API and the CLI refuse it, say why, and no token is made. Ordinary
+/// tokens show `superuser: false`.
+#[test]
+fn a_superuser_token_is_refused_by_the_instance_provider() {
+    let g = Gateway::start(Some(SMALL_GOLDEN), None);
+    let (status, v) = g.raw_call(
+        "POST",
+        "/v1/tokens",
+        Some(serde_json::json!({"task": "su", "ttl_seconds": 600, "superuser": true})),
+    );
+    assert_eq!(status, 400, "{v}");
+    let msg = s(&v, "error");
+    assert!(msg.contains("microvm") && msg.contains("instance"), "{msg}");
+    let env = [
+        ("SANDPIT_API", g.api.as_str()),
+        ("SANDPIT_ADMIN_KEY", g.admin_key.as_str()),
+    ];
+    let (code, out, err) =
+        run_sandpit(&["token", "issue", "--task", "su-cli", "--superuser"], &env);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.trim().is_empty(), "no DSN printed: {out}");
+    assert!(err.contains("microvm"), "{err}");
+    let (_, list) = g.raw_call("GET", "/v1/tokens", None);
+    assert_eq!(list.as_array().map(Vec::len), Some(0), "{list}");
+
+    let t = g.issue("plain", 600);
+    assert_eq!(t["superuser"], Value::Bool(false), "{t}");
+    let (code, out, err) = run_sandpit(&["token", "show", &s(&t, "id")], &env);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("superuser") && l.trim_end().ends_with("false")),
+        "{out}"
+    );
 }

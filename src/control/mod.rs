@@ -62,6 +62,9 @@ pub struct IssueBody {
     /// Metadata.
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Log in as a superuser of the token's own VM (microvm provider only).
+    #[serde(default)]
+    pub superuser: bool,
 }
 
 /// The router.
@@ -160,6 +163,7 @@ async fn issue_token(
         statement_timeout: b.statement_timeout_ms.map(Duration::from_millis),
         idle_in_transaction_timeout: b.idle_in_transaction_timeout_ms.map(Duration::from_millis),
         metadata: b.metadata,
+        superuser: b.superuser,
     };
     match s.gw.issue(req).await {
         Ok(v) => (StatusCode::CREATED, Json(v)).into_response(),

@@ -518,6 +518,7 @@ mod tests {
             backend: backend.map(str::to_string),
             golden: None,
             fork_count: 0,
+            superuser: false,
             ended_at: None,
         }
     }

@@ -2,6 +2,7 @@
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
 mod faults;
+mod issue_check;
 pub mod janitor;
 mod replicas;
 mod stop;
@@ -106,6 +107,9 @@ pub struct IssueRequest {
     pub idle_in_transaction_timeout: Option<Duration>,
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
+    /// Sessions log in as a superuser of the token's own backend (providers whose
+    /// [`Provider::superuser_sessions`] says yes; refused elsewhere).
+    pub superuser: bool,
 }
 
 /// A token as shown to the harness (never includes the secret, except `dsn` right at issue).
@@ -148,6 +152,8 @@ pub struct TokenView {
     /// Golden version its backend was copied from (instance provider), once forked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub golden: Option<String>,
+    /// Whether its sessions log in as a superuser of its own backend.
+    pub superuser: bool,
     /// Sessions open now.
     pub sessions: u32,
 }
@@ -305,27 +311,8 @@ impl Gateway {
                 d.max_rows_limit, d.max_bytes_limit
             )));
         }
-        let allow = match req.allow {
-            None => None,
-            Some(kinds) if kinds.iter().any(|k| k == "all") => None,
-            Some(kinds) => {
-                const KINDS: [&str; 6] = [
-                    "read",
-                    "write",
-                    "ddl",
-                    "transaction",
-                    "privilege",
-                    "utility",
-                ];
-                if let Some(bad) = kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
-                    return Err(LifecycleError::Invalid(format!(
-                        "unknown statement kind {bad:?} in allow (use {} or all; unparsed statements are always denied under a policy)",
-                        KINDS.join(", ")
-                    )));
-                }
-                Some(kinds)
-            }
-        };
+        let allow = issue_check::allow_kinds(req.allow)?;
+        issue_check::superuser(req.superuser, self.provider.as_ref())?;
         let id = auth::new_token_id();
         let secret = auth::new_secret();
         let now = OffsetDateTime::now_utc();
@@ -357,6 +344,7 @@ impl Gateway {
             backend: None,
             fork_count: 0,
             golden,
+            superuser: req.superuser,
             ended_at: None,
         };
         self.registry.insert(rec.clone()).await?;
@@ -399,6 +387,7 @@ impl Gateway {
             backend: rec.backend.is_some(),
             fork_count: rec.fork_count,
             golden: rec.golden.clone(),
+            superuser: rec.superuser,
             sessions,
         }
     }

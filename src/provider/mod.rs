@@ -166,6 +166,17 @@ pub trait Provider: Send + Sync + 'static {
     fn session_target(&self, backend: &Backend, _allow: Option<&[String]>) -> BackendTarget {
         backend.target.clone()
     }
+    /// Whether a token may log in as a superuser of its own backend (see
+    /// [`Provider::superuser_target`]). Only a provider whose backend is a whole throwaway
+    /// machine, with nothing of the host or of other backends inside it, says yes.
+    fn superuser_sessions(&self) -> bool {
+        false
+    }
+    /// How a superuser token's agent session logs in to `backend` (None: the provider has
+    /// no such login, see [`Provider::superuser_sessions`]).
+    fn superuser_target(&self, _backend: &Backend) -> Option<BackendTarget> {
+        None
+    }
     /// How the review logs in to a token's `backend`. Providers with a review role return
     /// it (its settings are out of the agent's reach); the default is the backend's login.
     fn review_target(&self, backend: &Backend) -> BackendTarget {

@@ -307,6 +307,14 @@ impl Provider for WarmPool {
         self.inner.session_target(backend, allow)
     }
 
+    fn superuser_sessions(&self) -> bool {
+        self.inner.superuser_sessions()
+    }
+
+    fn superuser_target(&self, backend: &Backend) -> Option<BackendTarget> {
+        self.inner.superuser_target(backend)
+    }
+
     fn review_target(&self, backend: &Backend) -> BackendTarget {
         self.inner.review_target(backend)
     }

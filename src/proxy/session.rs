@@ -256,10 +256,25 @@ async fn attach(
         };
         // The login role follows the token's policy, so Postgres itself refuses what the
         // policy forbids (the pipeline's lexical check only labels and refuses earlier).
-        let login = proxy
-            .gw
-            .provider
-            .session_target(&backend, rec.caps.allow.as_deref());
+        // A superuser token (issued only where the provider has such a login) logs in as
+        // the superuser of its own backend; the pipeline's checks still apply to it.
+        let login = if rec.superuser {
+            match proxy.gw.provider.superuser_target(&backend) {
+                Some(t) => t,
+                None => {
+                    tracing::error!(
+                        provider = proxy.gw.provider.name(),
+                        "superuser token, but the provider has no superuser login"
+                    );
+                    return Err(SessionError::BackendUnavailable);
+                }
+            }
+        } else {
+            proxy
+                .gw
+                .provider
+                .session_target(&backend, rec.caps.allow.as_deref())
+        };
         match backend::connect(&login, &params, max_message).await {
             Ok(c) => break (login, c),
             Err(BackendError::Refused(raw)) => {

@@ -308,6 +308,7 @@ mod tests {
             backend: Some("b".into()),
             fork_count: 1,
             golden: None,
+            superuser: false,
             ended_at: None,
         }
     }

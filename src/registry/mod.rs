@@ -152,6 +152,10 @@ pub struct TokenRecord {
     /// Golden version its backend was copied from (providers with versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub golden: Option<String>,
+    /// Its sessions log in as a superuser of its own backend (only providers whose backend
+    /// is a whole throwaway machine issue such tokens: `microvm`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superuser: bool,
     /// When it was expired or revoked.
     #[serde(with = "time::serde::rfc3339::option", default)]
     pub ended_at: Option<OffsetDateTime>,

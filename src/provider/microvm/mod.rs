@@ -377,6 +377,19 @@ impl Provider for MicrovmProvider {
         t
     }
 
+    fn superuser_sessions(&self) -> bool {
+        true
+    }
+
+    /// The guest's own superuser: the VM has no network device and nothing of the host or
+    /// of another clone inside it, so what a superuser can do (`COPY … TO PROGRAM`, files,
+    /// untrusted languages, `ALTER SYSTEM`) stays in this throwaway machine.
+    fn superuser_target(&self, backend: &Backend) -> Option<BackendTarget> {
+        let mut t = backend.target.clone();
+        t.user = SUPERUSER.to_string();
+        Some(t)
+    }
+
     fn review_target(&self, backend: &Backend) -> BackendTarget {
         let mut t = backend.target.clone();
         t.user = REVIEWER.to_string();
