@@ -14,8 +14,9 @@ use super::{de_duration, ConfigError};
 pub struct MicrovmSection {
     /// The hypervisor binary; default `qemu-system-x86_64` on PATH.
     pub qemu: Option<PathBuf>,
-    /// "tcg" (software emulation, works everywhere) or "kvm" (hardware virtualisation, when
-    /// /dev/kvm runs a standard guest).
+    /// "auto" (default: KVM when /dev/kvm runs a probe guest with the standard CPU model,
+    /// TCG otherwise), "tcg" (software emulation, works everywhere) or "kvm" (hardware
+    /// virtualisation, when /dev/kvm runs a standard guest).
     pub accel: String,
     /// Guest memory per VM, MiB.
     pub memory_mib: u32,
@@ -35,7 +36,7 @@ impl Default for MicrovmSection {
     fn default() -> Self {
         MicrovmSection {
             qemu: None,
-            accel: "tcg".into(),
+            accel: "auto".into(),
             memory_mib: 384,
             vcpus: 1,
             image: None,
@@ -48,10 +49,10 @@ impl Default for MicrovmSection {
 impl MicrovmSection {
     /// Values that types alone do not rule out.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.accel != "tcg" && self.accel != "kvm" {
+        if !["auto", "tcg", "kvm"].contains(&self.accel.as_str()) {
             return Err(ConfigError::Invalid {
                 key: "microvm.accel",
-                message: "\"tcg\" or \"kvm\"".into(),
+                message: "\"auto\", \"tcg\" or \"kvm\"".into(),
             });
         }
         if !(128..=65536).contains(&self.memory_mib) || !(1..=64).contains(&self.vcpus) {

@@ -93,6 +93,12 @@ fn a_superuser_token_acts_only_inside_its_own_vm() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let cfg = microvm_checks::config(&rt);
     let g = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
+    // No accel in the config: the default, `auto`, decided and said why.
+    assert!(
+        g.log().contains("microvm accelerator: auto: "),
+        "{}",
+        g.log()
+    );
     let su =
         g.issue_with(serde_json::json!({"task": "vm-su", "ttl_seconds": 600, "superuser": true}));
     assert_eq!(su["superuser"], Value::Bool(true), "{su}");

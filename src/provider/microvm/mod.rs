@@ -4,6 +4,7 @@
 //! guest has no network device; the gateway reaches its Postgres through a unix socket
 //! bridged over one virtio-serial port ([`bridge`]).
 
+mod accel;
 mod bridge;
 mod golden;
 mod image;
@@ -39,7 +40,8 @@ pub struct MicrovmConfig {
     pub root: PathBuf,
     /// The QEMU binary (`qemu-system-x86_64`).
     pub qemu: PathBuf,
-    /// "tcg" or "kvm".
+    /// "auto" (KVM when a probe shows it runs a standard guest, else TCG), "tcg" or "kvm";
+    /// resolved once at start to "kvm" or "tcg" ([`accel`]).
     pub accel: String,
     /// Guest memory per VM, MiB.
     pub memory_mib: u32,
@@ -85,8 +87,13 @@ fn validate_handle(handle: &str) -> Result<(), ProviderError> {
 impl MicrovmProvider {
     /// Builds (or finds) the image and the golden snapshot; the first run builds the image
     /// (minutes) and boots the golden once (tens of seconds under TCG).
-    pub async fn new(cfg: MicrovmConfig) -> Result<Self, ProviderError> {
+    pub async fn new(mut cfg: MicrovmConfig) -> Result<Self, ProviderError> {
         std::fs::create_dir_all(&cfg.root)?;
+        // Resolved before anything hashes or starts a VM: the golden snapshot's key holds
+        // the accelerator actually used (a snapshot does not restore across them).
+        let (accel, why) = accel::resolve(&cfg.accel, &cfg.qemu, &cfg.root).await;
+        tracing::info!(setting = %cfg.accel, accel = accel.as_str(), "microvm accelerator: {why}");
+        cfg.accel = accel.as_str().to_string();
         let vms = cfg.root.join("vms");
         let refs = cfg.root.join("refs");
         std::fs::create_dir_all(&vms)?;
@@ -108,7 +115,10 @@ impl MicrovmProvider {
             vcpus = cfg.vcpus,
             image = %image.dir.display(),
             "microvm provider ({} acceleration)",
-            if cfg.accel == "kvm" { "hardware KVM" } else { "TCG software emulation" }
+            match accel {
+                accel::Accel::Kvm => "hardware KVM",
+                accel::Accel::Tcg => "TCG software emulation",
+            }
         );
         let golden = golden::ensure(&cfg, &image).await?;
         Ok(MicrovmProvider {
