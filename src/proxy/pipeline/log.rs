@@ -1,5 +1,7 @@
 //! Statement log records of a session: a statement record before a message goes to the
-//! backend (write-ahead), an outcome record when its response arrives.
+//! backend (write-ahead), an outcome record when its response arrives, deferred to the
+//! write of the next statement record (or to an idle flush by the relay, or the session's
+//! end), so a statement costs one `write(2)`.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -114,7 +116,12 @@ impl Pipeline {
             kind: kind.as_str(),
         };
         match log.append_statement(&rec) {
-            Ok(()) => Some(seq),
+            Ok(()) => {
+                // The write carried this session's deferred outcomes too.
+                self.deferred.set(false);
+                self.statements_written.set(self.statements_written.get() + 1);
+                Some(seq)
+            }
             Err(e) => {
                 // Written before it runs, or it does not run.
                 tracing::error!(error = %e, "statement log write failed; the statement is refused");
@@ -166,9 +173,44 @@ impl Pipeline {
             skipped,
             denied: stmt.denied,
         };
-        if let Err(e) = log.append_outcome(&rec) {
-            tracing::error!(error = %e, "statement log write failed");
-            metrics::counter!("sandpit_log_errors_total").increment(1);
+        // Kept for a later write even when a write of earlier ones just failed.
+        self.deferred.set(true);
+        match log.defer_outcome(&rec) {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "statement log write failed");
+                metrics::counter!("sandpit_log_errors_total").increment(1);
+            }
         }
+    }
+
+    /// Whether outcome records were deferred since this session's last statement record.
+    pub fn outcomes_deferred(&self) -> bool {
+        self.deferred.get()
+    }
+
+    /// Statement records this session has written so far.
+    pub fn statements_written(&self) -> u64 {
+        self.statements_written.get()
+    }
+
+    /// Write the deferred outcome records now (the session is idle, or ending).
+    pub fn flush_outcomes(&self) {
+        if !self.deferred.replace(false) {
+            return;
+        }
+        if let Some(log) = &self.id.log {
+            if let Err(e) = log.flush_outcomes() {
+                tracing::error!(error = %e, "statement log write failed");
+                metrics::counter!("sandpit_log_errors_total").increment(1);
+            }
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    /// Whatever way the session ends, its deferred outcomes are written.
+    fn drop(&mut self) {
+        self.flush_outcomes();
     }
 }

@@ -302,6 +302,11 @@ pub struct Pipeline {
     /// An extended-protocol error happened and its Sync has not been forwarded yet: the
     /// server answers nothing until then, so nothing is expected either.
     skip_until_sync: bool,
+    /// Outcome records were deferred since this session's last statement record (see
+    /// `TokenLog::defer_outcome`): the relay flushes them when the session goes idle.
+    deferred: std::cell::Cell<bool>,
+    /// Statement records this session wrote (each one also wrote the outcomes deferred).
+    statements_written: std::cell::Cell<u64>,
 }
 
 impl Pipeline {
@@ -325,6 +330,8 @@ impl Pipeline {
             stray: None,
             tx_status: b'I',
             skip_until_sync: false,
+            deferred: std::cell::Cell::new(false),
+            statements_written: std::cell::Cell::new(0),
         }
     }
 
