@@ -132,7 +132,17 @@ impl Pipeline {
     }
 
     pub(super) fn new_stmt(&self, protocol: &str, text: &str, params: &[Option<String>]) -> Stmt {
-        let kind = classify::classify(text);
+        self.new_stmt_as(protocol, text, params, classify::classify(text))
+    }
+
+    /// [`Pipeline::new_stmt`] of a text whose kind is known already.
+    pub(super) fn new_stmt_as(
+        &self,
+        protocol: &str,
+        text: &str,
+        params: &[Option<String>],
+        kind: Kind,
+    ) -> Stmt {
         let seq = self.log_statement(protocol, text, params, kind);
         let mut s = Stmt::new(kind, verb_of(text));
         s.seq = seq.unwrap_or(0);

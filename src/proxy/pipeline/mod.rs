@@ -240,6 +240,10 @@ struct Prepared {
     /// Drawn per Parse, so a Describe's answer is matched to the very statement it
     /// described (and to the portals bound from it) even when the name is reused.
     id: u64,
+    /// Its text's kind and whether the text may read catalogs, found once at Parse (not
+    /// again at every Execute of it).
+    kind: Kind,
+    may_read_catalogs: bool,
 }
 
 impl Weight for Prepared {
@@ -256,6 +260,9 @@ struct Portal {
     catalog: bool,
     /// The `Prepared::id` it was bound from.
     statement_id: u64,
+    /// Its statement's `Prepared::kind` and `Prepared::may_read_catalogs`.
+    kind: Kind,
+    may_read_catalogs: bool,
 }
 
 impl Weight for Portal {
@@ -307,6 +314,9 @@ pub struct Pipeline {
     deferred: std::cell::Cell<bool>,
     /// Statement records this session wrote (each one also wrote the outcomes deferred).
     statements_written: std::cell::Cell<u64>,
+    /// The text of the last Parse with its kind and catalog guess: a driver that parses the
+    /// same text again (the unnamed statement, each time) shares it, not classified again.
+    last_parsed: Option<(Arc<str>, Kind, bool)>,
 }
 
 impl Pipeline {
@@ -332,6 +342,7 @@ impl Pipeline {
             skip_until_sync: false,
             deferred: std::cell::Cell::new(false),
             statements_written: std::cell::Cell::new(0),
+            last_parsed: None,
         }
     }
 
