@@ -149,6 +149,11 @@ struct Writer {
     /// Outcome records deferred ([`TokenLog::defer_outcome`]), formatted, not yet written:
     /// they lead the next write.
     pending: Vec<u8>,
+    /// Writes that carried deferred outcomes so far, and the count the idle ticker saw
+    /// with outcomes waiting: if it sees the same count again, nothing was written for a
+    /// whole tick and it writes them (see [`TokenLog::flush_idle_outcomes`]).
+    carried: u64,
+    seen: Option<u64>,
     /// Parts of the last records kept formatted (text, token and task, date and time).
     escaped: line::EscapeCache,
 }
@@ -201,6 +206,8 @@ impl TokenLog {
                 waiters: 0,
                 line: Vec::with_capacity(512),
                 pending: Vec::with_capacity(512),
+                carried: 0,
+                seen: None,
                 escaped: line::EscapeCache::default(),
             }),
             turns: Condvar::new(),
@@ -260,9 +267,10 @@ impl TokenLog {
         } else {
             self.write_line(w_)
         };
-        if !matches!(result, Err(LogError::Io { .. })) {
+        if !matches!(result, Err(LogError::Io { .. })) && !w_.pending.is_empty() {
             // Written (or refused after they were): they no longer wait.
             w_.pending.clear();
+            w_.carried += 1;
         }
         w.turn = w.turn.max(s.seq);
         // A notify is a futex call each time: only when someone waits (they register
@@ -311,8 +319,25 @@ impl TokenLog {
         let result = self.write_line(w);
         if result.is_ok() {
             w.pending.clear();
+            w.carried += 1;
         }
         result
+    }
+
+    /// Write the deferred outcomes if they already waited at the previous call with no
+    /// write since (the token's sessions went idle); called every [`OUTCOME_IDLE`]. A busy
+    /// session's outcomes ride with its statement records and are never written here.
+    pub fn flush_idle_outcomes(&self) -> Result<(), LogError> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if w.pending.is_empty() {
+            w.seen = None;
+            return Ok(());
+        }
+        if w.seen != Some(w.carried) {
+            w.seen = Some(w.carried);
+            return Ok(());
+        }
+        self.flush_locked(&mut w)
     }
 
     /// Writes `w.line` in one `write(2)`.
@@ -427,6 +452,15 @@ impl LogBook {
         }
     }
 
+    /// [`TokenLog::flush_idle_outcomes`] of every open log.
+    pub fn flush_idle(&self) {
+        for l in self.logs.iter() {
+            if let Err(e) = l.flush_idle_outcomes() {
+                tracing::warn!(error = %e, "statement log write failed");
+            }
+        }
+    }
+
     /// Write deferred outcomes and fsync every log with unsynced records.
     pub fn sync_all(&self) {
         for l in self.logs.iter() {
@@ -449,15 +483,29 @@ impl LogBook {
 /// How often [`sync_ticker`] fsyncs the open logs.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
-/// fsync the logs `book` finds in `owner` every [`SYNC_INTERVAL`], until the task is
-/// aborted. Records are written before each statement runs (SIGKILL-safe); this makes them
-/// survive a machine crash too, at most a second late.
+/// How often idle logs' deferred outcome records are looked at: written after one to two
+/// of these with no write (see [`TokenLog::flush_idle_outcomes`]).
+pub const OUTCOME_IDLE: Duration = Duration::from_millis(75);
+
+/// Every [`OUTCOME_IDLE`], write the deferred outcomes of logs gone idle; every
+/// [`SYNC_INTERVAL`], fsync the logs `book` finds in `owner`; until the task is aborted.
+/// Statement records are written before each statement runs (SIGKILL-safe); the fsync makes
+/// them survive a machine crash too, at most a second late. Done here rather than by a
+/// timer in each relay loop: a timer polled at every wake-up of a busy session cost more
+/// than the write it saved.
 pub async fn sync_ticker<T: Send + Sync + 'static>(owner: Arc<T>, book: fn(&T) -> &LogBook) {
-    let mut tick = tokio::time::interval(SYNC_INTERVAL);
+    let mut tick = tokio::time::interval(OUTCOME_IDLE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sync = tokio::time::Instant::now();
     loop {
         tick.tick().await;
-        let owner = owner.clone();
-        let _ = tokio::task::spawn_blocking(move || book(&owner).sync_all()).await;
+        // A write of a few records, as the relay does inline for each statement.
+        book(&owner).flush_idle();
+        if last_sync.elapsed() >= SYNC_INTERVAL {
+            last_sync = tokio::time::Instant::now();
+            let owner = owner.clone();
+            let _ = tokio::task::spawn_blocking(move || book(&owner).sync_all()).await;
+        }
     }
 }
 

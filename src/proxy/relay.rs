@@ -16,9 +16,6 @@ use crate::wire::messages::{self, Severity};
 const HIGH_WATER: usize = 256 * 1024;
 /// Frames handled per wake-up before yielding to the other direction.
 const BATCH: usize = 128;
-/// Deferred outcome records are written once the session has sent no statement for this
-/// long (a busy session's outcomes ride along with its next statement record instead).
-const OUTCOME_IDLE: std::time::Duration = std::time::Duration::from_millis(75);
 
 /// The gateway's own statement timeout: the backend is sent a CancelRequest when a request
 /// has waited this long for its ReadyForQuery. It does not depend on the session's
@@ -71,12 +68,6 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     let mut cancelled = false;
     // The backend said why it is ending the session: the client gets exactly that.
     let mut backend_said_fatal = false;
-    // Armed while outcomes are deferred: the statements written when it was armed. Re-armed
-    // (not flushed) when statements were written meanwhile, so a busy session pays no
-    // write of its own for its outcomes.
-    let idle = tokio::time::sleep(OUTCOME_IDLE);
-    tokio::pin!(idle);
-    let mut idle_armed: Option<u64> = None;
 
     let ending = 'relay: loop {
         pl.drain_outbox(&mut to_backend);
@@ -88,10 +79,6 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
         }
         let read_client = !terminated && pl.accepting() && to_backend.len() < HIGH_WATER;
         let read_backend = to_client.len() < HIGH_WATER;
-        if idle_armed.is_none() && pl.outcomes_deferred() {
-            idle.as_mut().reset(tokio::time::Instant::now() + OUTCOME_IDLE);
-            idle_armed = Some(pl.statements_written());
-        }
         let deadline = match (&watchdog, busy_since) {
             (Some(w), Some(t)) if !cancelled => Some(t + w.limit),
             _ => None,
@@ -111,12 +98,6 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
                         tracing::warn!(error = %e, "statement timeout cancel failed");
                     }
                 }
-            }
-            _ = &mut idle, if idle_armed.is_some() => {
-                if idle_armed == Some(pl.statements_written()) {
-                    pl.flush_outcomes();
-                }
-                idle_armed = None;
             }
             changed = ended.changed(), if watching => {
                 if changed.is_err() { watching = false; }
@@ -188,7 +169,8 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     };
 
     tracing::debug!(?ending, "relay finished");
-    // Before the client can see the session end, its outcomes are in the log.
+    // Before the client can see the session end, its outcomes are in the log (an idle
+    // session's are written by the log's ticker: `journal::log::sync_ticker`).
     pl.flush_outcomes();
     let fatal = |code: &str, msg: &str| messages::error_response(Severity::Fatal, code, msg);
     let last = match &ending {

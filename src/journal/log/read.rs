@@ -483,6 +483,32 @@ mod tests {
     }
 
     #[test]
+    fn the_idle_ticker_writes_outcomes_only_after_a_tick_with_no_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = TokenLog::open(dir.path(), "k", "sp_t", 0).unwrap();
+        let path = log.path().to_path_buf();
+        let outcomes = |p: &Path| {
+            read_statements(p)
+                .unwrap()
+                .iter()
+                .filter(|s| s.outcome.is_some())
+                .count()
+        };
+        log.append(&statement(log.next_seq(), "select 1")).unwrap();
+        defer(&log, 1);
+        log.flush_idle_outcomes().unwrap();
+        assert_eq!(outcomes(&path), 0, "first tick: only noted");
+        // Busy: the next statement carries it; the outcome deferred after is not idle yet.
+        log.append(&statement(log.next_seq(), "select 2")).unwrap();
+        defer(&log, 2);
+        log.flush_idle_outcomes().unwrap();
+        assert_eq!(outcomes(&path), 1);
+        // Idle for a whole tick: written.
+        log.flush_idle_outcomes().unwrap();
+        assert_eq!(outcomes(&path), 2);
+    }
+
+    #[test]
     fn a_statement_refused_by_the_quota_still_writes_the_deferred_outcomes() {
         let dir = tempfile::tempdir().unwrap();
         let log = TokenLog::open(dir.path(), "k", "sp_t", 400).unwrap();

@@ -1,7 +1,7 @@
 //! Statement log records of a session: a statement record before a message goes to the
 //! backend (write-ahead), an outcome record when its response arrives, deferred to the
-//! write of the next statement record (or to an idle flush by the relay, or the session's
-//! end), so a statement costs one `write(2)`.
+//! write of the next statement record (or to the log's idle ticker, or the session's end),
+//! so a statement costs one `write(2)`.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -119,7 +119,6 @@ impl Pipeline {
             Ok(()) => {
                 // The write carried this session's deferred outcomes too.
                 self.deferred.set(false);
-                self.statements_written.set(self.statements_written.get() + 1);
                 Some(seq)
             }
             Err(e) => {
@@ -194,17 +193,7 @@ impl Pipeline {
         }
     }
 
-    /// Whether outcome records were deferred since this session's last statement record.
-    pub fn outcomes_deferred(&self) -> bool {
-        self.deferred.get()
-    }
-
-    /// Statement records this session has written so far.
-    pub fn statements_written(&self) -> u64 {
-        self.statements_written.get()
-    }
-
-    /// Write the deferred outcome records now (the session is idle, or ending).
+    /// Write the deferred outcome records now (the session ends).
     pub fn flush_outcomes(&self) {
         if !self.deferred.replace(false) {
             return;

@@ -310,10 +310,8 @@ pub struct Pipeline {
     /// server answers nothing until then, so nothing is expected either.
     skip_until_sync: bool,
     /// Outcome records were deferred since this session's last statement record (see
-    /// `TokenLog::defer_outcome`): the relay flushes them when the session goes idle.
+    /// `TokenLog::defer_outcome`): written when the session ends.
     deferred: std::cell::Cell<bool>,
-    /// Statement records this session wrote (each one also wrote the outcomes deferred).
-    statements_written: std::cell::Cell<u64>,
     /// The text of the last Parse with its kind and catalog guess: a driver that parses the
     /// same text again (the unnamed statement, each time) shares it, not classified again.
     last_parsed: Option<(Arc<str>, Kind, bool)>,
@@ -341,7 +339,6 @@ impl Pipeline {
             tx_status: b'I',
             skip_until_sync: false,
             deferred: std::cell::Cell::new(false),
-            statements_written: std::cell::Cell::new(0),
             last_parsed: None,
         }
     }
