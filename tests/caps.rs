@@ -272,6 +272,27 @@ fn every_statement_is_logged_with_kind_rows_and_outcome() {
 }
 
 #[test]
+fn an_open_sessions_finished_statement_reads_with_its_outcome() {
+    // Outcome records are deferred to the session's next write; the statements API writes
+    // them before it reads, so a finished statement is never shown without its outcome.
+    let g = gateway();
+    let t = g.issue("deferred", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let c = connect(&dsn(&t)).await.expect("connect");
+        c.simple_query("select 41 + 1").await.expect("query");
+        let log = statements(&g, &id);
+        let s = log
+            .iter()
+            .find(|s| s["text"] == "select 41 + 1")
+            .unwrap_or_else(|| panic!("not logged: {log:#?}"));
+        assert_eq!(s["outcome"]["tag"], "SELECT 1", "{s}");
+        drop(c);
+    });
+}
+
+#[test]
 fn a_statement_sent_just_before_sigkill_is_in_the_log_after_restart() {
     let tmp = common::tempdir();
     let mut g = Gateway::start_in(tmp.path(), Some(GOLDEN), None);

@@ -279,6 +279,9 @@ async fn token_statements(
         return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
     };
     let path = crate::journal::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
+    // Outcomes its sessions deferred (see `TokenLog::defer_outcome`) are written first, so
+    // every outcome already known is paired with its statement.
+    s.gw.logs.flush(&rec.id);
     let after = q.after;
     match tokio::task::spawn_blocking(move || crate::journal::log::read_page(&path, after, limit))
         .await
@@ -332,6 +335,8 @@ async fn token_diff(
         };
         let reviewer = store::Reviewer::new(&s.gw.config, s.gw.provider.clone(), s.gw.gateway_id());
         let verify = q.verify.unwrap_or(false);
+        // Outcomes its sessions deferred are written before the review reads the log.
+        s.gw.logs.flush(&rec.id);
         let review = match store::take_verified(&reviewer, &rec, full, verify).await {
             Ok(r) => r,
             Err(e) => {

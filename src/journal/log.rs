@@ -1,7 +1,10 @@
 //! The statement log format: one JSON object per line, one file per token under
 //! `<data dir>/logs/<task>/<token id>.jsonl`. A `statement` record is appended before the
 //! statement is forwarded, an `outcome` record (same `seq`) after it completed, so a
-//! statement that ran is never missing even if the gateway dies mid-statement.
+//! statement that ran is never missing even if the gateway dies mid-statement. The relay
+//! defers outcome records ([`TokenLog::defer_outcome`]): they go out in the same `write(2)`
+//! as the next statement record, or when the session goes idle or ends, so a statement costs
+//! one write rather than two; a SIGKILL can lose only outcomes not yet written.
 //!
 //! Each token's log has a quota (`log.max_bytes_per_token`) and statement text past
 //! [`TEXT_MAX`] is stored cut with its length and SHA-256, so an agent cannot fill the disk
@@ -122,6 +125,8 @@ pub enum LogError {
 pub const TEXT_MAX: usize = 64 * 1024;
 /// Default of `log.max_bytes_per_token`.
 pub const DEFAULT_MAX_BYTES_PER_TOKEN: u64 = 256 * 1024 * 1024;
+/// Deferred outcome records are written at once when this many bytes of them are waiting.
+const PENDING_MAX: usize = 64 * 1024;
 /// How long a statement record waits for the records of lower sequence numbers (taken a
 /// moment earlier by another thread) before it is written out of order.
 const TURN_WAIT: Duration = Duration::from_secs(1);
@@ -141,6 +146,14 @@ struct Writer {
     waiters: usize,
     /// The line being written (reused: no allocation per record).
     line: Vec<u8>,
+    /// Outcome records deferred ([`TokenLog::defer_outcome`]), formatted, not yet written:
+    /// they lead the next write.
+    pending: Vec<u8>,
+    /// Writes that carried deferred outcomes so far, and the count the idle ticker saw
+    /// with outcomes waiting: if it sees the same count again, nothing was written for a
+    /// whole tick and it writes them (see [`TokenLog::flush_idle_outcomes`]).
+    carried: u64,
+    seen: Option<u64>,
     /// Parts of the last records kept formatted (text, token and task, date and time).
     escaped: line::EscapeCache,
 }
@@ -192,6 +205,9 @@ impl TokenLog {
                 turn: last,
                 waiters: 0,
                 line: Vec::with_capacity(512),
+                pending: Vec::with_capacity(512),
+                carried: 0,
+                seen: None,
                 escaped: line::EscapeCache::default(),
             }),
             turns: Condvar::new(),
@@ -232,9 +248,30 @@ impl TokenLog {
             w.waiters -= 1;
         }
         let w_ = &mut *w;
-        w_.line.clear();
+        start_line(w_);
+        let outcomes = w_.line.len();
         line::statement_line(&mut w_.line, s, &mut w_.escaped);
-        let result = self.write_line(&mut w, true);
+        let result = if self.max_bytes > 0 && w_.len + w_.line.len() as u64 > self.max_bytes {
+            metrics::counter!("sandpit_log_quota_exceeded_total").increment(1);
+            // The deferred outcomes are written all the same (outcomes are never refused).
+            w_.line.truncate(outcomes);
+            let written = if w_.pending.is_empty() {
+                Ok(())
+            } else {
+                self.write_line(w_)
+            };
+            written.and(Err(LogError::Quota {
+                path: self.path.clone(),
+                max: self.max_bytes,
+            }))
+        } else {
+            self.write_line(w_)
+        };
+        if !matches!(result, Err(LogError::Io { .. })) && !w_.pending.is_empty() {
+            // Written (or refused after they were): they no longer wait.
+            w_.pending.clear();
+            w_.carried += 1;
+        }
         w.turn = w.turn.max(s.seq);
         // A notify is a futex call each time: only when someone waits (they register
         // under the same lock, so none is missed).
@@ -246,29 +283,66 @@ impl TokenLog {
         result
     }
 
-    /// Append an outcome record (see [`TokenLog::append`]).
+    /// Append an outcome record now (see [`TokenLog::append`]); deferred outcomes go first.
     pub fn append_outcome(&self, o: &OutcomeRef<'_>) -> Result<(), LogError> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        w.line.clear();
         let w_ = &mut *w;
-        line::outcome_line(&mut w_.line, o, &mut w_.escaped);
-        self.write_line(&mut w, false)
+        line::outcome_line(&mut w_.pending, o, &mut w_.escaped);
+        self.flush_locked(w_)
+    }
+
+    /// Keep an outcome record to be written with the next statement record (in the same
+    /// `write(2)`), or by [`TokenLog::flush_outcomes`], whichever comes first; written at once
+    /// when [`PENDING_MAX`] bytes of them wait. Until written, a SIGKILL of the gateway loses
+    /// it: its statement then reads as never completed.
+    pub fn defer_outcome(&self, o: &OutcomeRef<'_>) -> Result<(), LogError> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let w_ = &mut *w;
+        line::outcome_line(&mut w_.pending, o, &mut w_.escaped);
+        if w_.pending.len() >= PENDING_MAX {
+            return self.flush_locked(w_);
+        }
+        Ok(())
+    }
+
+    /// Write the deferred outcome records, if any (one `write(2)`).
+    pub fn flush_outcomes(&self) -> Result<(), LogError> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if w.pending.is_empty() {
+            return Ok(());
+        }
+        self.flush_locked(&mut w)
+    }
+
+    fn flush_locked(&self, w: &mut Writer) -> Result<(), LogError> {
+        start_line(w);
+        let result = self.write_line(w);
+        if result.is_ok() {
+            w.pending.clear();
+            w.carried += 1;
+        }
+        result
+    }
+
+    /// Write the deferred outcomes if they already waited at the previous call with no
+    /// write since (the token's sessions went idle); called every [`OUTCOME_IDLE`]. A busy
+    /// session's outcomes ride with its statement records and are never written here.
+    pub fn flush_idle_outcomes(&self) -> Result<(), LogError> {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if w.pending.is_empty() {
+            w.seen = None;
+            return Ok(());
+        }
+        if w.seen != Some(w.carried) {
+            w.seen = Some(w.carried);
+            return Ok(());
+        }
+        self.flush_locked(&mut w)
     }
 
     /// Writes `w.line` in one `write(2)`.
-    fn write_line(&self, w: &mut Writer, quota: bool) -> Result<(), LogError> {
-        if w.torn {
-            w.line.insert(0, b'\n');
-        }
-        let line = &w.line;
-        if quota && self.max_bytes > 0 && w.len + line.len() as u64 > self.max_bytes {
-            metrics::counter!("sandpit_log_quota_exceeded_total").increment(1);
-            return Err(LogError::Quota {
-                path: self.path.clone(),
-                max: self.max_bytes,
-            });
-        }
-        match (&w.file).write_all(line) {
+    fn write_line(&self, w: &mut Writer) -> Result<(), LogError> {
+        match (&w.file).write_all(&w.line) {
             Ok(()) => {
                 w.len += w.line.len() as u64;
                 w.torn = false;
@@ -292,8 +366,10 @@ impl TokenLog {
         }
     }
 
-    /// fsync if anything was written since the last sync.
+    /// Write the deferred outcomes, then fsync if anything was written since the last sync.
     pub fn sync(&self) -> Result<(), LogError> {
+        // What was written is synced even when the deferred outcomes could not be.
+        let flushed = self.flush_outcomes();
         if self.dirty.swap(false, Ordering::AcqRel) {
             let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             w.file.sync_data().map_err(|source| LogError::Io {
@@ -301,13 +377,31 @@ impl TokenLog {
                 source,
             })?;
         }
-        Ok(())
+        flushed
     }
 
     /// Where it is.
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+impl Drop for TokenLog {
+    fn drop(&mut self) {
+        if let Err(e) = self.flush_outcomes() {
+            tracing::error!(error = %e, "statement log: deferred outcomes lost");
+        }
+    }
+}
+
+/// Start `w.line` for a write: a newline first when the file ends in part of a record, then
+/// the deferred outcome records.
+fn start_line(w: &mut Writer) {
+    w.line.clear();
+    if w.torn {
+        w.line.push(b'\n');
+    }
+    w.line.extend_from_slice(&w.pending);
 }
 
 fn last_byte(f: &std::fs::File, len: u64) -> std::io::Result<u8> {
@@ -348,7 +442,26 @@ impl LogBook {
         Ok(self.logs.entry(token.to_string()).or_insert(log).clone())
     }
 
-    /// fsync every log with unsynced records.
+    /// Write the deferred outcome records of a token's log, if it is open (before reading
+    /// it in this process, so a reader sees every outcome already known).
+    pub fn flush(&self, token: &str) {
+        if let Some(l) = self.logs.get(token) {
+            if let Err(e) = l.flush_outcomes() {
+                tracing::warn!(error = %e, "statement log write failed");
+            }
+        }
+    }
+
+    /// [`TokenLog::flush_idle_outcomes`] of every open log.
+    pub fn flush_idle(&self) {
+        for l in self.logs.iter() {
+            if let Err(e) = l.flush_idle_outcomes() {
+                tracing::warn!(error = %e, "statement log write failed");
+            }
+        }
+    }
+
+    /// Write deferred outcomes and fsync every log with unsynced records.
     pub fn sync_all(&self) {
         for l in self.logs.iter() {
             if let Err(e) = l.sync() {
@@ -370,15 +483,29 @@ impl LogBook {
 /// How often [`sync_ticker`] fsyncs the open logs.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
-/// fsync the logs `book` finds in `owner` every [`SYNC_INTERVAL`], until the task is
-/// aborted. Records are written before each statement runs (SIGKILL-safe); this makes them
-/// survive a machine crash too, at most a second late.
+/// How often idle logs' deferred outcome records are looked at: written after one to two
+/// of these with no write (see [`TokenLog::flush_idle_outcomes`]).
+pub const OUTCOME_IDLE: Duration = Duration::from_millis(75);
+
+/// Every [`OUTCOME_IDLE`], write the deferred outcomes of logs gone idle; every
+/// [`SYNC_INTERVAL`], fsync the logs `book` finds in `owner`; until the task is aborted.
+/// Statement records are written before each statement runs (SIGKILL-safe); the fsync makes
+/// them survive a machine crash too, at most a second late. Done here rather than by a
+/// timer in each relay loop: a timer polled at every wake-up of a busy session cost more
+/// than the write it saved.
 pub async fn sync_ticker<T: Send + Sync + 'static>(owner: Arc<T>, book: fn(&T) -> &LogBook) {
-    let mut tick = tokio::time::interval(SYNC_INTERVAL);
+    let mut tick = tokio::time::interval(OUTCOME_IDLE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_sync = tokio::time::Instant::now();
     loop {
         tick.tick().await;
-        let owner = owner.clone();
-        let _ = tokio::task::spawn_blocking(move || book(&owner).sync_all()).await;
+        // A write of a few records, as the relay does inline for each statement.
+        book(&owner).flush_idle();
+        if last_sync.elapsed() >= SYNC_INTERVAL {
+            last_sync = tokio::time::Instant::now();
+            let owner = owner.clone();
+            let _ = tokio::task::spawn_blocking(move || book(&owner).sync_all()).await;
+        }
     }
 }
 

@@ -584,6 +584,8 @@ impl Gateway {
             let rt = self.runtime(id);
             let _slot = rt.backend.lock().await;
             if let Some(rec) = self.registry.get(id) {
+                // The review reads the log: the outcomes deferred by its sessions first.
+                self.logs.flush(id);
                 self.hooks.ending(&rec).await;
             }
         }

@@ -63,6 +63,7 @@ impl ReviewSource {
                 };
                 let reviewer =
                     store::Reviewer::new(&gw.config, gw.provider.clone(), gw.gateway_id());
+                gw.logs.flush(token);
                 match store::take(&reviewer, &rec, false).await {
                     Ok(review) => Outcome {
                         text: cut(store::render(&review, &[], Format::Text)),

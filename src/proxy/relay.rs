@@ -169,6 +169,9 @@ pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
     };
 
     tracing::debug!(?ending, "relay finished");
+    // Before the client can see the session end, its outcomes are in the log (an idle
+    // session's are written by the log's ticker: `journal::log::sync_ticker`).
+    pl.flush_outcomes();
     let fatal = |code: &str, msg: &str| messages::error_response(Severity::Fatal, code, msg);
     let last = match &ending {
         Ending::Ended(reason) => Some(fatal("57P01", reason.message())),

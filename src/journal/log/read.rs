@@ -439,6 +439,88 @@ mod tests {
         assert_eq!(read_statements(&path).unwrap().len(), n as usize);
     }
 
+    fn defer(log: &TokenLog, seq: u64) {
+        let LogRecord::Outcome(o) = outcome(seq) else {
+            unreachable!()
+        };
+        log.defer_outcome(&super::super::line::outcome_ref(&o))
+            .unwrap();
+    }
+
+    #[test]
+    fn deferred_outcomes_lead_the_next_statement_and_are_paired_with_theirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = TokenLog::open(dir.path(), "k", "sp_t", 0).unwrap();
+        let path = log.path().to_path_buf();
+        let len = |p: &Path| std::fs::metadata(p).unwrap().len();
+        log.append(&statement(log.next_seq(), "select 1")).unwrap();
+        let written = len(&path);
+        defer(&log, 1);
+        // Deferred: not in the file yet, the statement reads as not (yet) completed.
+        assert_eq!(len(&path), written);
+        assert!(read_statements(&path).unwrap()[0].outcome.is_none());
+        log.append(&statement(log.next_seq(), "select 2")).unwrap();
+        let mut kinds = Vec::new();
+        scan(&path, |e| {
+            kinds.push(match e {
+                LogEntry::Statement { statement, .. } => format!("s{}", statement.seq),
+                LogEntry::Outcome(o) => format!("o{}", o.seq),
+            })
+        })
+        .unwrap();
+        assert_eq!(kinds, ["s1", "o1", "s2"]);
+        defer(&log, 2);
+        log.append(&statement(log.next_seq(), "select 3")).unwrap();
+        defer(&log, 3);
+        log.flush_outcomes().unwrap();
+        let all = read_statements(&path).unwrap();
+        assert!(all.iter().all(|s| s.outcome.as_ref().map(|o| o.seq) == Some(s.statement.seq)));
+        // Dropping the log writes what is still deferred.
+        log.append(&statement(log.next_seq(), "select 4")).unwrap();
+        defer(&log, 4);
+        drop(log);
+        assert!(read_statements(&path).unwrap()[3].outcome.is_some());
+    }
+
+    #[test]
+    fn the_idle_ticker_writes_outcomes_only_after_a_tick_with_no_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = TokenLog::open(dir.path(), "k", "sp_t", 0).unwrap();
+        let path = log.path().to_path_buf();
+        let outcomes = |p: &Path| {
+            read_statements(p)
+                .unwrap()
+                .iter()
+                .filter(|s| s.outcome.is_some())
+                .count()
+        };
+        log.append(&statement(log.next_seq(), "select 1")).unwrap();
+        defer(&log, 1);
+        log.flush_idle_outcomes().unwrap();
+        assert_eq!(outcomes(&path), 0, "first tick: only noted");
+        // Busy: the next statement carries it; the outcome deferred after is not idle yet.
+        log.append(&statement(log.next_seq(), "select 2")).unwrap();
+        defer(&log, 2);
+        log.flush_idle_outcomes().unwrap();
+        assert_eq!(outcomes(&path), 1);
+        // Idle for a whole tick: written.
+        log.flush_idle_outcomes().unwrap();
+        assert_eq!(outcomes(&path), 2);
+    }
+
+    #[test]
+    fn a_statement_refused_by_the_quota_still_writes_the_deferred_outcomes() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = TokenLog::open(dir.path(), "k", "sp_t", 400).unwrap();
+        log.append(&statement(log.next_seq(), "select 1")).unwrap();
+        defer(&log, 1);
+        let refused = log.append(&statement(log.next_seq(), &"y".repeat(400)));
+        assert!(matches!(refused, Err(LogError::Quota { .. })), "{refused:?}");
+        let all = read_statements(log.path()).unwrap();
+        assert_eq!(all.len(), 1);
+        assert!(all[0].outcome.is_some());
+    }
+
     #[test]
     fn long_text_is_cut_with_length_and_digest() {
         let dir = tempfile::tempdir().unwrap();

@@ -168,16 +168,27 @@ impl Pipeline {
             ) {
                 return self.refuse();
             }
-            // One copy of valid UTF-8 (not to a String, then again to the Arc).
-            let text: Arc<str> = match String::from_utf8_lossy(query) {
-                std::borrow::Cow::Borrowed(t) => Arc::from(t),
-                std::borrow::Cow::Owned(t) => Arc::from(t),
+            let (text, kind, may_read_catalogs) = match &self.last_parsed {
+                Some((t, k, c)) if t.as_bytes() == query => (t.clone(), *k, *c),
+                _ => {
+                    // One copy of valid UTF-8 (not to a String, then again to the Arc).
+                    let text: Arc<str> = match String::from_utf8_lossy(query) {
+                        std::borrow::Cow::Borrowed(t) => Arc::from(t),
+                        std::borrow::Cow::Owned(t) => Arc::from(t),
+                    };
+                    let kind = classify::classify(&text);
+                    let catalogs = classify::may_read_catalogs(&text);
+                    self.last_parsed = Some((text.clone(), kind, catalogs));
+                    (text, kind, catalogs)
+                }
             };
             self.parses += 1;
             let p = Prepared {
                 text,
                 catalog: false,
                 id: self.parses,
+                kind,
+                may_read_catalogs,
             };
             self.prepared.propose(name, Some(p), self.group);
             Some(Change::Stmt(name.to_vec()))
@@ -231,7 +242,13 @@ impl Pipeline {
                 Lookup::Defined(_)
             );
         let change = match stmt {
-            Some(Prepared { text, catalog, id }) if !portal_exists => {
+            Some(Prepared {
+                text,
+                catalog,
+                id,
+                kind,
+                may_read_catalogs,
+            }) if !portal_exists => {
                 let params: Vec<Option<String>> = b
                     .params
                     .iter()
@@ -242,6 +259,8 @@ impl Pipeline {
                     params,
                     catalog,
                     statement_id: id,
+                    kind,
+                    may_read_catalogs,
                 };
                 let size = b.portal.len() + portal.weight();
                 if over_limit(self.portals.len(), b.portal, self.tracked_bytes() + size) {
@@ -337,7 +356,7 @@ impl Pipeline {
         // transaction and skip-on-error, like a simple query, but the backend stops at the cap.
         let error_mode = self.id.caps.mode == CapMode::Error;
         for (piece, mut stmt) in pieces.unwrap_or_default().into_iter().zip(stmts) {
-            let lower = self.stops_early(&stmt, piece);
+            let lower = self.stops_early(&stmt, classify::may_read_catalogs(piece));
             self.binds += 1;
             let key = Some((Vec::new(), self.binds));
             stmt.portal_key = key.clone();
@@ -371,15 +390,16 @@ impl Pipeline {
         if self.portal_dirty && portal.is_empty() {
             self.close_unnamed_portal();
         }
-        // Logged with the text and parameters the portal holds (borrowed, not copied).
-        let (text, mut stmt) = match self.portals.lookup(&portal, self.group) {
+        // Logged with the text and parameters the portal holds (borrowed, not copied), as
+        // the kind found when it was parsed.
+        let (may_read_catalogs, mut stmt) = match self.portals.lookup(&portal, self.group) {
             Lookup::Defined(p) => {
-                let mut stmt = self.new_stmt("extended", &p.text, &p.params);
+                let mut stmt = self.new_stmt_as("extended", &p.text, &p.params, p.kind);
                 stmt.count.catalog = p.catalog;
                 stmt.statement_id = Some(p.statement_id);
-                (p.text.clone(), stmt)
+                (p.may_read_catalogs, stmt)
             }
-            _ => (Arc::from(""), self.new_stmt("extended", "", &[])),
+            _ => (false, self.new_stmt("extended", "", &[])),
         };
         let refusal = if self.denies(stmt.kind) {
             stmt.denied = true;
@@ -408,7 +428,7 @@ impl Pipeline {
             return;
         }
         let error_mode = self.id.caps.mode == CapMode::Error;
-        let lowered = if self.stops_early(&stmt, &text) {
+        let lowered = if self.stops_early(&stmt, may_read_catalogs) {
             self.id.caps.lowered(asked)
         } else {
             None
@@ -450,9 +470,8 @@ impl Pipeline {
     /// driver's catalog query is passed whole when its RowDescription shows only catalog
     /// columns) — a write's RETURNING rows are all owed. A wrong guess costs only the early
     /// stop: every result is still counted and capped from the stream.
-    fn stops_early(&self, stmt: &Stmt, text: &str) -> bool {
-        self.id.caps.mode == CapMode::Error
-            || (stmt.kind != Kind::Write && !classify::may_read_catalogs(text))
+    fn stops_early(&self, stmt: &Stmt, may_read_catalogs: bool) -> bool {
+        self.id.caps.mode == CapMode::Error || (stmt.kind != Kind::Write && !may_read_catalogs)
     }
 
     /// Close the unnamed portal the gateway's own messages left behind, before a client

@@ -1,5 +1,7 @@
 //! Statement log records of a session: a statement record before a message goes to the
-//! backend (write-ahead), an outcome record when its response arrives.
+//! backend (write-ahead), an outcome record when its response arrives, deferred to the
+//! write of the next statement record (or to the log's idle ticker, or the session's end),
+//! so a statement costs one `write(2)`.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -114,7 +116,11 @@ impl Pipeline {
             kind: kind.as_str(),
         };
         match log.append_statement(&rec) {
-            Ok(()) => Some(seq),
+            Ok(()) => {
+                // The write carried this session's deferred outcomes too.
+                self.deferred.set(false);
+                Some(seq)
+            }
             Err(e) => {
                 // Written before it runs, or it does not run.
                 tracing::error!(error = %e, "statement log write failed; the statement is refused");
@@ -125,7 +131,17 @@ impl Pipeline {
     }
 
     pub(super) fn new_stmt(&self, protocol: &str, text: &str, params: &[Option<String>]) -> Stmt {
-        let kind = classify::classify(text);
+        self.new_stmt_as(protocol, text, params, classify::classify(text))
+    }
+
+    /// [`Pipeline::new_stmt`] of a text whose kind is known already.
+    pub(super) fn new_stmt_as(
+        &self,
+        protocol: &str,
+        text: &str,
+        params: &[Option<String>],
+        kind: Kind,
+    ) -> Stmt {
         let seq = self.log_statement(protocol, text, params, kind);
         let mut s = Stmt::new(kind, verb_of(text));
         s.seq = seq.unwrap_or(0);
@@ -166,9 +182,34 @@ impl Pipeline {
             skipped,
             denied: stmt.denied,
         };
-        if let Err(e) = log.append_outcome(&rec) {
-            tracing::error!(error = %e, "statement log write failed");
-            metrics::counter!("sandpit_log_errors_total").increment(1);
+        // Kept for a later write even when a write of earlier ones just failed.
+        self.deferred.set(true);
+        match log.defer_outcome(&rec) {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "statement log write failed");
+                metrics::counter!("sandpit_log_errors_total").increment(1);
+            }
         }
+    }
+
+    /// Write the deferred outcome records now (the session ends).
+    pub fn flush_outcomes(&self) {
+        if !self.deferred.replace(false) {
+            return;
+        }
+        if let Some(log) = &self.id.log {
+            if let Err(e) = log.flush_outcomes() {
+                tracing::error!(error = %e, "statement log write failed");
+                metrics::counter!("sandpit_log_errors_total").increment(1);
+            }
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    /// Whatever way the session ends, its deferred outcomes are written.
+    fn drop(&mut self) {
+        self.flush_outcomes();
     }
 }

@@ -240,6 +240,10 @@ struct Prepared {
     /// Drawn per Parse, so a Describe's answer is matched to the very statement it
     /// described (and to the portals bound from it) even when the name is reused.
     id: u64,
+    /// Its text's kind and whether the text may read catalogs, found once at Parse (not
+    /// again at every Execute of it).
+    kind: Kind,
+    may_read_catalogs: bool,
 }
 
 impl Weight for Prepared {
@@ -256,6 +260,9 @@ struct Portal {
     catalog: bool,
     /// The `Prepared::id` it was bound from.
     statement_id: u64,
+    /// Its statement's `Prepared::kind` and `Prepared::may_read_catalogs`.
+    kind: Kind,
+    may_read_catalogs: bool,
 }
 
 impl Weight for Portal {
@@ -302,6 +309,12 @@ pub struct Pipeline {
     /// An extended-protocol error happened and its Sync has not been forwarded yet: the
     /// server answers nothing until then, so nothing is expected either.
     skip_until_sync: bool,
+    /// Outcome records were deferred since this session's last statement record (see
+    /// `TokenLog::defer_outcome`): written when the session ends.
+    deferred: std::cell::Cell<bool>,
+    /// The text of the last Parse with its kind and catalog guess: a driver that parses the
+    /// same text again (the unnamed statement, each time) shares it, not classified again.
+    last_parsed: Option<(Arc<str>, Kind, bool)>,
 }
 
 impl Pipeline {
@@ -325,6 +338,8 @@ impl Pipeline {
             stray: None,
             tx_status: b'I',
             skip_until_sync: false,
+            deferred: std::cell::Cell::new(false),
+            last_parsed: None,
         }
     }
 

@@ -191,7 +191,10 @@ fn max_rows(frames: &[Frame]) -> Vec<i32> {
         .collect()
 }
 
-fn logged(dir: &tempfile::TempDir) -> Vec<LoggedStatement> {
+/// The session's log as a reader sees it once the deferred outcomes are written (as the
+/// relay does when the session goes idle).
+fn logged(pl: &Pipeline, dir: &tempfile::TempDir) -> Vec<LoggedStatement> {
+    pl.flush_outcomes();
     read_statements(&crate::journal::log::log_path(
         dir.path(),
         "table",

@@ -35,7 +35,7 @@ fn a_second_parse_of_a_name_never_replaces_the_text_the_server_kept() {
         ],
     );
     assert_eq!(tags(&seen), "EZ2CZ");
-    let log = logged(&dir);
+    let log = logged(&pl, &dir);
     let last = log.last().unwrap();
     assert_eq!(last.statement.protocol, "extended");
     assert_eq!(last.statement.text, "DELETE FROM t");

@@ -180,7 +180,7 @@ fn after_an_extended_error_the_rest_up_to_sync_is_skipped() {
         ],
     );
     assert_eq!(tags(&seen), "EZ12DCZ");
-    let log = logged(&dir);
+    let log = logged(&pl, &dir);
     assert_eq!(log.len(), 2);
     // The statement failed at its Parse: its outcome carries the error.
     assert_eq!(
@@ -303,7 +303,7 @@ fn a_query_relayed_whole_has_every_result_capped() {
         .iter()
         .filter(|f| f.tag == b'C')
         .all(|f| tag_of(f) == "SELECT 2"));
-    let log = logged(&dir);
+    let log = logged(&pl, &dir);
     assert_eq!(log.len(), 1, "one record for the text relayed whole");
     let outcome = log[0].outcome.as_ref().unwrap();
     assert!(outcome.capped);
