@@ -322,11 +322,14 @@ fn a_capped_select_does_not_stream_the_whole_result_through_the_gateway() {
     let g = gateway();
     let t = g.issue("caps-stream", 600);
     let metric = |g: &Gateway| -> f64 {
-        let body = ureq::get(&format!("{}/metrics", g.api))
-            .call()
-            .expect("metrics")
-            .into_string()
-            .expect("text");
+        let body = common::http_ok(
+            "GET",
+            &format!("{}/metrics", g.api),
+            None,
+            common::Body::None,
+        )
+        .expect("metrics")
+        .body;
         body.lines()
             .find(|l| l.starts_with("sandpit_bytes_total") && l.contains("backend_to_client"))
             .and_then(|l| l.rsplit(' ').next())

@@ -479,12 +479,10 @@ async fn statement_timeout_holds_even_after_the_agent_turns_it_off() {
 
 fn metrics_text() -> String {
     let g = gw();
-    ureq::get(&format!("{}/metrics", g.api))
-        .set("Authorization", &format!("Bearer {}", g.admin_key))
-        .call()
+    let url = format!("{}/metrics", g.api);
+    common::http_ok("GET", &url, Some(&g.admin_key), common::Body::None)
         .expect("metrics")
-        .into_string()
-        .expect("metrics text")
+        .body
 }
 
 #[tokio::test]

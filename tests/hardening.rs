@@ -146,12 +146,13 @@ fn thirty_failed_logins_from_an_address_do_not_lock_out_a_valid_token() {
 /// `POST /mcp` with `bearer`: the status and the JSON-RPC error message, if any.
 fn mcp_status(bearer: &str) -> (u16, String) {
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "ping"});
-    let res = ureq::post(&format!("{}/mcp", gw().api))
-        .set("Authorization", &format!("Bearer {bearer}"))
-        .send_json(body);
+    let url = format!("{}/mcp", gw().api);
+    let res = common::http("POST", &url, Some(bearer), common::Body::Json(body));
     let (status, v): (u16, Value) = match res {
-        Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
-        Err(ureq::Error::Status(s, r)) => (s, r.into_json().unwrap_or(Value::Null)),
+        Ok(r) => (
+            r.status,
+            serde_json::from_str(&r.body).unwrap_or(Value::Null),
+        ),
         Err(e) => panic!("POST /mcp: {e}"),
     };
     let msg = v["error"]["message"]

@@ -466,12 +466,10 @@ fn authentication_failures_are_rate_limited_per_token_without_refusing_the_secre
         assert_eq!(from(attacker, wrong.clone()).await, Err("28000".into()));
     });
     let g = gw();
-    let m = ureq::get(&format!("{}/metrics", g.api))
-        .set("Authorization", &format!("Bearer {}", g.admin_key))
-        .call()
+    let url = format!("{}/metrics", g.api);
+    let m = common::http_ok("GET", &url, Some(&g.admin_key), common::Body::None)
         .expect("metrics")
-        .into_string()
-        .expect("text");
+        .body;
     let line = m
         .lines()
         .find(|l| l.starts_with("sandpit_auth_rate_limited_total"))

@@ -31,15 +31,22 @@ fn id(t: &Value) -> String {
 
 /// One page of `/statements` and its `Sandpit-Next-After` header.
 fn page(g: &Gateway, id: &str, query: &str) -> (u16, Value, Option<u64>) {
-    let res = ureq::get(&format!("{}/v1/tokens/{id}/statements{query}", g.api))
-        .set("Authorization", &format!("Bearer {}", g.admin_key))
-        .call();
-    match res {
-        Ok(r) => {
-            let next = r.header("sandpit-next-after").and_then(|v| v.parse().ok());
-            (r.status(), r.into_json().expect("json"), next)
+    let url = format!("{}/v1/tokens/{id}/statements{query}", g.api);
+    match common::http("GET", &url, Some(&g.admin_key), common::Body::None) {
+        // A refusal (4xx/5xx) may carry no JSON and is read without the paging header.
+        Ok(r) if r.status < 400 => {
+            let next = r
+                .headers
+                .get("sandpit-next-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            (r.status, serde_json::from_str(&r.body).expect("json"), next)
         }
-        Err(ureq::Error::Status(s, r)) => (s, r.into_json().unwrap_or(Value::Null), None),
+        Ok(r) => (
+            r.status,
+            serde_json::from_str(&r.body).unwrap_or(Value::Null),
+            None,
+        ),
         Err(e) => panic!("{e}"),
     }
 }

@@ -163,16 +163,8 @@ fn python_sdk_over_streamable_http() {
 }
 
 fn post_mcp(url: &str, bearer: &str, body: Value) -> (u16, Option<Value>) {
-    match ureq::post(url)
-        .set("Authorization", &format!("Bearer {bearer}"))
-        .send_json(body)
-    {
-        Ok(r) => {
-            let s = r.status();
-            let text = r.into_string().unwrap_or_default();
-            (s, serde_json::from_str(&text).ok())
-        }
-        Err(ureq::Error::Status(s, r)) => (s, r.into_json().ok()),
+    match common::http("POST", url, Some(bearer), common::Body::Json(body)) {
+        Ok(r) => (r.status, serde_json::from_str(&r.body).ok()),
         Err(e) => panic!("{e}"),
     }
 }
@@ -225,9 +217,10 @@ fn http_edges_auth_versions_notifications_revoke() {
     }
 
     // GET is not offered.
-    match ureq::get(&url).call() {
-        Err(ureq::Error::Status(405, _)) => {}
-        other => panic!("GET /mcp: {other:?}"),
+    match common::http("GET", &url, None, common::Body::None) {
+        Ok(r) if r.status == 405 => {}
+        Ok(r) => panic!("GET /mcp: {} {}", r.status, r.body),
+        Err(e) => panic!("GET /mcp: {e}"),
     }
 
     // A revoked token is refused.

@@ -76,11 +76,14 @@ fn postmasters_under(dir: &Path, depth: u32) -> Vec<i32> {
 fn a_second_gateway_on_the_same_data_dir_is_refused_and_the_first_is_untouched() {
     let g = Gateway::start(Some(SMALL_GOLDEN), None);
     // Fresh from start: every metric described, the main counters at 0 before any event.
-    let text = ureq::get(&format!("{}/metrics", g.api))
-        .call()
-        .expect("GET /metrics")
-        .into_string()
-        .expect("metrics text");
+    let text = common::http_ok(
+        "GET",
+        &format!("{}/metrics", g.api),
+        None,
+        common::Body::None,
+    )
+    .expect("GET /metrics")
+    .body;
     for want in [
         "# HELP sandpit_statement_timeouts_total ",
         "# TYPE sandpit_statement_timeouts_total counter",

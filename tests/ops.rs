@@ -352,12 +352,9 @@ fn janitor_never_touches_live_or_forking_backends() {
             if stop2.load(std::sync::atomic::Ordering::Acquire) {
                 break;
             }
-            let r: Value = ureq::post(&format!("{api}/v1/reap"))
-                .set("Authorization", &format!("Bearer {key}"))
-                .call()
-                .expect("reap")
-                .into_json()
-                .expect("json");
+            let url = format!("{api}/v1/reap");
+            let r = common::http_ok("POST", &url, Some(&key), common::Body::None).expect("reap");
+            let r: Value = serde_json::from_str(&r.body).expect("json");
             passes.push(r);
         }
         passes
@@ -430,9 +427,8 @@ fn sigterm_with_10_open_sessions_ends_them_with_57p01_after_the_grace_and_exits_
         );
         // The control API still answers (a harness may revoke, /metrics is scraped).
         let health = tokio::task::spawn_blocking(move || {
-            ureq::get(&format!("{api}/healthz"))
-                .call()
-                .map(|r| r.status())
+            common::http("GET", &format!("{api}/healthz"), None, common::Body::None)
+                .map(|r| r.status)
         });
         assert_eq!(health.await.expect("join").expect("healthz"), 200);
         let mut out = Vec::new();

@@ -54,12 +54,9 @@ fn gateway() -> &'static Gateway {
 }
 
 fn get_text(g: &Gateway, path: &str) -> (u16, String) {
-    let res = ureq::get(&format!("{}{}", g.api, path))
-        .set("Authorization", &format!("Bearer {}", g.admin_key))
-        .call();
-    match res {
-        Ok(r) => (r.status(), r.into_string().expect("body")),
-        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap_or_default()),
+    let url = format!("{}{}", g.api, path);
+    match common::http("GET", &url, Some(&g.admin_key), common::Body::None) {
+        Ok(r) => (r.status, r.body),
         Err(e) => panic!("api call failed: {e}"),
     }
 }
@@ -457,8 +454,9 @@ fn untouched_fork_has_empty_diff_and_never_connected_token_forks_nothing() {
     assert!(body.contains("no changes against the golden"), "{body}");
     let (s, _) = get_text(g, &format!("/v1/tokens/{id}/diff?format=yaml"));
     assert_eq!(s, 400);
-    let res = ureq::get(&format!("{}/v1/tokens/{id}/diff", g.api)).call();
-    assert!(matches!(res, Err(ureq::Error::Status(401, _))));
+    let url = format!("{}/v1/tokens/{id}/diff", g.api);
+    let res = common::http("GET", &url, None, common::Body::None);
+    assert!(matches!(res, Ok(ref r) if r.status == 401));
     g.revoke(&id);
 }
 

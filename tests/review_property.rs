@@ -93,12 +93,9 @@ fn env_num(name: &str, default: u64) -> u64 {
 }
 
 fn get_text(g: &Gateway, path: &str) -> (u16, String) {
-    let res = ureq::get(&format!("{}{}", g.api, path))
-        .set("Authorization", &format!("Bearer {}", g.admin_key))
-        .call();
-    match res {
-        Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-        Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap_or_default()),
+    let url = format!("{}{}", g.api, path);
+    match common::http("GET", &url, Some(&g.admin_key), common::Body::None) {
+        Ok(r) => (r.status, r.body),
         Err(e) => (0, format!("api call failed: {e}")),
     }
 }

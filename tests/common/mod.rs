@@ -159,15 +159,13 @@ impl Gateway {
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let req = ureq::request(method, &format!("{}{}", self.api, path))
-            .set("Authorization", &format!("Bearer {}", self.admin_key));
-        let res = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match res {
-            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
-            Err(ureq::Error::Status(s, r)) => (s, r.into_json().unwrap_or(Value::Null)),
+        let body = body.map_or(Body::None, Body::Json);
+        let url = format!("{}{}", self.api, path);
+        match http(method, &url, Some(&self.admin_key), body) {
+            Ok(r) => (
+                r.status,
+                serde_json::from_str(&r.body).unwrap_or(Value::Null),
+            ),
             Err(e) => panic!("api call failed: {e}"),
         }
     }
@@ -382,11 +380,9 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 
 /// `GET /metrics` parsed into `name{labels}` → value (labels as rendered).
 pub fn metrics(api: &str) -> std::collections::BTreeMap<String, f64> {
-    let text = ureq::get(&format!("{api}/metrics"))
-        .call()
+    let text = http_ok("GET", &format!("{api}/metrics"), None, Body::None)
         .expect("GET /metrics")
-        .into_string()
-        .expect("metrics text");
+        .body;
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| {
@@ -480,4 +476,67 @@ pub fn wait_exit(c: &mut std::process::Child, limit: Duration) -> Option<std::pr
     }
     let _ = c.kill();
     None
+}
+
+/// A request body for [`http`].
+pub enum Body<'a> {
+    None,
+    Json(Value),
+    Form(&'a [(&'a str, &'a str)]),
+}
+
+/// One HTTP answer of [`http`], whatever its status (4xx and 5xx are answers, not errors).
+pub struct Reply {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: String,
+}
+
+/// Send one request with `reqwest`'s blocking client, with `Authorization: Bearer` when
+/// given; `Err` only when no answer was read (connection refused, body cut short).
+///
+/// It runs on a thread of its own because `reqwest::blocking` panics when created or dropped
+/// inside a tokio runtime, and the helpers here are called from `#[tokio::test]`s too. No
+/// proxy and no timeout, as the gateway is local and a loaded machine may be slow.
+pub fn http(method: &str, url: &str, bearer: Option<&str>, body: Body) -> Result<Reply, String> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let client = reqwest::blocking::Client::builder()
+                .no_proxy()
+                .timeout(None)
+                .build()
+                .map_err(|e| e.to_string())?;
+            let method =
+                reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| e.to_string())?;
+            let mut req = client.request(method, url);
+            if let Some(b) = bearer {
+                req = req.header("Authorization", format!("Bearer {b}"));
+            }
+            req = match body {
+                Body::None => req,
+                Body::Json(v) => req.json(&v),
+                Body::Form(f) => req.form(f),
+            };
+            let res = req.send().map_err(|e| format!("{url}: {e}"))?;
+            let status = res.status().as_u16();
+            let headers = res.headers().clone();
+            let body = res.text().map_err(|e| format!("{url}: body: {e}"))?;
+            Ok(Reply {
+                status,
+                headers,
+                body,
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err("http thread panicked".to_string()))
+    })
+}
+
+/// [`http`] for calls that must succeed: a 4xx or 5xx answer is an error too.
+pub fn http_ok(method: &str, url: &str, bearer: Option<&str>, body: Body) -> Result<Reply, String> {
+    let r = http(method, url, bearer, body)?;
+    if r.status >= 400 {
+        return Err(format!("{method} {url}: {} {}", r.status, r.body));
+    }
+    Ok(r)
 }
