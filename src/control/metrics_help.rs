@@ -57,6 +57,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[],
     ),
     (
+        "sandpit_first_query_phase_seconds",
+        Histogram,
+        "Time of each phase of a token's first connection (auth, claim and its parts, backend_connect, greet).",
+        &[],
+    ),
+    (
         "sandpit_fork_seconds",
         Histogram,
         "Time to fork and start a backend, by method.",
