@@ -45,6 +45,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[],
     ),
     (
+        "sandpit_pool_target",
+        Gauge,
+        "Warm-pool members wanted now: pool.size, or more up to pool.max_size under demand.",
+        &[],
+    ),
+    (
         "sandpit_sessions_total",
         Counter,
         "Client sessions opened.",
