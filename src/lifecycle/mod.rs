@@ -542,17 +542,24 @@ impl Gateway {
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
         let handle = b.handle.clone();
         let golden = b.golden.clone();
-        self.registry
-            .update(id, |r| {
-                r.backend = Some(handle);
-                r.golden = golden;
-                r.fork_count += 1;
-                // An end that raced the fork keeps its state; its destroy comes next.
-                if r.state == TokenState::Issued {
-                    r.state = TokenState::Live;
-                }
-            })
-            .await?;
+        let record = |r: &mut TokenRecord| {
+            r.backend = Some(handle);
+            r.golden = golden;
+            r.fork_count += 1;
+            // An end that raced the fork keeps its state; its destroy comes next.
+            if r.state == TokenState::Issued {
+                r.state = TokenState::Live;
+            }
+        };
+        if self.provider.name() == "instance" {
+            // An instance backend runs with fsync=off: a host crash loses its data anyway,
+            // so its record may skip the directory sync (most of the first query's claim).
+            // A crash that undoes it leaves the token unforked; the janitor reaps the
+            // backend it named.
+            self.registry.update_undoable(id, record).await?;
+        } else {
+            self.registry.update(id, record).await?;
+        }
         claim_phase("claim_record", record_started, std::time::Instant::now());
         *slot = Some(b.clone());
         Ok(b)
