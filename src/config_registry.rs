@@ -56,10 +56,10 @@ impl Config {
                     .into(),
             });
         }
-        if self.pool.size > 0 {
+        if self.pool.enabled() {
             return Err(ConfigError::Invalid {
                 key: "pool.size",
-                message: "the warm pool is per gateway and not supported with a shared registry; set it to 0".into(),
+                message: "the warm pool is per gateway and not supported with a shared registry; set it (and pool.max_size) to 0".into(),
             });
         }
         if self.registry.refresh_interval < Duration::from_millis(100) {

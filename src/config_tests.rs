@@ -113,6 +113,8 @@ fn shared_registry_needs_network_backends_and_no_pool() {
     c.validate().unwrap();
     let c: Config = toml::from_str(&format!("{tpl}[pool]\nsize = 2\n{url}")).unwrap();
     assert!(c.validate().unwrap_err().to_string().contains("pool.size"));
+    let c: Config = toml::from_str(&format!("{tpl}[pool]\nmax_size = 4\n{url}")).unwrap();
+    assert!(c.validate().unwrap_err().to_string().contains("pool.size"));
     let c: Config =
         toml::from_str(&format!("{tpl}[registry]\nurl = \"mysql://r@h/reg\"\n")).unwrap();
     assert!(c
@@ -230,4 +232,23 @@ fn preflight_checks_binaries_data_dir_files_and_env_key() {
     c.template.ca_file = Some(tmp.path().join("missing-ca.pem"));
     let e = c.preflight(None).unwrap_err().to_string();
     assert!(e.contains("template.ca_file"), "{e}");
+}
+
+#[test]
+fn pool_growth_settings_default_off_and_need_a_usable_half_life() {
+    let c: Config = toml::from_str("[pool]\nsize = 2\n").unwrap();
+    assert_eq!((c.pool.max_size, c.pool.demand_half_life), (0, Duration::from_secs(60)));
+    c.validate().unwrap();
+    let c: Config =
+        toml::from_str("[pool]\nsize = 2\nmax_size = 8\ndemand_half_life = \"10s\"\n").unwrap();
+    assert_eq!(c.pool.max_size, 8);
+    assert_eq!(c.pool.demand_half_life, Duration::from_secs(10));
+    c.validate().unwrap();
+    let c: Config =
+        toml::from_str("[pool]\nsize = 2\nmax_size = 8\ndemand_half_life = \"0s\"\n").unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("pool.demand_half_life"), "{e}");
+    // No ceiling above size: the half-life is never used, so any value passes.
+    let c: Config = toml::from_str("[pool]\nsize = 2\ndemand_half_life = \"0s\"\n").unwrap();
+    c.validate().unwrap();
 }

@@ -322,7 +322,14 @@ pub async fn run(
     cfg.data_dir = data_dir;
     cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
     let provider: Arc<dyn crate::provider::Provider> = provider;
-    let pool = (cfg.pool.size > 0).then(|| WarmPool::new(provider.clone(), cfg.pool.size));
+    let pool = cfg.pool.enabled().then(|| {
+        let sizing = crate::provider::pool_sizing::PoolSizing {
+            size: cfg.pool.size,
+            max_size: cfg.pool.max_size,
+            half_life: cfg.pool.demand_half_life,
+        };
+        WarmPool::new(provider.clone(), sizing)
+    });
     let provider = match &pool {
         Some(p) => {
             p.start().await;

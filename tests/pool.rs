@@ -70,3 +70,76 @@ fn first_connection_claims_a_ready_fork_and_the_pool_refills() {
     g.stop();
     assert!(tags(&g).is_empty(), "left behind: {:?}", tags(&g));
 }
+
+/// A `/metrics` gauge (0 when absent).
+fn gauge(g: &Gateway, name: &str) -> f64 {
+    common::metrics(&g.api).get(name).copied().unwrap_or(0.0)
+}
+
+#[test]
+fn a_burst_of_first_connections_grows_the_pool_which_then_returns_to_its_size() {
+    // A short half-life so the demand decays within the test; growth is judged by the
+    // gauges, never by how long anything took.
+    let mut g = Gateway::start(
+        Some(SMALL_GOLDEN),
+        Some("[pool]\nsize = 1\nmax_size = 3\ndemand_half_life = \"20s\"\n"),
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready") == 1.0),
+        "pool did not fill"
+    );
+    assert_eq!(gauge(&g, "sandpit_pool_target"), 1.0);
+
+    // Six first connections at once: the demand (6) is above the standing size.
+    let tokens: Vec<_> = (0..6).map(|i| g.issue(&format!("burst-{i}"), 600)).collect();
+    let clients: Vec<_> = tokens
+        .iter()
+        .map(|t| {
+            let dsn = t["dsn"].as_str().expect("dsn").to_string();
+            std::thread::spawn(move || psql(&dsn, &["-c", "select 1"]))
+        })
+        .collect();
+    for c in clients {
+        let (ok, _, err) = c.join().expect("client thread");
+        assert!(ok, "{err}");
+    }
+    assert_eq!(gauge(&g, "sandpit_pool_target"), 3.0, "the ceiling bounds the target");
+    // The pool refills past its standing size, toward the ceiling.
+    let mut peak = 0.0f64;
+    assert!(
+        wait_until(Duration::from_secs(120), || {
+            peak = peak.max(gauge(&g, "sandpit_pool_ready"));
+            peak >= 2.0
+        }),
+        "the pool never grew above its size: target {}",
+        gauge(&g, "sandpit_pool_target")
+    );
+    assert!(peak <= 3.0, "above the ceiling: {peak}");
+
+    // As the demand decays, idle members go until the standing size is left.
+    assert!(
+        wait_until(Duration::from_secs(300), || {
+            gauge(&g, "sandpit_pool_target") == 1.0 && gauge(&g, "sandpit_pool_ready") == 1.0
+        }),
+        "the pool did not shrink back: ready {} target {}",
+        gauge(&g, "sandpit_pool_ready"),
+        gauge(&g, "sandpit_pool_target")
+    );
+    // A destroyed member's directory is removed in the background: wait for it to go.
+    let members = |g: &Gateway| {
+        tags(g)
+            .iter()
+            .filter(|(_, t)| t.starts_with("pool-"))
+            .count()
+    };
+    assert!(
+        wait_until(Duration::from_secs(60), || members(&g) == 1),
+        "{:?}",
+        tags(&g)
+    );
+    for t in &tokens {
+        g.revoke(t["id"].as_str().expect("id"));
+    }
+    g.stop();
+    assert!(tags(&g).is_empty(), "left behind: {:?}", tags(&g));
+}

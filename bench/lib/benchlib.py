@@ -212,6 +212,20 @@ class Gateway:
                 return float(ln.rsplit(" ", 1)[1])
         return None
 
+    def summary_medians(self, name, label):
+        """{label value: median in ms} of a summary metric (`quantile="0.5"` series)."""
+        text = self.http("GET", "/metrics")
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        out = {}
+        for ln in text.splitlines():
+            if ln.startswith(name + "{") and 'quantile="0.5"' in ln:
+                labels = ln[len(name) + 1:ln.index("}")]
+                for kv in labels.split(","):
+                    k, _, v = kv.partition("=")
+                    if k == label:
+                        out[v.strip('"')] = float(ln.rsplit(" ", 1)[1]) * 1000
+        return out
+
     def instance_dir(self, tid):
         return os.path.join(self.data_dir, "pg", "instances", tid, "data")
 
@@ -253,6 +267,17 @@ def first_query(dsn):
         c.execute("select 1").fetchone()
         t1 = time.perf_counter()
     return (t1 - t0) * 1000
+
+
+def first_query_split(dsn):
+    """(total, connect, query) milliseconds of a first query: `psycopg.connect` returning
+    (startup, SCRAM, the claim, the backend connection, the greeting), then `select 1`."""
+    t0 = time.perf_counter()
+    with psycopg.connect(dsn, autocommit=True) as c:
+        t1 = time.perf_counter()
+        c.execute("select 1").fetchone()
+        t2 = time.perf_counter()
+    return (t2 - t0) * 1000, (t1 - t0) * 1000, (t2 - t1) * 1000
 
 
 def fs_type(path):

@@ -40,20 +40,33 @@ def _cold_runs(g, runs, label):
     return times
 
 
+# Server-side phases of a first connection, in the order they happen.
+PHASES = ["auth", "claim", "claim_lock", "claim_provider", "claim_record", "backend_connect", "greet"]
+
+
 def warm(env, sz):
-    """First query of a new token when a warm pool fork is ready."""
+    """First query of a new token when a warm pool fork is ready, and where its time goes:
+    the client's connect and query, and the gateway's phase medians from /metrics."""
     env.pin_self_to_clients()
     g = shared(env, "[pool]\nsize = 2\n")
-    times = []
+    times, connects, queries = [], [], []
     for i in range(sz["runs"]):
         deadline = time.time() + 120
         while (g.metric("sandpit_pool_ready") or 0) < 2 and time.time() < deadline:
             time.sleep(0.05)
         t = g.issue(f"warm-{i}")
-        times.append(bl.first_query(t["dsn_plain"]))
+        total, conn, query = bl.first_query_split(t["dsn_plain"])
+        times.append(total)
+        connects.append(conn)
+        queries.append(query)
         g.revoke(t["id"])
+    phases = g.summary_medians("sandpit_first_query_phase_seconds", "phase")
+    split = ", ".join(f"{p} {phases[p]:.1f}" for p in PHASES if p in phases)
     return [Row("first query of a new token, warm pool (connect + SCRAM + `select 1`)",
-                med_p99(times), "≤ 15 ms median", verdict(pct(times, 50) <= 15))]
+                med_p99(times), "≤ 15 ms median", verdict(pct(times, 50) <= 15)),
+            Row("… client side, medians: connect / `select 1`",
+                f"{pct(connects, 50):.1f} / {pct(queries, 50):.1f} ms", "printed", ""),
+            Row("… gateway side, phase medians (ms)", split or "no phase metrics", "printed", "")]
 
 
 def cold(env, sz):
@@ -287,17 +300,10 @@ def rss(env, sz):
                 f"{per:.1f} KiB ({before / 1024:.0f} → {after / 1024:.0f} MiB)", "≤ 100 KiB", verdict(per <= 100))]
 
 
-def burst(env, sz):
-    """N tokens connecting for the first time at the same moment (N cold forks)."""
-    n = sz["burst"]
-    env.pin_self_to_clients()
-    try:  # forks are reflinks where the deployment would put them; else plain copies
-        xdir = env.xfs_dir(8 if sz["big_mb"] >= 1024 else 4)
-        sql = bl.golden_sql(os.path.join(env.dir, "small.sql"), rows=sz["small_rows"])
-        g = bl.Gateway(env, "xfs-burst", os.path.join(xdir, "small"), sql, MAIN)
-    except bl.Skip:
-        g = shared(env, MAIN)
-    toks = [g.issue(f"burst-{i}") for i in range(n)]
+def _burst_once(g, n, label):
+    """N tokens issued, then N threads released by one barrier each run a first query.
+    Returns (times of those that succeeded, errors)."""
+    toks = [g.issue(f"{label}-{i}") for i in range(n)]
     res = [None] * n
     gate = threading.Barrier(n)
 
@@ -317,14 +323,77 @@ def burst(env, sz):
     ok = [r for r in res if isinstance(r, float)]
     errs = [r for r in res if not isinstance(r, float)]
     if errs:
-        log(f"burst errors: {errs[:3]}")
+        log(f"{label} errors: {errs[:3]}")
+    return ok, errs
+
+
+def _burst_row(what, n, ok, errs, extra=""):
     p99 = pct(ok, 99) if ok else float("inf")
+    return Row(what, f"{len(ok)}/{n} ok; " + (med_p99(ok) if ok else "-") + extra,
+               "all succeed; p99 ≤ 3 s", verdict(not errs and p99 <= 3000))
+
+
+def pool_idle_mib(g):
+    """Memory of the scratch servers running now (the pool's idle members when no token has
+    a backend): the sum of their processes' PSS (shared memory split among its users)."""
+    kib = 0
+    root = os.path.join(g.data_dir, "pg", "instances")
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if root not in open(f"/proc/{pid}/cmdline").read().replace("\0", " ") and \
+                    root not in os.readlink(f"/proc/{pid}/cwd"):
+                continue
+            for ln in open(f"/proc/{pid}/smaps_rollup"):
+                if ln.startswith("Pss:"):
+                    kib += int(ln.split()[1])
+        except OSError:
+            continue
+    return kib / 1024
+
+
+def burst(env, sz):
+    """N tokens connecting for the first time at the same moment: N cold forks (pool off);
+    then with a demand-growing pool (`size` 2, `max_size` N): the first burst finds 2 members,
+    the next finds the pool grown by the first. Pool size and idle memory printed beside."""
+    n = sz["burst"]
+    env.pin_self_to_clients()
+    try:  # forks are reflinks where the deployment would put them; else plain copies
+        xdir = env.xfs_dir(8 if sz["big_mb"] >= 1024 else 4)
+        sql = bl.golden_sql(os.path.join(env.dir, "small.sql"), rows=sz["small_rows"])
+        g = bl.Gateway(env, "xfs-burst", os.path.join(xdir, "small"), sql, MAIN)
+    except bl.Skip:
+        g = shared(env, MAIN)
     method, fs = g.copy_method(), bl.fs_type(g.data_dir)
+    ok, errs = _burst_once(g, n, "burst")
+    rows = [_burst_row(f"{n} tokens first-connecting at once (each a cold fork, {fs}, {method})",
+                       n, ok, errs)]
+    pool = f'[pool]\nsize = 2\nmax_size = {n}\ndemand_half_life = "10m"\n'
+    g.restart(MAIN.replace("[pool]\nsize = 0\n", pool))
+
+    def wait_pool(want, limit):
+        deadline = time.time() + limit
+        while (g.metric("sandpit_pool_ready") or 0) < want and time.time() < deadline:
+            time.sleep(0.5)
+        return int(g.metric("sandpit_pool_ready") or 0)
+    ready = wait_pool(2, 120)
+    mem = pool_idle_mib(g)
+    ok, errs = _burst_once(g, n, "burst-pool1")
+    rows.append(_burst_row(f"… same, demand-growing pool (size 2, max_size {n}), first burst",
+                           n, ok, errs, f"; pool before: {ready} ready, {mem:.0f} MiB idle"))
+    t0 = time.time()
+    ready = wait_pool(n, 900)
+    grown_s = time.time() - t0
+    mem = pool_idle_mib(g)
+    ok, errs = _burst_once(g, n, "burst-pool2")
+    rows.append(_burst_row("… same pool, next burst (pool grown by the first)", n, ok, errs,
+                           f"; pool before: {ready} ready ({grown_s:.0f} s to grow), {mem:.0f} MiB idle"))
     if g is not _shared.get("gw"):
         g.stop()
-    return [Row(f"{n} tokens first-connecting at once (each a cold fork, {fs}, {method})",
-                f"{len(ok)}/{n} ok; " + (med_p99(ok) if ok else "-"), "all succeed; p99 ≤ 3 s",
-                verdict(not errs and p99 <= 3000))]
+    else:
+        g.restart(MAIN)
+    return rows
 
 
 def expiry(env, sz):

@@ -45,6 +45,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[],
     ),
     (
+        "sandpit_pool_target",
+        Gauge,
+        "Warm-pool members wanted now: pool.size, or more up to pool.max_size under demand.",
+        &[],
+    ),
+    (
         "sandpit_sessions_total",
         Counter,
         "Client sessions opened.",
@@ -54,6 +60,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_forks_total",
         Counter,
         "Backends forked, by method.",
+        &[],
+    ),
+    (
+        "sandpit_first_query_phase_seconds",
+        Histogram,
+        "Time of each phase of a token's first connection (auth, claim and its parts, backend_connect, greet).",
         &[],
     ),
     (

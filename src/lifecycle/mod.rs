@@ -455,6 +455,7 @@ impl Gateway {
     /// The running backend of a token: forked on first use (concurrent callers share one
     /// fork), restarted/adopted if the registry knows one from before.
     pub async fn backend_for(self: &Arc<Self>, id: &str) -> Result<Backend, LifecycleError> {
+        let claim_started = std::time::Instant::now();
         let rt = self.runtime(id);
         let mut slot = rt.backend.lock().await;
         // Checked under the lock, so a fork can never start after the token ended.
@@ -516,8 +517,13 @@ impl Gateway {
         };
         self.room_to_fork(id)?;
         let started = std::time::Instant::now();
+        // The parts of a first connection's claim: registry look-ups and locks, the
+        // provider's fork (a warm-pool claim), recording the backend.
+        claim_phase("claim_lock", claim_started, started);
         let b = self.provider.fork(&tag).await?;
         let took = started.elapsed();
+        claim_phase("claim_provider", started, std::time::Instant::now());
+        let record_started = std::time::Instant::now();
         self.hooks.forked(b.golden.clone());
         metrics::counter!("sandpit_forks_total", "method" => b.method.clone()).increment(1);
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
@@ -525,17 +531,25 @@ impl Gateway {
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
         let handle = b.handle.clone();
         let golden = b.golden.clone();
-        self.registry
-            .update(id, |r| {
-                r.backend = Some(handle);
-                r.golden = golden;
-                r.fork_count += 1;
-                // An end that raced the fork keeps its state; its destroy comes next.
-                if r.state == TokenState::Issued {
-                    r.state = TokenState::Live;
-                }
-            })
-            .await?;
+        let record = |r: &mut TokenRecord| {
+            r.backend = Some(handle);
+            r.golden = golden;
+            r.fork_count += 1;
+            // An end that raced the fork keeps its state; its destroy comes next.
+            if r.state == TokenState::Issued {
+                r.state = TokenState::Live;
+            }
+        };
+        if self.provider.name() == "instance" {
+            // An instance backend runs with fsync=off: a host crash loses its data anyway,
+            // so its record may skip the directory sync (most of the first query's claim).
+            // A crash that undoes it leaves the token unforked; the janitor reaps the
+            // backend it named.
+            self.registry.update_undoable(id, record).await?;
+        } else {
+            self.registry.update(id, record).await?;
+        }
+        claim_phase("claim_record", record_started, std::time::Instant::now());
         *slot = Some(b.clone());
         Ok(b)
     }
@@ -615,4 +629,10 @@ impl Gateway {
 /// Milliseconds, saturating (Postgres takes at most i32::MAX ms).
 fn ms(d: Duration) -> u64 {
     (d.as_millis() as u64).min(i32::MAX as u64)
+}
+
+/// One part of a first connection's claim, in `sandpit_first_query_phase_seconds`.
+fn claim_phase(name: &'static str, from: std::time::Instant, to: std::time::Instant) {
+    metrics::histogram!("sandpit_first_query_phase_seconds", "phase" => name)
+        .record(to.duration_since(from).as_secs_f64());
 }

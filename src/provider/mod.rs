@@ -11,6 +11,7 @@ pub mod instance;
 pub mod mask;
 pub mod microvm;
 pub mod pool;
+pub mod pool_sizing;
 pub mod remote;
 pub mod remote_api;
 pub mod template;

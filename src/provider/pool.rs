@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
 use super::golden_build::LiveSpec;
+use super::pool_sizing::{next_step, Demand, PoolSizing, Step};
 use super::versions::GoldenInfo;
 use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::pgconn::BackendTarget;
@@ -40,10 +41,16 @@ async fn warm_up(b: &Backend) {
     }
 }
 
-/// A provider with a warm pool of `size` ready backends.
+/// Longest wait before the filler looks at a grown pool again (its demand decays meanwhile).
+const RECHECK_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A provider with a warm pool of ready backends: `size` of them, more (up to `max_size`)
+/// while recent first connections outnumber them.
 pub struct WarmPool {
     inner: Arc<dyn Provider>,
-    size: usize,
+    sizing: PoolSizing,
+    /// Recent first connections (claims and misses alike), decaying.
+    demand: Mutex<Demand>,
     ready: Mutex<VecDeque<Backend>>,
     /// Handles being forked for the pool right now (so `list` can hide them too).
     filling: Mutex<Vec<String>>,
@@ -55,10 +62,11 @@ pub struct WarmPool {
 
 impl WarmPool {
     /// Wrap `inner`; call [`WarmPool::start`] to begin filling.
-    pub fn new(inner: Arc<dyn Provider>, size: usize) -> Arc<WarmPool> {
+    pub fn new(inner: Arc<dyn Provider>, sizing: PoolSizing) -> Arc<WarmPool> {
         Arc::new(WarmPool {
             inner,
-            size,
+            sizing,
+            demand: Mutex::new(Demand::new(std::time::Instant::now())),
             ready: Mutex::new(VecDeque::new()),
             filling: Mutex::new(Vec::new()),
             refill: Notify::new(),
@@ -85,15 +93,31 @@ impl WarmPool {
                 if pool.is_draining() {
                     return;
                 }
-                let missing = pool.size.saturating_sub(pool.lock_ready().len());
-                if missing == 0 {
-                    filled_once = true;
-                    pool.refill.notified().await;
-                    continue;
+                let target = pool.target();
+                let ready = pool.lock_ready().len();
+                match next_step(ready, 0, target) {
+                    Step::Wait => {
+                        filled_once = true;
+                        if target > pool.sizing.size || ready > pool.sizing.size {
+                            // Grown: look again as the demand decays, to shrink back.
+                            let recheck = (pool.sizing.half_life / 4)
+                                .clamp(std::time::Duration::from_millis(100), RECHECK_MAX);
+                            let _ = tokio::time::timeout(recheck, pool.refill.notified()).await;
+                        } else {
+                            pool.refill.notified().await;
+                        }
+                        continue;
+                    }
+                    Step::Shrink => {
+                        pool.shrink_one().await;
+                        continue;
+                    }
+                    Step::Fork => {}
                 }
-                if filled_once {
+                if filled_once && target <= pool.sizing.size {
                     // A claim just happened: let the claimer's first connection and query
                     // have the CPU and disk before the copy of the next member starts.
+                    // (Not while growing under a burst: then members are wanted soon.)
                     tokio::time::sleep(REFILL_DELAY).await;
                 }
                 // One at a time: refilling must not starve live sessions of CPU and disk.
@@ -128,8 +152,7 @@ impl WarmPool {
                             Some(b)
                         } else {
                             pool.lock_ready().push_back(b);
-                            metrics::gauge!("sandpit_pool_ready")
-                                .set(pool.lock_ready().len() as f64);
+                            pool.publish();
                             None
                         }
                     }
@@ -148,6 +171,45 @@ impl WarmPool {
                 pool.end_filling(&handle);
             }
         });
+    }
+
+    /// Members wanted now, from the decayed demand.
+    fn target(&self) -> usize {
+        let demand = self
+            .demand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .value(std::time::Instant::now(), self.sizing.half_life);
+        self.sizing.target(demand)
+    }
+
+    /// The pool's gauges: members ready, and the size it is heading for.
+    fn publish(&self) {
+        metrics::gauge!("sandpit_pool_ready").set(self.ready() as f64);
+        metrics::gauge!("sandpit_pool_target").set(self.target() as f64);
+    }
+
+    /// Destroy the newest idle member (the pool is above its target). It is listed in
+    /// `filling` until destroyed, so `list` keeps hiding it and `drain` waits for it.
+    async fn shrink_one(&self) {
+        let member = {
+            let mut filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
+            if self.is_draining() {
+                return; // drain() destroys the ready members itself
+            }
+            let b = self.lock_ready().pop_back();
+            if let Some(b) = &b {
+                filling.push(b.handle.clone());
+            }
+            b
+        };
+        let Some(b) = member else { return };
+        self.publish();
+        if let Err(e) = self.inner.destroy(&b.handle).await {
+            tracing::warn!(handle = %b.handle, error = %e, "destroying a surplus pool member failed");
+        }
+        tracing::debug!(handle = %b.handle, "pool shrunk by one member");
+        self.end_filling(&b.handle);
     }
 
     fn lock_ready(&self) -> std::sync::MutexGuard<'_, VecDeque<Backend>> {
@@ -215,8 +277,14 @@ impl Provider for WarmPool {
 
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
+            // Every first connection is demand, whether a member is ready for it or not.
+            self.demand
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .record(std::time::Instant::now(), self.sizing.half_life);
             let active = self.inner.active_golden();
             if tag.golden.is_some() && tag.golden != active {
+                self.refill.notify_one();
                 // Pinned to a version issued before the last switch: members are of the new one.
                 return self.inner.fork(tag).await;
             }
@@ -233,8 +301,8 @@ impl Provider for WarmPool {
                 }
             };
             self.refill.notify_one();
+            self.publish();
             if let Some(mut b) = claimed {
-                metrics::gauge!("sandpit_pool_ready").set(self.ready() as f64);
                 match self.inner.retag(&b.handle, tag).await {
                     Ok(()) => {
                         b.method = format!("pool({})", b.method);
@@ -347,7 +415,7 @@ impl Provider for WarmPool {
                     tracing::warn!(handle = %b.handle, error = %e, "destroying a stale pool member failed");
                 }
             }
-            metrics::gauge!("sandpit_pool_ready").set(self.ready() as f64);
+            self.publish();
             self.refill.notify_one();
             Ok(info)
         })

@@ -52,7 +52,12 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     };
     let attached = async {
         admit(&mut client, &startup).await?;
+        let auth_started = std::time::Instant::now();
         let authed = authenticate_step(&proxy, &mut client, &startup, peer).await?;
+        if authed.rec.state == crate::registry::TokenState::Issued {
+            // A token's first connection: the phases of its first query are measured.
+            first_query_phase("auth", auth_started);
+        }
         attach(&proxy, &mut client, &startup, authed).await
     }
     .await;
@@ -211,6 +216,13 @@ async fn attach(
     authed: Authed,
 ) -> Result<Attached, SessionError> {
     let rec = &authed.rec;
+    // Only a token's first connection (no backend yet) reports its phases.
+    let first = rec.state == crate::registry::TokenState::Issued;
+    let phase = |name: &'static str, since: std::time::Instant| {
+        if first {
+            first_query_phase(name, since)
+        }
+    };
     let timeouts = [
         (
             "statement_timeout",
@@ -243,6 +255,7 @@ async fn attach(
     // crashed) is tried once more after the backend is checked again and restarted.
     let mut retried = false;
     let (login, conn) = loop {
+        let claim_started = std::time::Instant::now();
         let backend = match proxy.gw.backend_for(&rec.id).await {
             Ok(b) => b,
             Err(LifecycleError::NotUsable(id, state)) => {
@@ -275,8 +288,13 @@ async fn attach(
                 .provider
                 .session_target(&backend, rec.caps.allow.as_deref())
         };
+        phase("claim", claim_started);
+        let connect_started = std::time::Instant::now();
         match backend::connect(&login, &params, max_message).await {
-            Ok(c) => break (login, c),
+            Ok(c) => {
+                phase("backend_connect", connect_started);
+                break (login, c);
+            }
             Err(BackendError::Refused(raw)) => {
                 let out =
                     messages::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
@@ -296,6 +314,7 @@ async fn attach(
         }
     };
 
+    let greet_started = std::time::Instant::now();
     let (real_pid, real_secret) = conn.key.ok_or(SessionError::NoCancelKey)?;
     let target = CancelTarget {
         endpoint: login.endpoint.clone(),
@@ -339,6 +358,7 @@ async fn attach(
     } else {
         None
     };
+    phase("greet", greet_started);
     Ok(Attached {
         authed,
         _cancel_key: key,
@@ -346,6 +366,13 @@ async fn attach(
         watchdog,
         log,
     })
+}
+
+/// One phase of a token's first connection (`auth`, `claim`, `backend_connect`, `greet`),
+/// so the time of a first query can be split where it goes.
+fn first_query_phase(name: &'static str, since: std::time::Instant) {
+    metrics::histogram!("sandpit_first_query_phase_seconds", "phase" => name)
+        .record(since.elapsed().as_secs_f64());
 }
 
 /// Relay until either side ends (or the token does).

@@ -85,11 +85,15 @@ impl FileStore {
         Ok(())
     }
 
-    /// Change a token and persist it; returns the new record (None if unknown).
+    /// Change a token and persist it; returns the new record (None if unknown). With
+    /// `sync_rename` false the directory is not synced after the rename: after a host crash
+    /// the file holds the old record or the new one (each written whole and synced before
+    /// its rename), so only a change the caller can afford to lose may skip it.
     pub fn update(
         &self,
         cache: &DashMap<String, TokenRecord>,
         id: &str,
+        sync_rename: bool,
         f: impl FnOnce(&mut TokenRecord),
     ) -> Result<Option<TokenRecord>, RegistryError> {
         let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -97,12 +101,16 @@ impl FileStore {
             return Ok(None);
         };
         f(&mut rec);
-        self.persist(&rec)?;
+        self.persist_with(&rec, sync_rename)?;
         cache.insert(id.to_string(), rec.clone());
         Ok(Some(rec))
     }
 
     fn persist(&self, rec: &TokenRecord) -> Result<(), RegistryError> {
+        self.persist_with(rec, true)
+    }
+
+    fn persist_with(&self, rec: &TokenRecord, sync_rename: bool) -> Result<(), RegistryError> {
         let path = self.dir.join(format!("{}.json", rec.id));
         let io = |source| RegistryError::Io {
             path: path.clone(),
@@ -113,7 +121,7 @@ impl FileStore {
             message: e.to_string(),
         })?;
         bytes.resize(slot_len(bytes.len()), b' ');
-        match self.replace(rec, &path, &bytes) {
+        match self.replace(rec, &path, &bytes, sync_rename) {
             Ok(()) => {
                 self.keep_reserve(rec, bytes.len());
                 Ok(())
@@ -137,7 +145,13 @@ impl FileStore {
     }
 
     /// Write a new file beside the old one and rename it over (needs free space).
-    fn replace(&self, rec: &TokenRecord, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    fn replace(
+        &self,
+        rec: &TokenRecord,
+        path: &Path,
+        bytes: &[u8],
+        sync_rename: bool,
+    ) -> std::io::Result<()> {
         let tmp = tmp_path(&self.dir, &rec.id);
         {
             let mut f = std::fs::OpenOptions::new()
@@ -151,7 +165,10 @@ impl FileStore {
         }
         std::fs::rename(&tmp, path)?;
         // The rename is durable only once the directory is synced.
-        self.sync_dir()
+        if sync_rename {
+            self.sync_dir()?;
+        }
+        Ok(())
     }
 
     fn sync_dir(&self) -> std::io::Result<()> {
@@ -364,24 +381,28 @@ mod tests {
         for _ in 0..3 {
             // Repeatedly: each swap leaves the old file as the next reserve.
             let r = store
-                .update(&cache, "sp_a", |r| {
+                // The undoable form too: it needs no more room than the synced one.
+                .update(&cache, "sp_a", false, |r| {
                     r.fork_count += 1;
                 })
                 .unwrap();
             assert!(r.is_some());
         }
         store
-            .update(&cache, "sp_a", |r| {
+            .update(&cache, "sp_a", true, |r| {
                 r.state = TokenState::Revoked;
                 r.ended_at = Some(time::OffsetDateTime::now_utc());
             })
             .unwrap();
-        store.update(&cache, "sp_a", |r| r.backend = None).unwrap();
+        store
+            .update(&cache, "sp_a", true, |r| r.backend = None)
+            .unwrap();
         let reloaded = DashMap::new();
         FileStore::open(&dir, &reloaded).unwrap();
         let a = reloaded.get("sp_a").unwrap();
         assert_eq!(a.state, TokenState::Revoked);
         assert_eq!(a.backend, None);
+        assert_eq!(a.fork_count, record("sp_a").fork_count + 3);
         assert_eq!(a.fork_count, 4);
         assert_eq!(reloaded.get("sp_b").unwrap().state, TokenState::Live);
         assert!(reloaded.get("sp_c").is_none());

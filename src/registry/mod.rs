@@ -313,8 +313,29 @@ impl Registry {
         id: &str,
         f: impl FnOnce(&mut TokenRecord),
     ) -> Result<Option<TokenRecord>, RegistryError> {
+        self.update_with(id, true, f).await
+    }
+
+    /// [`Registry::update`] for a change a host crash may undo (the first connection's
+    /// claim record: the scratch server it names runs with `fsync=off`, so its data does
+    /// not survive such a crash either): the file store skips the directory sync after
+    /// the rename, which is most of the write's time on the first-query path.
+    pub async fn update_undoable(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut TokenRecord),
+    ) -> Result<Option<TokenRecord>, RegistryError> {
+        self.update_with(id, false, f).await
+    }
+
+    async fn update_with(
+        &self,
+        id: &str,
+        sync_rename: bool,
+        f: impl FnOnce(&mut TokenRecord),
+    ) -> Result<Option<TokenRecord>, RegistryError> {
         match &self.store {
-            Store::File(s) => s.update(&self.cache, id, f),
+            Store::File(s) => s.update(&self.cache, id, sync_rename, f),
             Store::Postgres(p) => {
                 let rec = p.update(id, f).await?;
                 if let Some(r) = &rec {
