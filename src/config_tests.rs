@@ -237,7 +237,10 @@ fn preflight_checks_binaries_data_dir_files_and_env_key() {
 #[test]
 fn pool_growth_settings_default_off_and_need_a_usable_half_life() {
     let c: Config = toml::from_str("[pool]\nsize = 2\n").unwrap();
-    assert_eq!((c.pool.max_size, c.pool.demand_half_life), (0, Duration::from_secs(60)));
+    assert_eq!(
+        (c.pool.max_size, c.pool.demand_half_life),
+        (0, Duration::from_secs(60))
+    );
     c.validate().unwrap();
     let c: Config =
         toml::from_str("[pool]\nsize = 2\nmax_size = 8\ndemand_half_life = \"10s\"\n").unwrap();

@@ -85,13 +85,16 @@ fn a_burst_of_first_connections_grows_the_pool_which_then_returns_to_its_size() 
         Some("[pool]\nsize = 1\nmax_size = 3\ndemand_half_life = \"20s\"\n"),
     );
     assert!(
-        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready") == 1.0),
+        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
+            == 1.0),
         "pool did not fill"
     );
     assert_eq!(gauge(&g, "sandpit_pool_target"), 1.0);
 
     // Six first connections at once: the demand (6) is above the standing size.
-    let tokens: Vec<_> = (0..6).map(|i| g.issue(&format!("burst-{i}"), 600)).collect();
+    let tokens: Vec<_> = (0..6)
+        .map(|i| g.issue(&format!("burst-{i}"), 600))
+        .collect();
     let clients: Vec<_> = tokens
         .iter()
         .map(|t| {
@@ -103,7 +106,11 @@ fn a_burst_of_first_connections_grows_the_pool_which_then_returns_to_its_size() 
         let (ok, _, err) = c.join().expect("client thread");
         assert!(ok, "{err}");
     }
-    assert_eq!(gauge(&g, "sandpit_pool_target"), 3.0, "the ceiling bounds the target");
+    assert_eq!(
+        gauge(&g, "sandpit_pool_target"),
+        3.0,
+        "the ceiling bounds the target"
+    );
     // The pool refills past its standing size, toward the ceiling.
     let mut peak = 0.0f64;
     assert!(

@@ -39,7 +39,10 @@ pub struct Demand {
 impl Demand {
     /// No recent first connections, as of `now`.
     pub fn new(now: Instant) -> Demand {
-        Demand { value: 0.0, at: now }
+        Demand {
+            value: 0.0,
+            at: now,
+        }
     }
 
     /// The decayed count at `now` (an earlier `now` than the last event reads as that event).
@@ -98,15 +101,15 @@ mod tests {
     fn target_follows_demand_within_size_and_ceiling() {
         // (size, max_size, demand, target)
         let table = [
-            (2, 2, 50.0, 2),   // no ceiling above size: never grows
-            (2, 10, 0.0, 2),   // idle: the standing size
-            (2, 10, 2.0, 2),   // demand met by the standing size
-            (2, 10, 2.1, 3),   // rounded up
-            (2, 10, 7.0, 7),   // grows with demand
+            (2, 2, 50.0, 2),    // no ceiling above size: never grows
+            (2, 10, 0.0, 2),    // idle: the standing size
+            (2, 10, 2.0, 2),    // demand met by the standing size
+            (2, 10, 2.1, 3),    // rounded up
+            (2, 10, 7.0, 7),    // grows with demand
             (2, 10, 400.0, 10), // never above the ceiling
-            (0, 5, 0.5, 1),    // a pool of 0 grows under demand when it has a ceiling
-            (0, 0, 9.0, 0),    // no pool at all
-            (4, 1, 9.0, 4),    // a ceiling below size counts as size
+            (0, 5, 0.5, 1),     // a pool of 0 grows under demand when it has a ceiling
+            (0, 0, 9.0, 0),     // no pool at all
+            (4, 1, 9.0, 4),     // a ceiling below size counts as size
             (2, 10, f64::NAN, 2),
             (2, 10, f64::INFINITY, 2),
         ];

@@ -474,7 +474,9 @@ mod tests {
         defer(&log, 3);
         log.flush_outcomes().unwrap();
         let all = read_statements(&path).unwrap();
-        assert!(all.iter().all(|s| s.outcome.as_ref().map(|o| o.seq) == Some(s.statement.seq)));
+        assert!(all
+            .iter()
+            .all(|s| s.outcome.as_ref().map(|o| o.seq) == Some(s.statement.seq)));
         // Dropping the log writes what is still deferred.
         log.append(&statement(log.next_seq(), "select 4")).unwrap();
         defer(&log, 4);
@@ -515,7 +517,10 @@ mod tests {
         log.append(&statement(log.next_seq(), "select 1")).unwrap();
         defer(&log, 1);
         let refused = log.append(&statement(log.next_seq(), &"y".repeat(400)));
-        assert!(matches!(refused, Err(LogError::Quota { .. })), "{refused:?}");
+        assert!(
+            matches!(refused, Err(LogError::Quota { .. })),
+            "{refused:?}"
+        );
         let all = read_statements(log.path()).unwrap();
         assert_eq!(all.len(), 1);
         assert!(all[0].outcome.is_some());
