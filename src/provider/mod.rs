@@ -14,6 +14,7 @@ pub mod pool;
 pub mod pool_sizing;
 pub mod remote;
 pub mod remote_api;
+pub mod tag_file;
 pub mod template;
 pub mod versions;
 

@@ -7,7 +7,7 @@ mod server;
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -19,6 +19,7 @@ use super::copy::{self, CopyMethod};
 use super::golden::{self, GoldenCtx, AGENT, DATABASE, REVIEWER, SUPERUSER};
 use super::golden_build::LiveSpec;
 use super::golden_sql;
+use super::tag_file;
 use super::versions::{self, Golden, GoldenInfo, GOLDEN_FILE};
 use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::pg::process;
@@ -29,7 +30,6 @@ pub(super) use root::make_dir;
 use root::prepare_root;
 
 /// Name of the tag file inside an instance dir.
-const TAG_FILE: &str = "sandpit-tag.json";
 /// Where destroyed instances wait to be deleted (same filesystem, so the move is a rename).
 const TRASH_DIR: &str = "trash";
 /// Grace period for a fast shutdown before the process group is killed.
@@ -256,14 +256,7 @@ impl InstanceProvider {
                 .await
                 .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
         }
-        let json =
-            serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(inst.join(TAG_FILE))?;
-        std::io::Write::write_all(&mut f, &json)?;
+        tag_file::write(inst, tag)?;
         let copied = t0.elapsed();
         self.start(&tag.token_id, inst).await?;
         // The instance's own golden-version file names the version from now on.
@@ -399,9 +392,7 @@ impl Provider for InstanceProvider {
                 if validate_handle(&name).is_err() || !e.path().is_dir() {
                     continue;
                 }
-                let tag = fs::read(e.path().join(TAG_FILE))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<BackendTag>(&b).ok());
+                let tag = tag_file::read(&e.path());
                 out.push((name, tag));
             }
             out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -414,26 +405,7 @@ impl Provider for InstanceProvider {
         handle: &'a str,
         tag: &'a BackendTag,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let inst = self.inst_dir(handle)?;
-            let bytes =
-                serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Other(e.to_string()))?;
-            // Written whole then renamed: a janitor never reads a half-written tag.
-            let tmp = inst.join(format!("{TAG_FILE}.tmp"));
-            {
-                use std::io::Write;
-                let mut f = fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(&tmp)?;
-                f.write_all(&bytes)?;
-                f.sync_all()?;
-            }
-            fs::rename(&tmp, inst.join(TAG_FILE))?;
-            Ok(())
-        })
+        Box::pin(async move { tag_file::write(&self.inst_dir(handle)?, tag) })
     }
 
     fn reference<'a>(

@@ -20,6 +20,7 @@ use serde_json::json;
 use self::bridge::Bridge;
 use self::qemu::{Image, Qmp, VmSpec};
 use super::golden::{login_role, AGENT, DATABASE, REVIEWER, SUPERUSER};
+use super::tag_file;
 use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::pg::process;
 use crate::pgconn::{BackendTarget, Endpoint};
@@ -27,7 +28,6 @@ use crate::pgconn::{BackendTarget, Endpoint};
 pub use image::recipe_hash;
 
 /// Tag file in a VM dir.
-const TAG_FILE: &str = "sandpit-tag.json";
 /// Which golden a clone was restored from.
 const GOLDEN_FILE: &str = "golden";
 /// Dir name of the review's reference clone (under `refs/`, never listed).
@@ -291,9 +291,7 @@ impl Provider for MicrovmProvider {
                 self.remove_vm(&handle, &dir).await?;
             }
             std::fs::create_dir_all(&dir)?;
-            let json = serde_json::to_vec_pretty(tag)
-                .map_err(|e| ProviderError::Fork(format!("tag: {e}")))?;
-            std::fs::write(dir.join(TAG_FILE), json)?;
+            tag_file::write(&dir, tag)?;
             if let Err(e) = self.restore(&handle, &dir).await {
                 let log = std::fs::read_to_string(dir.join("qemu.log")).unwrap_or_default();
                 let _ = self.remove_vm(&handle, &dir).await;
@@ -349,9 +347,7 @@ impl Provider for MicrovmProvider {
                 if validate_handle(&name).is_err() {
                     continue;
                 }
-                let tag = std::fs::read(e.path().join(TAG_FILE))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok());
+                let tag = tag_file::read(&e.path());
                 out.push((name, tag));
             }
             Ok(out)
@@ -370,15 +366,7 @@ impl Provider for MicrovmProvider {
         handle: &'a str,
         tag: &'a BackendTag,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            let dir = self.vm_dir(handle)?;
-            let json = serde_json::to_vec_pretty(tag)
-                .map_err(|e| ProviderError::Other(format!("tag: {e}")))?;
-            let tmp = dir.join(format!("{TAG_FILE}.tmp"));
-            std::fs::write(&tmp, json)?;
-            std::fs::rename(&tmp, dir.join(TAG_FILE))?;
-            Ok(())
-        })
+        Box::pin(async move { tag_file::write(&self.vm_dir(handle)?, tag) })
     }
 
     fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {
