@@ -71,38 +71,6 @@ pub struct Config {
     pub promote: PromoteSection,
 }
 
-/// Warm pool settings.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PoolConfig {
-    /// Forks kept ready for new tokens (0 = no pool: each first connection forks).
-    pub size: usize,
-    /// Ceiling the pool grows to while recent first connections outnumber `size`
-    /// (0 or at most `size`: it never grows).
-    pub max_size: usize,
-    /// Time for one first connection's weight in the pool's demand to halve; the pool
-    /// shrinks back to `size` as the demand decays.
-    #[serde(deserialize_with = "de_duration")]
-    pub demand_half_life: Duration,
-}
-
-impl Default for PoolConfig {
-    fn default() -> Self {
-        PoolConfig {
-            size: 0,
-            max_size: 0,
-            demand_half_life: Duration::from_secs(60),
-        }
-    }
-}
-
-impl PoolConfig {
-    /// Whether a pool runs at all (a standing size, or room to grow under demand).
-    pub fn enabled(&self) -> bool {
-        self.size > 0 || self.max_size > 0
-    }
-}
-
 /// Janitor settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -444,15 +412,7 @@ impl Config {
             check_admin_key("admin_key", k)?;
         }
         self.promote.validate()?;
-        if self.pool.max_size > self.pool.size
-            && self.pool.demand_half_life < Duration::from_secs(1)
-        {
-            // The demand would decay before the pool could grow toward it.
-            return Err(ConfigError::Invalid {
-                key: "pool.demand_half_life",
-                message: "must be at least 1s when pool.max_size is above pool.size".into(),
-            });
-        }
+        self.pool.validate()?;
         match self.provider.as_str() {
             "instance" => {}
             "microvm" => self.microvm.validate()?,
@@ -599,6 +559,10 @@ pub use promote_section::{PromoteSection, PromoteTarget, ValidatorSection};
 #[path = "config_providers.rs"]
 mod provider_sections;
 pub use provider_sections::{RemoteSection, TemplateSection};
+
+#[path = "config_pool.rs"]
+mod pool_section;
+pub use pool_section::PoolConfig;
 
 #[path = "config_microvm.rs"]
 mod microvm_section;
