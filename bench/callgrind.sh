@@ -14,7 +14,7 @@ BIN="${CARGO_TARGET_DIR:-target}/release/sandpit"
 DIR=$(mktemp -d /var/tmp/sandpit-callgrind-XXXXXX)
 chmod 755 "$DIR"
 printf 'create table t(a int);\n' >"$DIR/golden.sql"
-printf '[pool]\nsize = 0\n[log]\nstatements = %s\n' "$LOG_ON" >"$DIR/sandpit.toml"
+printf '[pool]\nsize = 0\n[review]\non_end = false\n[log]\nstatements = %s\n' "$LOG_ON" >"$DIR/sandpit.toml"
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$DIR/callgrind.out" \
   "$BIN" serve --config "$DIR/sandpit.toml" --data-dir "$DIR/gw" --listen 127.0.0.1:0 \
   --api-listen 127.0.0.1:0 --golden-sql "$DIR/golden.sql" >"$DIR/out" 2>"$DIR/gateway.log" &

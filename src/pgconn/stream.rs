@@ -7,11 +7,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::{tcp, unix, TcpStream, UnixStream};
+use tokio::net::{tcp, TcpStream, UnixStream};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::{tls, BackendAddr, Endpoint};
+use crate::wire::socket::{self, LeanRead, LeanWrite};
 use crate::wire::startup::SSL_REQUEST;
 
 /// Bound on reaching a TCP backend (connect + TLS handshake), so a black-holed address costs
@@ -67,8 +68,8 @@ pub async fn open(ep: &Endpoint) -> io::Result<BackendStream> {
 
 /// Read half of a backend socket.
 pub enum BackendRead {
-    /// Unix socket.
-    Unix(unix::OwnedReadHalf),
+    /// Unix socket, registered for reading only (see [`crate::wire::socket`]).
+    Unix(LeanRead<std::os::unix::net::UnixStream>),
     /// Plain TCP.
     Tcp(tcp::OwnedReadHalf),
     /// TLS.
@@ -77,8 +78,8 @@ pub enum BackendRead {
 
 /// Write half of a backend socket.
 pub enum BackendWrite {
-    /// Unix socket.
-    Unix(unix::OwnedWriteHalf),
+    /// Unix socket, written directly (see [`crate::wire::socket`]).
+    Unix(LeanWrite<std::os::unix::net::UnixStream>),
     /// Plain TCP.
     Tcp(tcp::OwnedWriteHalf),
     /// TLS.
@@ -87,11 +88,13 @@ pub enum BackendWrite {
 
 impl BackendStream {
     /// Splits into halves that can be used from two places at once; sockets split without a
-    /// lock, TLS (one state for both directions) through tokio's split.
-    pub fn into_split(self) -> (BackendRead, BackendWrite) {
-        match self {
+    /// lock, TLS (one state for both directions) through tokio's split. A unix socket is
+    /// re-registered for read readiness only: the relay's writes to the backend then cost
+    /// no wake-up when the backend reads them.
+    pub fn into_split(self) -> io::Result<(BackendRead, BackendWrite)> {
+        Ok(match self {
             BackendStream::Unix(s) => {
-                let (r, w) = s.into_split();
+                let (r, w) = socket::split_unix(s)?;
                 (BackendRead::Unix(r), BackendWrite::Unix(w))
             }
             BackendStream::Tcp(s) => {
@@ -102,7 +105,7 @@ impl BackendStream {
                 let (r, w) = tokio::io::split(s);
                 (BackendRead::Tls(r), BackendWrite::Tls(w))
             }
-        }
+        })
     }
 }
 

@@ -4,7 +4,7 @@
 //! against the backend and a slow client only slows its own session.
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use super::pipeline::Pipeline;
@@ -39,20 +39,38 @@ enum Ending {
 }
 
 /// Relay until either side leaves or the token ends.
-pub async fn run<C: AsyncRead + AsyncWrite + Unpin>(
-    client: FrameReader<C>,
+pub async fn run(
+    client: FrameReader<super::stream::ClientStream>,
     backend: FrameReader<crate::pgconn::stream::BackendStream>,
     mut ended: watch::Receiver<Option<EndReason>>,
     secrets: &[String],
     mut pl: Pipeline,
     watchdog: Option<Watchdog>,
 ) {
-    let (c_stream, c_buf, c_max) = client.into_parts();
-    let (c_read, mut c_write) = tokio::io::split(c_stream);
-    let mut c_reader = FrameReader::with_buffer(c_read, c_buf, c_max);
+    let (mut c_stream, c_buf, c_max) = client.into_parts();
     let (b_stream, b_buf, b_max) = backend.into_parts();
-    let (b_read, mut b_write) = b_stream.into_split();
+    let (b_read, mut b_write) = match b_stream.into_split() {
+        Ok(halves) => halves,
+        Err(e) => {
+            tracing::warn!(error = %e, "backend socket could not be registered");
+            let msg = "lost the connection to the scratch database";
+            let _ = c_stream
+                .write_all(&messages::error_response(Severity::Fatal, "08006", msg))
+                .await;
+            return;
+        }
+    };
     let mut b_reader = FrameReader::with_buffer(b_read, b_buf, b_max);
+    let (c_read, mut c_write) = match c_stream.into_split() {
+        Ok(halves) => halves,
+        Err(e) => {
+            // The client socket could not be re-registered: nothing can reach it any more.
+            tracing::warn!(error = %e, "client socket could not be registered");
+            let _ = b_write.write_all(&[b'X', 0, 0, 0, 4]).await;
+            return;
+        }
+    };
+    let mut c_reader = FrameReader::with_buffer(c_read, c_buf, c_max);
 
     // Looked up once: a labelled lookup per write hashes and allocates its key.
     let bytes_up = metrics::counter!("sandpit_bytes_total", "direction" => "client_to_backend");

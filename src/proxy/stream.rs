@@ -8,6 +8,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
+use crate::wire::socket::{self, LeanRead, LeanWrite};
+
 /// A client socket after SSL negotiation.
 pub enum ClientStream {
     /// No TLS.
@@ -59,6 +61,79 @@ impl AsyncWrite for ClientStream {
         match self.get_mut() {
             ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Read half of a client connection.
+pub enum ClientRead {
+    /// No TLS: registered for reading only, no lock shared with the write half.
+    Plain(LeanRead<std::net::TcpStream>),
+    /// TLS (one state for both directions, so tokio's locked split).
+    Tls(tokio::io::ReadHalf<ClientStream>),
+}
+
+/// Write half of a client connection.
+pub enum ClientWrite {
+    /// No TLS: written directly, asking for write readiness only while a write would block.
+    Plain(LeanWrite<std::net::TcpStream>),
+    /// TLS.
+    Tls(tokio::io::WriteHalf<ClientStream>),
+}
+
+impl ClientStream {
+    /// Splits for the relay. A plain socket is re-registered for read readiness only (see
+    /// [`crate::wire::socket`]): no wake-up each time the client's kernel acknowledges data.
+    pub fn into_split(self) -> io::Result<(ClientRead, ClientWrite)> {
+        Ok(match self {
+            ClientStream::Plain(s) => {
+                let (r, w) = socket::split_tcp(s)?;
+                (ClientRead::Plain(r), ClientWrite::Plain(w))
+            }
+            tls => {
+                let (r, w) = tokio::io::split(tls);
+                (ClientRead::Tls(r), ClientWrite::Tls(w))
+            }
+        })
+    }
+}
+
+impl AsyncRead for ClientRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientRead::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientRead::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientWrite {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ClientWrite::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientWrite::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientWrite::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientWrite::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            ClientWrite::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientWrite::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod frame;
 pub mod messages;
+pub mod socket;
 pub mod startup;
 
 pub use frame::{Frame, FrameError, FrameReader};
