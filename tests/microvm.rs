@@ -188,3 +188,60 @@ fn a_superuser_token_acts_only_inside_its_own_vm() {
     });
     assert!(!host_marker.exists(), "the program wrote on the host");
 }
+
+/// Idle suspend: a VM without sessions is stopped (its QEMU gone, its disk overlay kept)
+/// and the next connection boots it again from its own disk, with the task's data.
+#[test]
+fn an_idle_vm_is_suspended_and_resumes_with_its_data() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let cfg = microvm_checks::config(&rt).replace(
+        "[microvm]\n",
+        "[postgres]\nidle_suspend = \"2s\"\n[microvm]\n",
+    );
+    let g = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
+    let t = g.issue("vm-sleepy", 600);
+    rt.block_on(async {
+        let c = connect(&dsn(&t)).await.expect("connect");
+        c.batch_execute("create table kept(x int); insert into kept values (7)")
+            .await
+            .expect("write");
+    });
+    let vm = microvm_checks::vm_dir(&g, &id(&t));
+    let pid: i32 = std::fs::read_to_string(vm.join("qemu.pid"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .expect("qemu pid");
+    assert!(
+        common::pid_alive(pid),
+        "the VM runs after its first session"
+    );
+    // Suspended: QEMU is gone, the VM's overlay stays.
+    assert!(
+        common::wait_until(std::time::Duration::from_secs(120), || !common::pid_alive(
+            pid
+        )),
+        "not suspended:\n{}",
+        g.log()
+    );
+    assert!(
+        vm.join("disk.qcow2").is_file(),
+        "suspend keeps the VM's disk"
+    );
+    assert!(
+        common::wait_until(std::time::Duration::from_secs(30), || g
+            .log()
+            .contains("backend suspended while idle")),
+        "{}",
+        g.log()
+    );
+    // The next connection boots it from its disk before its first query.
+    rt.block_on(async {
+        let c = connect(&dsn(&t)).await.expect("connect after suspend");
+        assert_eq!(text(&c, "select x::text from kept").await, "7");
+    });
+    assert_eq!(
+        g.show(&id(&t))["fork_count"],
+        1,
+        "resumed, not forked again"
+    );
+}
