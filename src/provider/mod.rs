@@ -16,6 +16,7 @@ pub mod remote;
 pub mod remote_api;
 pub mod tag_file;
 pub mod template;
+pub mod version_store;
 pub mod versions;
 
 use std::future::Future;
