@@ -257,12 +257,13 @@ fn patch(g: &Gateway, token: &str) -> String {
     body["patch"].as_str().expect("patch").to_string()
 }
 
-/// Builds a version from `dsn` and makes it the one new forks restore.
-fn build_and_use(g: &Gateway, dsn: &str) -> String {
+/// Builds a version from `dsn` (masked by `mask`, TOML rules) and makes it the one new
+/// forks restore.
+fn build_and_use(g: &Gateway, dsn: &str, mask: &str) -> String {
     let (s, v) = g.raw_call(
         "POST",
         "/v1/goldens",
-        Some(serde_json::json!({ "from_dsn": dsn })),
+        Some(serde_json::json!({ "from_dsn": dsn, "mask": mask })),
     );
     assert_eq!(s, 201, "{v}\n{}", g.log());
     assert_eq!(v["kind"], "live", "{v}");
@@ -274,8 +275,19 @@ fn build_and_use(g: &Gateway, dsn: &str) -> String {
     v_id
 }
 
+/// Whether any file directly in `dir` holds `needle` (grep: the memory file is large).
+fn dir_holds(dir: &std::path::Path, needle: &str) -> bool {
+    std::process::Command::new("grep")
+        .args(["-r", "-q", "-a", "-F", needle])
+        .arg(dir)
+        .status()
+        .expect("grep")
+        .success()
+}
+
 /// Golden versions: v1 and v2 are snapshots of golden VMs filled from a live source at two
-/// moments. A token issued under v1 keeps it after v2 is put in use, one issued after gets
+/// moments, v1 masked (no original value of a masked column in any of its files, while the
+/// unmasked v2's files do hold them). A token issued under v1 keeps it after v2 is put in use, one issued after gets
 /// v2, the review of each compares against its own version, and v1's snapshot goes once
 /// no clone or pin names it.
 #[test]
@@ -296,7 +308,7 @@ fn golden_versions_on_microvm() {
         let shop = src.admin("vmshop").await;
         shop.batch_execute(
             "SET ROLE vm_src; CREATE TABLE things(id int PRIMARY KEY, label text); \
-             INSERT INTO things VALUES (1, 'one'), (2, 'two'), (3, 'three')",
+             INSERT INTO things SELECT g, 'zqsecret' || g || 'xq' FROM generate_series(1, 500) g",
         )
         .await
         .expect("source data");
@@ -306,11 +318,19 @@ fn golden_versions_on_microvm() {
         );
 
         let g = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
-        let v1 = build_and_use(&g, &source);
+        let v1 = build_and_use(
+            &g,
+            &source,
+            "[columns]\n\"things.label\" = \"constant:hidden\"\n",
+        );
         let a = g.issue("vm-ver-a", 600);
         assert_eq!(g.show(&id(&a))["golden"], v1.as_str());
         let ca = connect(&dsn(&a)).await.expect("connect a");
-        assert_eq!(text(&ca, "select count(*)::text from things").await, "3");
+        assert_eq!(text(&ca, "select count(*)::text from things").await, "500");
+        assert_eq!(
+            text(&ca, "select string_agg(distinct label, ',') from things").await,
+            "hidden"
+        );
         let e = ca
             .batch_execute("select 1 from items")
             .await
@@ -321,20 +341,20 @@ fn golden_versions_on_microvm() {
             .expect("write in a");
 
         // The source moves on; v2 is built from it and put in use.
-        shop.batch_execute("SET ROLE vm_src; INSERT INTO things VALUES (4, 'only-in-v2')")
+        shop.batch_execute("SET ROLE vm_src; INSERT INTO things VALUES (1001, 'only-in-v2')")
             .await
             .expect("source change");
-        let v2 = build_and_use(&g, &source);
+        let v2 = build_and_use(&g, &source, "");
         let b = g.issue("vm-ver-b", 600);
         assert_eq!(g.show(&id(&b))["golden"], v2.as_str());
         let cb = connect(&dsn(&b)).await.expect("connect b");
-        assert_eq!(text(&cb, "select count(*)::text from things").await, "4");
-        cb.batch_execute("insert into things values (100, 'b-row')")
+        assert_eq!(text(&cb, "select count(*)::text from things").await, "501");
+        cb.batch_execute("insert into things values (1100, 'b-row')")
             .await
             .expect("write in b");
         assert_eq!(g.show(&id(&b))["golden"], v2.as_str());
         // A keeps v1.
-        assert_eq!(text(&ca, "select count(*)::text from things").await, "3");
+        assert_eq!(text(&ca, "select count(*)::text from things").await, "500");
         assert_eq!(text(&ca, "select x::text from a_marker").await, "42");
         assert_eq!(g.show(&id(&a))["golden"], v1.as_str());
         let named = std::fs::read_to_string(microvm_checks::vm_dir(&g, &id(&a)).join("golden"));
@@ -371,8 +391,22 @@ fn golden_versions_on_microvm() {
         );
         assert!(!pb.contains("a_marker"), "{pb}");
 
-        // v1 goes with its last clone (a revoke answers after the collection it triggers).
+        // Masking happened in a staging VM: the snapshot's memory, device state and disk
+        // hold no original value (and the staging VM is gone). The scan finds them where
+        // they are: in the unmasked v2.
         let v1_dir = g.data_dir.join("microvm").join("versions").join(&v1);
+        let v2_dir = g.data_dir.join("microvm").join("versions").join(&v2);
+        assert!(
+            !dir_holds(&v1_dir, "zqsecret"),
+            "original values in v1's snapshot"
+        );
+        assert!(!v1_dir.join("stage").exists());
+        assert!(
+            dir_holds(&v2_dir, "zqsecret"),
+            "the scan finds nothing at all"
+        );
+
+        // v1 goes with its last clone (a revoke answers after the collection it triggers).
         assert!(v1_dir.join("mem").is_file());
         drop(ca);
         let (s, _) = g.revoke(&id(&a));
@@ -382,9 +416,8 @@ fn golden_versions_on_microvm() {
             "v1 still on disk after its last clone ended\n{}",
             g.log()
         );
-        let v2_dir = g.data_dir.join("microvm").join("versions").join(&v2);
         assert!(v2_dir.join("mem").is_file() && v2_dir.join("disk.qcow2").is_file());
-        assert_eq!(text(&cb, "select count(*)::text from things").await, "5");
+        assert_eq!(text(&cb, "select count(*)::text from things").await, "502");
         let (s, body) = g.raw_call("POST", &format!("/v1/goldens/{v1}/use"), None);
         assert_eq!(s, 404, "{body}");
         assert!(!g.log().contains(&password), "password in the gateway log");

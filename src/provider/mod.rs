@@ -117,7 +117,7 @@ impl From<crate::pg::PgError> for ProviderError {
 
 fn versions_unsupported<T>(name: &str) -> Result<T, ProviderError> {
     Err(ProviderError::Unsupported(format!(
-        "golden versions and golden build are supported with the instance provider, not {name}"
+        "golden versions and golden build are supported with the instance and microvm providers, not {name}"
     )))
 }
 

@@ -15,8 +15,9 @@ use super::bridge::{self, Bridge};
 use super::qemu::{self, Image, Qmp, VmSpec};
 use super::MicrovmConfig;
 use crate::pg::process;
+use crate::provider::golden::DATABASE;
 use crate::provider::golden::{GoldenCtx, Load, SUPERUSER};
-use crate::provider::golden_build::{BuildReport, LiveSpec};
+use crate::provider::golden_build::{BuildReport, LiveSpec, SourceDsn};
 use crate::provider::ProviderError;
 
 /// Bump when the way the golden VM is made changes.
@@ -63,6 +64,9 @@ pub fn shape(cfg: &MicrovmConfig, image: &Image) -> String {
     hex::encode(h.finalize())[..16].to_string()
 }
 
+/// In a masked build's dir: the staging VM's dir ([`build_live`]).
+pub const STAGE_DIR: &str = "stage";
+
 /// Dir of base goldens (one per SQL content, image and VM shape), under the root.
 pub const GOLDENS_DIR: &str = "goldens";
 
@@ -89,10 +93,68 @@ pub async fn build_live(
     std::fs::create_dir_all(tmp)?;
     let bins = crate::pg::find_binaries(cfg.bin_dir.as_deref())?;
     let snap = Snapshot::at("building", tmp, &bins.psql);
-    let report = build_or_explain(cfg, image, tmp, &snap, &bins, Load::Live(spec)).await?;
+    let report = if spec.mask.columns.is_empty() && spec.mask.samples.is_empty() {
+        build_or_explain(cfg, image, tmp, &snap, &bins, Load::Live(spec)).await?
+    } else {
+        Some(build_masked(cfg, image, tmp, &snap, &bins, spec).await?)
+    };
     std::fs::write(tmp.join(SHAPE), format!("{}\n", shape(cfg, image)))?;
     std::fs::write(tmp.join(READY), format!("{FORMAT}\n"))?;
     report.ok_or_else(|| ProviderError::Golden("live build gave no report".into()))
+}
+
+/// A masked or sampled build in two VMs: the source is copied and masked in a staging VM,
+/// whose memory and disk keep original values (the restore's pages, freed blocks, WAL),
+/// then only the masked database is dumped from it into the golden VM that is
+/// snapshotted. The staging VM and its files are removed.
+async fn build_masked(
+    cfg: &MicrovmConfig,
+    image: &Image,
+    tmp: &Path,
+    snap: &Snapshot,
+    bins: &crate::pg::PgBinaries,
+    spec: &LiveSpec,
+) -> Result<BuildReport, ProviderError> {
+    let stage = tmp.join(STAGE_DIR);
+    std::fs::create_dir_all(&stage)?;
+    let r = async {
+        let vm = (
+            stage.join("disk.qcow2"),
+            stage.join("mem"),
+            "sandpit-vm-golden-stage",
+        );
+        let (bridge, report) = boot_and_fill(
+            cfg,
+            image,
+            &stage,
+            (&vm.0, &vm.1, vm.2),
+            bins,
+            Load::Live(spec),
+        )
+        .await?;
+        let report =
+            report.ok_or_else(|| ProviderError::Golden("staging build gave no report".into()))?;
+        let escaped = stage
+            .to_string_lossy()
+            .replace('\\', "\\\\")
+            .replace('\'', "\\'");
+        let staged = LiveSpec {
+            source: SourceDsn::parse(&format!(
+                "host='{escaped}' port={} user={SUPERUSER} dbname={DATABASE}",
+                process::PORT
+            ))?,
+            schemas: Vec::new(),
+            exclude_tables: Vec::new(),
+            mask: Default::default(),
+        };
+        build_or_explain(cfg, image, tmp, snap, bins, Load::Live(&staged)).await?;
+        drop(bridge);
+        Ok(report)
+    }
+    .await;
+    qemu::kill(&stage).await;
+    let _ = std::fs::remove_dir_all(&stage);
+    r
 }
 
 /// Runs [`build`], always ends its VM, and puts the VM's last words in a failure.
@@ -148,15 +210,17 @@ pub async fn ensure(cfg: &MicrovmConfig, image: &Image) -> Result<Snapshot, Prov
     Ok(snap)
 }
 
-async fn build(
+/// Boots a golden VM into `dir`, its disk an overlay of the image, its RAM the shared
+/// file `mem`, and fills its database; the VM keeps running (with the returned bridge).
+async fn boot_and_fill(
     cfg: &MicrovmConfig,
     image: &Image,
     dir: &Path,
-    snap: &Snapshot,
+    (disk, mem, name): (&Path, &Path, &str),
     bins: &crate::pg::PgBinaries,
     what: Load<'_>,
-) -> Result<Option<BuildReport>, ProviderError> {
-    qemu::overlay(&image.dir.join("root.qcow2"), &snap.disk).await?;
+) -> Result<(Bridge, Option<BuildReport>), ProviderError> {
+    qemu::overlay(&image.dir.join("root.qcow2"), disk).await?;
     let spec = VmSpec {
         qemu: &cfg.qemu,
         accel: &cfg.accel,
@@ -164,11 +228,11 @@ async fn build(
         vcpus: cfg.vcpus,
         image,
         dir,
-        disk: &snap.disk,
-        mem: &snap.mem,
+        disk,
+        mem,
         shared: true,
         incoming: false,
-        name: "sandpit-vm-golden",
+        name,
     };
     qemu::start(&spec)?;
     let deadline = cfg.boot_timeout;
@@ -197,6 +261,21 @@ async fn build(
         // live build, through the VM's bridge socket.
         Load::Live(spec) => Some(crate::provider::golden_build::load(&ctx, dir, spec).await?),
     };
+    Ok((b, report))
+}
+
+/// Boots the golden VM, fills it, and saves its snapshot into `snap`'s files.
+async fn build(
+    cfg: &MicrovmConfig,
+    image: &Image,
+    dir: &Path,
+    snap: &Snapshot,
+    bins: &crate::pg::PgBinaries,
+    what: Load<'_>,
+) -> Result<Option<BuildReport>, ProviderError> {
+    let vm = (snap.disk.as_path(), snap.mem.as_path(), "sandpit-vm-golden");
+    let (b, report) = boot_and_fill(cfg, image, dir, vm, bins, what).await?;
+    let deadline = cfg.boot_timeout;
     let mut qmp = Qmp::connect(&dir.join(qemu::QMP), deadline).await?;
     qmp.execute(
         "migrate-set-capabilities",

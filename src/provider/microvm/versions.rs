@@ -29,6 +29,7 @@ pub(super) async fn remove_unfinished(root: &Path) {
     if let Ok(rd) = std::fs::read_dir(store::versions_dir(root)) {
         for e in rd.flatten() {
             if e.file_name().to_string_lossy().starts_with('.') {
+                qemu::kill(&e.path().join(golden::STAGE_DIR)).await;
                 qemu::kill(&e.path()).await;
             }
         }
