@@ -16,6 +16,7 @@ pub mod remote;
 pub mod remote_api;
 pub mod tag_file;
 pub mod template;
+pub mod version_store;
 pub mod versions;
 
 use std::future::Future;
@@ -116,7 +117,7 @@ impl From<crate::pg::PgError> for ProviderError {
 
 fn versions_unsupported<T>(name: &str) -> Result<T, ProviderError> {
     Err(ProviderError::Unsupported(format!(
-        "golden versions and golden build are supported with the instance provider, not {name}"
+        "golden versions and golden build are supported with the instance and microvm providers, not {name}"
     )))
 }
 

@@ -11,22 +11,15 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
-
 use super::golden::{self, GoldenCtx, READY_MARKER};
 use super::golden_build::LiveSpec;
 use super::golden_sql;
-use super::instance::{make_dir, validate_handle, InstanceProvider};
+use super::instance::{validate_handle, InstanceProvider};
+use super::version_store::{self as store, Meta};
 use super::ProviderError;
 
-/// Directory of built versions, under the provider's real root.
-const VERSIONS_DIR: &str = "versions";
-/// File (in [`VERSIONS_DIR`]) naming the active version.
-const ACTIVE_FILE: &str = "active";
-/// Metadata of a built version, in its directory.
-const META_FILE: &str = "golden.json";
-/// Directory of pins (one file per issued, not yet forked token), under the real root.
-const PINS_DIR: &str = "pins";
+pub use super::version_store::GoldenInfo;
+
 /// File in an instance dir naming the golden version it was copied from.
 pub(super) const GOLDEN_FILE: &str = "golden-version";
 
@@ -50,62 +43,16 @@ impl Golden {
     }
 }
 
-/// Stored with a built version: where it came from, never with credentials.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Meta {
-    id: String,
-    created_at: String,
-    source: String,
-    schemas: Vec<String>,
-    exclude_tables: Vec<String>,
-    report: serde_json::Value,
-}
-
-/// A golden version as the API shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct GoldenInfo {
-    /// Version id.
-    pub id: String,
-    /// "sql" (built from the configured SQL file) or "live" (from a live database).
-    pub kind: String,
-    /// When it was built, RFC 3339 (the directory's time for the SQL golden).
-    pub created_at: String,
-    /// The SQL file name, or the source as `postgresql://user@host:port/db` (no password).
-    pub source: String,
-    /// Whether new forks copy it.
-    pub active: bool,
-    /// Instances (token backends and warm-pool members) copied from it that exist now.
-    pub forks: u64,
-    /// Schemas copied (live builds).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub schemas: Vec<String>,
-    /// Tables left out (live builds).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub exclude_tables: Vec<String>,
-    /// What masking and sampling did (live builds).
-    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
-    pub report: serde_json::Value,
-}
-
-fn versions_dir(root: &Path) -> PathBuf {
-    root.join(VERSIONS_DIR)
-}
-
 fn ready(dir: &Path) -> bool {
     golden_sql::is_ready(dir)
 }
 
 /// The version named in `versions/active` if it is a finished built version, else the base.
 pub fn active_at_start(root: &Path, base: &Golden) -> Golden {
-    let named = fs::read_to_string(versions_dir(root).join(ACTIVE_FILE)).unwrap_or_default();
-    let id = named.trim();
-    if validate_handle(id).is_ok() {
-        let dir = versions_dir(root).join(id);
+    if let Some(id) = store::read_active(root) {
+        let dir = store::versions_dir(root).join(&id);
         if ready(&dir) {
-            return Golden {
-                id: id.to_string(),
-                dir,
-            };
+            return Golden { id, dir };
         }
     }
     base.clone()
@@ -114,14 +61,7 @@ pub fn active_at_start(root: &Path, base: &Golden) -> Golden {
 /// Removes what builds interrupted by a dead gateway left (called at start, before any
 /// build can run).
 pub fn remove_unfinished(root: &Path) {
-    let Ok(rd) = fs::read_dir(versions_dir(root)) else {
-        return;
-    };
-    for e in rd.flatten() {
-        if e.file_name().to_string_lossy().starts_with('.') {
-            let _ = fs::remove_dir_all(e.path());
-        }
-    }
+    store::remove_unfinished(root)
 }
 
 /// The version an instance dir was copied from (None for instances older than versions).
@@ -130,21 +70,6 @@ pub fn instance_golden(inst: &Path) -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-}
-
-/// `v20250102T030405-1a2b3c`: sorts by time, unique enough for one root.
-fn new_id() -> String {
-    let now = time::OffsetDateTime::now_utc();
-    format!(
-        "v{:04}{:02}{:02}T{:02}{:02}{:02}-{}",
-        now.year(),
-        u8::from(now.month()),
-        now.day(),
-        now.hour(),
-        now.minute(),
-        now.second(),
-        hex::encode(rand::random::<[u8; 3]>())
-    )
 }
 
 impl InstanceProvider {
@@ -165,7 +90,7 @@ impl InstanceProvider {
         let dir = if golden_sql::is_sql_golden_name(id) {
             self.real_root.join(id)
         } else {
-            versions_dir(&self.real_root).join(id)
+            store::versions_dir(&self.real_root).join(id)
         };
         if ready(&dir) {
             Ok(Golden {
@@ -191,14 +116,8 @@ impl InstanceProvider {
         }
     }
 
-    fn pin_path(&self, token: &str) -> Result<PathBuf, ProviderError> {
-        validate_handle(token)?;
-        Ok(self.real_root.join(PINS_DIR).join(token))
-    }
-
     fn read_pin(&self, token: &str) -> Option<String> {
-        let text = fs::read_to_string(self.pin_path(token).ok()?).ok()?;
-        text.lines().next().map(str::to_string)
+        store::read_pin(&self.real_root, token)
     }
 
     /// Pins the active version for `token` (issued, expiring at `expires_at`, RFC 3339).
@@ -207,48 +126,16 @@ impl InstanceProvider {
         token: &str,
         expires_at: &str,
     ) -> Result<String, ProviderError> {
-        let path = self.pin_path(token)?;
         // Under the gate: a switch or a collection cannot come between reading and pinning.
         let _gate = self.versions_gate.read().await;
         let active = self.active_golden_now();
-        make_dir(&self.real_root.join(PINS_DIR), 0o700)?;
-        let tmp = path.with_extension("tmp");
-        fs::write(&tmp, format!("{}\n{expires_at}\n", active.id))?;
-        fs::rename(&tmp, &path)?;
+        store::write_pin(&self.real_root, token, &active.id, expires_at)?;
         Ok(active.id)
     }
 
     /// Removes a token's pin; true if there was one.
     pub(super) fn unpin_version(&self, token: &str) -> Result<bool, ProviderError> {
-        match fs::remove_file(self.pin_path(token)?) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Versions named by pins whose token has not expired; expired pins (a token that ended
-    /// while no gateway ran) are removed on the way.
-    fn pinned_versions(&self) -> std::collections::BTreeSet<String> {
-        let mut out = std::collections::BTreeSet::new();
-        let Ok(rd) = fs::read_dir(self.real_root.join(PINS_DIR)) else {
-            return out;
-        };
-        let now = time::OffsetDateTime::now_utc();
-        for e in rd.flatten() {
-            let text = fs::read_to_string(e.path()).unwrap_or_default();
-            let mut lines = text.lines();
-            let (Some(version), Some(expires)) = (lines.next(), lines.next()) else {
-                continue; // being written
-            };
-            let expired = crate::rfc3339::parse(expires).is_some_and(|t| t < now);
-            if expired {
-                let _ = fs::remove_file(e.path());
-            } else {
-                out.insert(version.to_string());
-            }
-        }
-        out
+        store::remove_pin(&self.real_root, token)
     }
 
     /// How many instances name each version (instances of older gateways count as base).
@@ -271,61 +158,33 @@ impl InstanceProvider {
         let _gate = self.versions_gate.read().await;
         let active = self.active_golden_now().id;
         let counts = self.fork_counts();
-        let created = |dir: &Path| {
-            fs::metadata(dir.join(READY_MARKER))
-                .and_then(|m| m.modified())
-                .ok()
-                .map(|t| crate::rfc3339::format(t.into()))
-                .unwrap_or_default()
-        };
-        let mut out = vec![GoldenInfo {
-            id: self.base.id.clone(),
-            kind: "sql".into(),
-            created_at: created(&self.base.dir),
-            source: "golden SQL file".into(),
-            active: active == self.base.id,
-            forks: counts.get(&self.base.id).copied().unwrap_or(0),
-            schemas: Vec::new(),
-            exclude_tables: Vec::new(),
-            report: serde_json::Value::Null,
-        }];
+        let created = |dir: &Path| store::modified(&dir.join(READY_MARKER));
+        let count = |id: &str| counts.get(id).copied().unwrap_or(0);
+        let mut out = vec![GoldenInfo::sql(
+            &self.base.id,
+            created(&self.base.dir),
+            "golden SQL file",
+            active == self.base.id,
+            count(&self.base.id),
+        )];
         for (id, dir) in self.replaced_sql_goldens() {
-            out.push(GoldenInfo {
-                active: active == id,
-                forks: counts.get(&id).copied().unwrap_or(0),
-                kind: "sql".into(),
-                created_at: created(&dir),
-                source: "golden SQL file before it changed (kept while forks or pins name it)"
-                    .into(),
-                schemas: Vec::new(),
-                exclude_tables: Vec::new(),
-                report: serde_json::Value::Null,
-                id,
-            });
+            out.push(GoldenInfo::sql(
+                &id,
+                created(&dir),
+                "golden SQL file before it changed (kept while forks or pins name it)",
+                active == id,
+                count(&id),
+            ));
         }
         let mut built = Vec::new();
-        if let Ok(rd) = fs::read_dir(versions_dir(&self.real_root)) {
-            for e in rd.flatten() {
-                let id = e.file_name().to_string_lossy().to_string();
-                if validate_handle(&id).is_err() || !ready(&e.path()) {
-                    continue;
-                }
-                let meta: Option<Meta> = fs::read(e.path().join(META_FILE))
-                    .ok()
-                    .and_then(|b| serde_json::from_slice(&b).ok());
-                let Some(meta) = meta else { continue };
-                built.push(GoldenInfo {
-                    active: active == id,
-                    forks: counts.get(&id).copied().unwrap_or(0),
-                    id,
-                    kind: "live".into(),
-                    created_at: meta.created_at,
-                    source: meta.source,
-                    schemas: meta.schemas,
-                    exclude_tables: meta.exclude_tables,
-                    report: meta.report,
-                });
+        for (id, dir) in store::built(&self.real_root) {
+            if !ready(&dir) {
+                continue;
             }
+            let Some(meta) = Meta::read(&dir) else {
+                continue;
+            };
+            built.push(GoldenInfo::live(id.clone(), meta, active == id, count(&id)));
         }
         built.sort_by(|a, b| a.id.cmp(&b.id));
         out.extend(built);
@@ -337,10 +196,9 @@ impl InstanceProvider {
     /// [`use_version`]: InstanceProvider::use_version
     pub(super) async fn build_version(&self, spec: &LiveSpec) -> Result<GoldenInfo, ProviderError> {
         let _one = self.build_lock.lock().await;
-        let vdir = versions_dir(&self.real_root);
-        make_dir(&vdir, 0o711)?;
-        let id = new_id();
-        let tmp = vdir.join(format!(".{id}.building"));
+        let vdir = store::make_versions_dir(&self.real_root)?;
+        let id = store::new_id();
+        let tmp = store::building_dir(&vdir, &id);
         let ctx = GoldenCtx {
             bins: &self.bins,
             run_as: &self.run_as,
@@ -360,17 +218,7 @@ impl InstanceProvider {
                 return Err(e);
             }
         };
-        let meta = Meta {
-            id: id.clone(),
-            created_at: crate::rfc3339::now(),
-            source: spec.source.describe(),
-            schemas: spec.schemas.clone(),
-            exclude_tables: spec.exclude_tables.clone(),
-            report: serde_json::to_value(&report).unwrap_or_default(),
-        };
-        let bytes = serde_json::to_vec_pretty(&meta)
-            .map_err(|e| ProviderError::Golden(format!("golden metadata: {e}")))?;
-        fs::write(tmp.join(META_FILE), bytes)?;
+        Meta::new(&id, spec, report.as_ref()).write(&tmp)?;
         fs::rename(&tmp, vdir.join(&id))?;
         golden::sync_dir(&vdir);
         tracing::info!(golden = %id, elapsed_ms = started.elapsed().as_millis() as u64, "golden built from a live database");
@@ -387,12 +235,7 @@ impl InstanceProvider {
         {
             let _gate = self.versions_gate.write().await;
             let golden = self.find_golden(id)?;
-            let vdir = versions_dir(&self.real_root);
-            make_dir(&vdir, 0o711)?;
-            let tmp = vdir.join(format!("{ACTIVE_FILE}.tmp"));
-            fs::write(&tmp, format!("{}\n", golden.id))?;
-            fs::rename(&tmp, vdir.join(ACTIVE_FILE))?;
-            golden::sync_dir(&vdir);
+            store::write_active(&self.real_root, &golden.id)?;
             *self.active.write().unwrap_or_else(|p| p.into_inner()) = golden;
         }
         tracing::info!(golden = %id, "golden version in use for new forks");
@@ -432,7 +275,7 @@ impl InstanceProvider {
         let _gate = self.versions_gate.write().await;
         let active = self.active_golden_now().id;
         let counts = self.fork_counts();
-        let pinned = self.pinned_versions();
+        let pinned = store::pinned_versions(&self.real_root);
         for (name, dir) in self.replaced_sql_goldens() {
             if name == active || counts.contains_key(&name) || pinned.contains(&name) {
                 continue;
@@ -448,7 +291,7 @@ impl InstanceProvider {
                 }
             }
         }
-        let vdir = versions_dir(&self.real_root);
+        let vdir = store::versions_dir(&self.real_root);
         let Ok(rd) = fs::read_dir(&vdir) else { return };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().to_string();

@@ -2,17 +2,19 @@
 //! from a memory snapshot of a running golden VM (VM templating: the golden's RAM is a shared
 //! file; each clone maps it privately, copy-on-write, and gets its own qcow2 overlay). The
 //! guest has no network device; the gateway reaches its Postgres through a unix socket
-//! bridged over one virtio-serial port ([`bridge`]).
+//! bridged over one virtio-serial port ([`bridge`]). Golden versions built from a live
+//! database are further snapshots of the same kind ([`versions`]).
 
 mod accel;
 mod bridge;
 mod golden;
 mod image;
 mod qemu;
+mod versions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -20,18 +22,20 @@ use serde_json::json;
 use self::bridge::Bridge;
 use self::qemu::{Image, Qmp, VmSpec};
 use super::golden::{login_role, AGENT, DATABASE, REVIEWER, SUPERUSER};
+use super::golden_build::LiveSpec;
 use super::tag_file;
+use super::version_store::{self, GoldenInfo};
 use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::pg::process;
 use crate::pgconn::{BackendTarget, Endpoint};
 
 pub use image::recipe_hash;
 
-/// Tag file in a VM dir.
-/// Which golden a clone was restored from.
+/// In a VM dir: the id of the golden snapshot the clone was restored from.
 const GOLDEN_FILE: &str = "golden";
-/// Dir name of the review's reference clone (under `refs/`, never listed).
-const REFERENCE: &str = "reference";
+/// Prefix of a reference clone's bridge key (`/` is in no VM handle); its dir is
+/// `refs/<golden id>` (never listed).
+const REFERENCE: &str = "reference/";
 
 /// Settings of the `microvm` provider.
 #[derive(Debug, Clone)]
@@ -63,7 +67,18 @@ pub struct MicrovmConfig {
 pub struct MicrovmProvider {
     cfg: MicrovmConfig,
     image: Image,
-    golden: golden::Snapshot,
+    /// The snapshot built from the SQL file (always kept).
+    base: golden::Snapshot,
+    /// The snapshot new forks restore from.
+    active: RwLock<golden::Snapshot>,
+    /// What snapshots restore only with ([`golden::shape`]); built versions of another
+    /// shape are not used.
+    shape: String,
+    /// Held (shared) while a clone is being restored from a snapshot, (exclusive) while
+    /// unused versions are removed or the active one is switched.
+    versions_gate: tokio::sync::RwLock<()>,
+    /// One live build at a time (each boots a VM).
+    build_lock: tokio::sync::Mutex<()>,
     vms: PathBuf,
     refs: PathBuf,
     /// The host side of each running VM's channel, by handle.
@@ -120,21 +135,32 @@ impl MicrovmProvider {
                 accel::Accel::Tcg => "TCG software emulation",
             }
         );
-        let golden = golden::ensure(&cfg, &image).await?;
-        Ok(MicrovmProvider {
+        let base = golden::ensure(&cfg, &image).await?;
+        versions::remove_unfinished(&cfg.root).await;
+        let shape = golden::shape(&cfg, &image);
+        let p = MicrovmProvider {
             cfg,
             image,
-            golden,
+            active: RwLock::new(base.clone()),
+            base,
+            shape,
+            versions_gate: tokio::sync::RwLock::new(()),
+            build_lock: tokio::sync::Mutex::new(()),
             vms,
             refs,
             bridges: Mutex::new(HashMap::new()),
             reference_lock: tokio::sync::Mutex::new(()),
-        })
+        };
+        let active = p.active_at_start();
+        tracing::info!(golden = %active.id, "active golden");
+        *p.active.write().unwrap_or_else(|e| e.into_inner()) = active;
+        p.collect_versions().await;
+        Ok(p)
     }
 
-    /// The golden snapshot's id.
+    /// The id of the golden snapshot built from the SQL file.
     pub fn golden_id(&self) -> &str {
-        &self.golden.id
+        &self.base.id
     }
 
     fn vm_dir(&self, handle: &str) -> Result<PathBuf, ProviderError> {
@@ -142,7 +168,7 @@ impl MicrovmProvider {
         Ok(self.vms.join(handle))
     }
 
-    fn backend(&self, handle: &str, dir: &Path, method: &str) -> Backend {
+    fn backend(&self, handle: &str, dir: &Path, method: &str, golden: Option<String>) -> Backend {
         Backend {
             handle: handle.to_string(),
             target: BackendTarget {
@@ -154,9 +180,7 @@ impl MicrovmProvider {
             method: method.to_string(),
             // No network device at all: stronger than an empty namespace.
             netns: true,
-            // No golden versions here (one snapshot per SQL file, image and VM shape); the
-            // dir's `golden` file records which snapshot a clone came from.
-            golden: None,
+            golden,
         }
     }
 
@@ -164,6 +188,7 @@ impl MicrovmProvider {
         &'a self,
         dir: &'a Path,
         disk: &'a Path,
+        mem: &'a Path,
         name: &'a str,
         incoming: bool,
     ) -> VmSpec<'a> {
@@ -175,22 +200,27 @@ impl MicrovmProvider {
             image: &self.image,
             dir,
             disk,
-            mem: &self.golden.mem,
+            mem,
             shared: false,
             incoming,
             name,
         }
     }
 
-    /// Restores a clone of the golden into `dir` (which holds nothing but what the caller
-    /// wrote) and starts its bridge.
-    async fn restore(&self, handle: &str, dir: &Path) -> Result<(), ProviderError> {
+    /// Restores a clone of `snap` into `dir` (which holds nothing but what the caller
+    /// wrote) and starts its bridge. Call with the versions gate held (shared).
+    async fn restore(
+        &self,
+        handle: &str,
+        dir: &Path,
+        snap: &golden::Snapshot,
+    ) -> Result<(), ProviderError> {
         let t0 = Instant::now();
         let disk = dir.join("disk.qcow2");
-        qemu::overlay(&self.golden.disk, &disk).await?;
-        std::fs::write(dir.join(GOLDEN_FILE), &self.golden.id)?;
+        qemu::overlay(&snap.disk, &disk).await?;
+        std::fs::write(dir.join(GOLDEN_FILE), &snap.id)?;
         let name = format!("sandpit-vm-{handle}");
-        qemu::start(&self.spec(dir, &disk, &name, true))?;
+        qemu::start(&self.spec(dir, &disk, &snap.mem, &name, true))?;
         let deadline = self.cfg.boot_timeout;
         // QEMU waits for this connection (wait=on) before it goes on, so the guest never
         // sees its channel closed.
@@ -202,7 +232,7 @@ impl MicrovmProvider {
             json!({"capabilities": [{"capability": "x-ignore-shared", "state": true}]}),
         )
         .await?;
-        let uri = format!("file:{}", self.golden.state.display());
+        let uri = format!("file:{}", snap.state.display());
         qmp.execute("migrate-incoming", json!({ "uri": uri }))
             .await?;
         qmp.wait_running(deadline).await?;
@@ -224,13 +254,15 @@ impl MicrovmProvider {
     async fn cold_boot(&self, handle: &str, dir: &Path) -> Result<(), ProviderError> {
         let disk = dir.join("disk.qcow2");
         let name = format!("sandpit-vm-{handle}");
-        qemu::start(&self.spec(dir, &disk, &name, false))?;
+        // The memory file only backs the RAM, mapped privately: a boot starts afresh, so
+        // the base's (always kept, of this VM shape) serves whatever the clone's version.
+        qemu::start(&self.spec(dir, &disk, &self.base.mem, &name, false))?;
         let deadline = self.cfg.boot_timeout;
         let chan = bridge::connect_channel(&dir.join(qemu::CHANNEL), deadline).await?;
         let b = Bridge::start(chan, &process::socket_path(dir))?;
         b.ping(deadline).await?;
         b.set_clock().await?;
-        golden::wait_postgres(&self.golden.psql, dir, deadline).await?;
+        golden::wait_postgres(&self.base.psql, dir, deadline).await?;
         if let Ok(mut m) = self.bridges.lock() {
             m.insert(handle.to_string(), b);
         }
@@ -241,6 +273,15 @@ impl MicrovmProvider {
         if let Ok(mut m) = self.bridges.lock() {
             m.remove(handle);
         }
+    }
+
+    /// Stops and removes the reference clone of golden `id`, if there is one.
+    async fn remove_reference(&self, id: &str) -> Result<(), ProviderError> {
+        if !version_store::valid_id(id) {
+            return Ok(());
+        }
+        let key = format!("{REFERENCE}{id}");
+        self.remove_vm(&key, &self.refs.join(id)).await
     }
 
     async fn remove_vm(&self, handle: &str, dir: &Path) -> Result<(), ProviderError> {
@@ -292,15 +333,27 @@ impl Provider for MicrovmProvider {
             }
             std::fs::create_dir_all(&dir)?;
             tag_file::write(&dir, tag)?;
-            if let Err(e) = self.restore(&handle, &dir).await {
-                let log = std::fs::read_to_string(dir.join("qemu.log")).unwrap_or_default();
-                let _ = self.remove_vm(&handle, &dir).await;
-                return Err(ProviderError::Fork(format!(
-                    "{e}; qemu: {}",
-                    super::golden::tail(&log)
-                )));
-            }
-            Ok(self.backend(&handle, &dir, "snapshot-restore"))
+            let restored = {
+                // The clone names its version before the gate is released, so that version
+                // is never removed under it.
+                let _gate = self.versions_gate.read().await;
+                let snap = self.golden_for(tag);
+                self.restore(&handle, &dir, &snap).await.map(|()| snap.id)
+            };
+            let id = match restored {
+                Ok(id) => id,
+                Err(e) => {
+                    let log = std::fs::read_to_string(dir.join("qemu.log")).unwrap_or_default();
+                    let _ = self.remove_vm(&handle, &dir).await;
+                    return Err(ProviderError::Fork(format!(
+                        "{e}; qemu: {}",
+                        super::golden::tail(&log)
+                    )));
+                }
+            };
+            // The clone's own golden file names the version from now on.
+            version_store::remove_pin(&self.cfg.root, &tag.token_id)?;
+            Ok(self.backend(&handle, &dir, "snapshot-restore", Some(id)))
         })
     }
 
@@ -314,7 +367,8 @@ impl Provider for MicrovmProvider {
                 return Err(ProviderError::NotFound(handle.to_string()));
             }
             self.ensure(handle, &dir).await?;
-            Ok(self.backend(handle, &dir, "adopted"))
+            let golden = versions::clone_golden(&dir);
+            Ok(self.backend(handle, &dir, "adopted", golden))
         })
     }
 
@@ -326,7 +380,9 @@ impl Provider for MicrovmProvider {
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
             let dir = self.vm_dir(handle)?;
-            self.remove_vm(handle, &dir).await
+            self.remove_vm(handle, &dir).await?;
+            self.collect_versions().await;
+            Ok(())
         })
     }
 
@@ -396,26 +452,33 @@ impl Provider for MicrovmProvider {
 
     fn reference<'a>(
         &'a self,
-        _golden: Option<&'a str>,
+        golden: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
             let _g = self.reference_lock.lock().await;
-            let dir = self.refs.join(REFERENCE);
+            // Under the gate: the version is not removed while its reference is restored.
+            let _gate = self.versions_gate.read().await;
+            let snap = match golden {
+                None => self.active_now(),
+                Some(id) => self.find_golden(id)?,
+            };
+            let key = format!("{REFERENCE}{}", snap.id);
+            let dir = self.refs.join(&snap.id);
             let running = qemu::alive(&dir).is_some()
                 && self
                     .bridges
                     .lock()
-                    .map(|m| m.contains_key(REFERENCE))
+                    .map(|m| m.contains_key(&key))
                     .unwrap_or(false);
             if !running {
-                let _ = self.remove_vm(REFERENCE, &dir).await;
+                let _ = self.remove_vm(&key, &dir).await;
                 std::fs::create_dir_all(&dir)?;
-                if let Err(e) = self.restore(REFERENCE, &dir).await {
-                    let _ = self.remove_vm(REFERENCE, &dir).await;
+                if let Err(e) = self.restore(&key, &dir, &snap).await {
+                    let _ = self.remove_vm(&key, &dir).await;
                     return Err(e);
                 }
             }
-            let mut b = self.backend(REFERENCE, &dir, "snapshot-restore");
+            let mut b = self.backend(&key, &dir, "snapshot-restore", Some(snap.id.clone()));
             b.target.user = REVIEWER.to_string();
             Ok(b)
         })
@@ -423,8 +486,50 @@ impl Provider for MicrovmProvider {
 
     fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
         Box::pin(async move {
-            let dir = self.refs.join(REFERENCE);
-            self.remove_vm(REFERENCE, &dir).await
+            let ids: Vec<String> = std::fs::read_dir(&self.refs)?
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .collect();
+            for id in ids {
+                self.remove_reference(&id).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
+        Box::pin(self.list_goldens())
+    }
+
+    fn build_golden<'a>(
+        &'a self,
+        spec: &'a LiveSpec,
+    ) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
+        Box::pin(self.build_version(spec))
+    }
+
+    fn use_golden<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
+        Box::pin(self.use_version(id))
+    }
+
+    fn active_golden(&self) -> Option<String> {
+        Some(self.active_now().id)
+    }
+
+    fn pin_golden<'a>(
+        &'a self,
+        token: &'a str,
+        expires_at: &'a str,
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(async move { self.pin_version(token, expires_at).await.map(Some) })
+    }
+
+    fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            if version_store::remove_pin(&self.cfg.root, token)? {
+                self.collect_versions().await;
+            }
+            Ok(())
         })
     }
 }
