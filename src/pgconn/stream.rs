@@ -157,6 +157,17 @@ impl AsyncRead for BackendRead {
     }
 }
 
+impl BackendWrite {
+    /// A write right now without a task context, where the socket allows it (a unix socket):
+    /// None for the others, which go through the relay's event loop.
+    pub fn try_send_now(&self, src: &[u8]) -> Option<io::Result<usize>> {
+        match self {
+            BackendWrite::Unix(w) => Some(w.try_send(src)),
+            _ => None,
+        }
+    }
+}
+
 impl AsyncWrite for BackendWrite {
     fn poll_write(
         self: Pin<&mut Self>,

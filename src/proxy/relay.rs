@@ -87,13 +87,63 @@ pub async fn run(
     // The backend said why it is ending the session: the client gets exactly that.
     let mut backend_said_fatal = false;
 
+    // One timer for the session's life, moved only when it fires early: arming and dropping
+    // a timer per request costs more than the rest of a small round trip's bookkeeping.
+    let mut timer = std::pin::pin!(tokio::time::sleep(std::time::Duration::ZERO));
+    let mut timer_armed = false;
+    // One waiter on the token's end for the session's life (a `changed()` made per loop
+    // would register and unregister a waiter each time).
+    let mut end_rx = ended.clone();
+    let mut token_ended = std::pin::pin!(async move {
+        loop {
+            if let Some(r) = *end_rx.borrow_and_update() {
+                return Some(r);
+            }
+            if end_rx.changed().await.is_err() {
+                return None;
+            }
+        }
+    });
+
     let ending = 'relay: loop {
         pl.drain_outbox(&mut to_backend);
+        // Fast path: bytes just produced go out now when the socket takes them (unix and
+        // plain TCP); what does not fit waits for the event loop below.
+        if !to_backend.is_empty() {
+            match b_write.try_send_now(&to_backend) {
+                Some(Ok(0)) => break Ending::BackendGone,
+                Some(Ok(n)) => {
+                    bytes_up.increment(n as u64);
+                    to_backend.advance(n);
+                }
+                Some(Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock => {
+                    break Ending::BackendGone
+                }
+                _ => {}
+            }
+        }
+        if !to_client.is_empty() {
+            match c_write.try_send_now(&to_client) {
+                Some(Ok(0)) => break Ending::ClientGone,
+                Some(Ok(n)) => {
+                    bytes_down.increment(n as u64);
+                    to_client.advance(n);
+                }
+                Some(Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock => {
+                    break Ending::ClientGone
+                }
+                _ => {}
+            }
+        }
         if terminated && to_backend.is_empty() && pl.outbox_empty() {
             break Ending::ClientTerminated;
         }
-        if let Some(r) = *ended.borrow() {
-            break Ending::Ended(r);
+        // The token's end goes before any more reading (one atomic load when nothing changed;
+        // the waiter below only wakes an idle session).
+        if ended.has_changed().unwrap_or(false) {
+            if let Some(r) = *ended.borrow_and_update() {
+                break Ending::Ended(r);
+            }
         }
         let read_client = !terminated && pl.accepting() && to_backend.len() < HIGH_WATER;
         let read_backend = to_client.len() < HIGH_WATER;
@@ -101,9 +151,25 @@ pub async fn run(
             (Some(w), Some(t)) if !cancelled => Some(t + w.limit),
             _ => None,
         };
+        // Armed no later than the deadline; a later deadline (the next request's) is left to
+        // the firing below, which moves the timer on.
+        if let Some(d) = deadline {
+            if !timer_armed || timer.deadline() > d {
+                timer.as_mut().reset(d);
+                timer_armed = true;
+            }
+        }
         tokio::select! {
-            _ = sleep_until(deadline), if deadline.is_some() => {
-                if let Some(w) = &watchdog {
+            _ = timer.as_mut(), if timer_armed => {
+                timer_armed = false;
+                match deadline {
+                    // Fired for an earlier request: wait on for this one's deadline.
+                    Some(d) if tokio::time::Instant::now() < d => {
+                        timer.as_mut().reset(d);
+                        timer_armed = true;
+                    }
+                    None => {}
+                    Some(_) => if let Some(w) = &watchdog {
                     cancelled = true;
                     metrics::counter!("sandpit_statement_timeouts_total").increment(1);
                     tracing::info!(limit_ms = w.limit.as_millis() as u64, "statement timeout: cancelling");
@@ -115,11 +181,13 @@ pub async fn run(
                     if let Err(e) = super::cancel::send(&w.target).await {
                         tracing::warn!(error = %e, "statement timeout cancel failed");
                     }
+                    }
                 }
             }
-            changed = ended.changed(), if watching => {
-                if changed.is_err() { watching = false; }
-            }
+            r = token_ended.as_mut(), if watching => match r {
+                Some(reason) => break Ending::Ended(reason),
+                None => watching = false,
+            },
             f = c_reader.read_frame(), if read_client => match f {
                 Ok(Some(f)) => {
                     terminated = f.tag == b'X';
@@ -252,11 +320,4 @@ fn note_backend(
     *unanswered = unanswered.saturating_sub(1);
     *cancelled = false;
     *busy_since = (*unanswered > 0).then(tokio::time::Instant::now);
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }

@@ -98,6 +98,17 @@ impl ClientStream {
     }
 }
 
+impl ClientWrite {
+    /// A write right now without a task context, where the socket allows it (plain TCP):
+    /// None for TLS, whose writes go through the relay's event loop.
+    pub fn try_send_now(&self, src: &[u8]) -> Option<io::Result<usize>> {
+        match self {
+            ClientWrite::Plain(w) => Some(w.try_send(src)),
+            ClientWrite::Tls(_) => None,
+        }
+    }
+}
+
 impl AsyncRead for ClientRead {
     fn poll_read(
         self: Pin<&mut Self>,

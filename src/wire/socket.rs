@@ -123,6 +123,23 @@ impl<S: AsRawFd> AsyncRead for LeanRead<S> {
     }
 }
 
+impl<S: AsRawFd> LeanWrite<S> {
+    /// Writes what the socket takes now, without a task context: the relay's fast path right
+    /// after it produced bytes (one `send`, no trip through its event loop). `WouldBlock`
+    /// when the socket is full or an earlier write is waiting for room.
+    pub fn try_send(&self, src: &[u8]) -> io::Result<usize> {
+        if self.blocked.is_some() {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        loop {
+            match send(self.io.as_raw_fd(), src) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => return r,
+            }
+        }
+    }
+}
+
 impl<S: AsRawFd + AsFd> AsyncWrite for LeanWrite<S> {
     fn poll_write(
         self: Pin<&mut Self>,
@@ -213,6 +230,36 @@ mod tests {
         r.read_to_end(&mut back).await.expect("read_to_end");
         assert_eq!(back, b"hello");
         w.shutdown().await.expect("our shutdown");
+    }
+
+    #[tokio::test]
+    async fn try_send_writes_now_until_the_socket_is_full() {
+        let (a, b) = tokio::net::UnixStream::pair().expect("pair");
+        let (_r, mut w) = split_unix(a).expect("split");
+        assert_eq!(w.try_send(b"abc").expect("room"), 3);
+        // Fill the socket: try_send then says WouldBlock instead of waiting.
+        let chunk = vec![1u8; 64 * 1024];
+        let mut sent = 3usize;
+        let full = loop {
+            match w.try_send(&chunk) {
+                Ok(n) => sent += n,
+                Err(e) => break e,
+            }
+            assert!(sent < 64 * 1024 * 1024, "a unix socket never filled");
+        };
+        assert_eq!(full.kind(), io::ErrorKind::WouldBlock);
+        // The async path still completes once the peer reads.
+        let reader = tokio::spawn(async move {
+            let mut b = b;
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut got = 0usize;
+            while got < sent + 1 {
+                got += b.read(&mut buf).await.expect("read");
+            }
+            got
+        });
+        w.write_all(b"z").await.expect("write after full");
+        assert_eq!(reader.await.expect("join"), sent + 1);
     }
 
     #[tokio::test]
