@@ -306,6 +306,87 @@ fn leading_words(text: &str, n: usize) -> Vec<String> {
     words
 }
 
+/// What a byte-level look at a statement's start found.
+enum FirstWord<'a> {
+    /// The first word, as written (ASCII).
+    Word(&'a str),
+    /// No word starts the statement.
+    None,
+    /// A comment or non-ASCII text comes first: `leading_words` decides.
+    Slow,
+}
+
+/// The first word without allocating, in the common case: after ASCII whitespace and
+/// parentheses, an ASCII word. Anything else goes to `leading_words`, so both agree.
+fn first_word_fast(text: &str) -> FirstWord<'_> {
+    let b = text.as_bytes();
+    let Some(start) = b
+        .iter()
+        .position(|c| !matches!(c, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | b'('))
+    else {
+        return FirstWord::None;
+    };
+    let c = b[start];
+    if !(c.is_ascii_alphabetic() || c == b'_') {
+        return if c >= 0x80 || c == b'-' || c == b'/' {
+            FirstWord::Slow
+        } else {
+            FirstWord::None
+        };
+    }
+    let len = b[start..]
+        .iter()
+        .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+        .unwrap_or(b.len() - start);
+    if b.get(start + len).is_some_and(|c| *c >= 0x80) {
+        return FirstWord::Slow; // a word that goes on in non-ASCII letters
+    }
+    // Both ends are ASCII bytes, so char boundaries.
+    text.get(start..start + len)
+        .map_or(FirstWord::Slow, FirstWord::Word)
+}
+
+/// The statement's first word as `leading_words(text, 1)` finds it, compared without case.
+fn first_word_is(text: &str, word: &str) -> bool {
+    match first_word_fast(text) {
+        FirstWord::Word(w) => w.eq_ignore_ascii_case(word),
+        FirstWord::None => false,
+        FirstWord::Slow => leading_words(text, 1)
+            .first()
+            .is_some_and(|l| l.eq_ignore_ascii_case(word)),
+    }
+}
+
+/// The statement's first word upper-cased into `buf` ("" when there is none; "?" when it
+/// is longer than any keyword), without allocating in the common case.
+fn first_word_upper<'b>(text: &str, buf: &'b mut [u8; 16]) -> &'b str {
+    let slow;
+    let w: &str = match first_word_fast(text) {
+        FirstWord::Word(w) => w,
+        FirstWord::None => return "",
+        FirstWord::Slow => {
+            slow = leading_words(text, 1);
+            match slow.first() {
+                Some(w) => w.as_str(),
+                None => return "",
+            }
+        }
+    };
+    let Some(dst) = buf.get_mut(..w.len()) else {
+        return "?";
+    };
+    dst.copy_from_slice(w.as_bytes());
+    dst.make_ascii_uppercase();
+    std::str::from_utf8(dst).unwrap_or("?")
+}
+
+/// Whether `text` holds `word` (an upper-case ASCII word) in any case, without allocating.
+fn contains_upper(text: &str, word: &[u8]) -> bool {
+    text.as_bytes()
+        .windows(word.len())
+        .any(|w| w.eq_ignore_ascii_case(word))
+}
+
 /// Keyword fallback for what the parser does not understand.
 pub fn from_keywords(text: &str) -> Kind {
     let w = leading_words(text, 2);
@@ -380,17 +461,15 @@ pub fn leading_word_is(text: &str, word: &str) -> bool {
     if !occurs {
         return false;
     }
-    leading_words(text, 1)
-        .first()
-        .is_some_and(|l| l.eq_ignore_ascii_case(word))
+    first_word_is(text, word)
 }
 
 /// Whether a statement can produce a result set (so it must be capped by the backend, not
 /// only by the gateway). Errs towards yes: a false yes costs a protocol rewrite, a false no
 /// costs streaming the rows through the gateway.
 pub fn may_return_rows(text: &str) -> bool {
-    let w = leading_words(text, 1);
-    let first = w.first().map(String::as_str).unwrap_or("");
+    let mut buf = [0u8; 16];
+    let first = first_word_upper(text, &mut buf);
     !matches!(
         first,
         "" | "INSERT"
@@ -441,12 +520,11 @@ pub fn may_return_rows(text: &str) -> bool {
 
 /// Whether a DML statement has a RETURNING clause (lexically).
 pub fn returning(text: &str) -> bool {
-    let up = text.to_ascii_uppercase();
-    let w = leading_words(text, 1);
+    let mut buf = [0u8; 16];
     matches!(
-        w.first().map(String::as_str),
-        Some("INSERT" | "UPDATE" | "DELETE" | "MERGE")
-    ) && up.contains("RETURNING")
+        first_word_upper(text, &mut buf),
+        "INSERT" | "UPDATE" | "DELETE" | "MERGE"
+    ) && contains_upper(text, b"RETURNING")
 }
 
 /// A byte that can continue an identifier or a dollar-quote tag (letters, digits, `_`, and

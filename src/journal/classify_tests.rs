@@ -148,3 +148,84 @@ fn catalog_and_leading_word_hints() {
     assert!(!leading_word_is("select 'copy'", "COPY"));
     assert!(!leading_word_is("select 1", "COPY"));
 }
+
+/// The allocation-free first word agrees with `leading_words` on every text, including the
+/// ones it hands back to it (comments, non-ASCII, odd starts).
+#[test]
+fn first_word_agrees_with_leading_words() {
+    let mut texts: Vec<String> = [
+        "",
+        "  ",
+        "select 1",
+        "  (( SELECT 1",
+        "insert into t values (1) returning a",
+        "-- c\nselect 1",
+        "/* c */ update t set a=1",
+        "/* /* n */ */ select 1",
+        "_x",
+        "x_1y",
+        "éselect",
+        "selecté 1",
+        "\u{85}select",
+        ";",
+        "1 + 1",
+        "\x0bselect",
+        "(\n\tWITH x",
+        "abcdefghijklmnopqrstuvwxyz",
+        "delete/**/from t",
+        "ÉDELETE",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // And every short text over a small alphabet of the interesting bytes.
+    let alphabet = [
+        "s", "E", "_", "1", " ", "(", "-", "/", "*", "\n", "é", ";", "\u{85}",
+    ];
+    for a in &alphabet {
+        for b in &alphabet {
+            for c in &alphabet {
+                texts.push(format!("{a}{b}{c}x"));
+            }
+        }
+    }
+    for t in &texts {
+        let slow = leading_words(t, 1).into_iter().next().unwrap_or_default();
+        let mut buf = [0u8; 16];
+        let fast = first_word_upper(t, &mut buf).to_string();
+        let expect = if slow.len() > 16 {
+            "?".to_string()
+        } else {
+            slow.clone()
+        };
+        assert_eq!(fast, expect, "first_word_upper({t:?})");
+        if !slow.is_empty() {
+            assert!(
+                first_word_is(t, &slow.to_ascii_lowercase()),
+                "first_word_is({t:?})"
+            );
+        }
+        assert!(!first_word_is(t, "nosuchword"), "{t:?}");
+    }
+}
+
+#[test]
+fn returning_and_rows_without_allocating_still_answer_the_same() {
+    assert!(returning("insert into t values (1) Returning a"));
+    assert!(returning("/* x */ UPDATE t SET a = 1 RETURNING *"));
+    assert!(!returning("select returning from t"));
+    assert!(!returning("insert into t values (1)"));
+    assert!(may_return_rows("select 1"));
+    assert!(may_return_rows("delete from t returning *"));
+    assert!(!may_return_rows("delete from t"));
+    assert!(!may_return_rows("   "));
+    assert!(may_return_rows("averyveryverylongfunctionname()"));
+    assert_eq!(
+        split("create function f() begin\natomic select 1; end"),
+        None
+    );
+    assert_eq!(
+        split("select 1; select 2"),
+        Some(vec!["select 1", "select 2"])
+    );
+}

@@ -46,12 +46,12 @@ pub(super) fn text_of(b: &[u8]) -> String {
 }
 
 fn verb_of(text: &str) -> &'static str {
-    let t = text
+    let fetch = text
         .trim_start()
+        .as_bytes()
         .get(..5)
-        .unwrap_or("")
-        .to_ascii_uppercase();
-    if t == "FETCH" {
+        .is_some_and(|w| w.eq_ignore_ascii_case(b"FETCH"));
+    if fetch {
         "FETCH"
     } else {
         "SELECT"
