@@ -189,16 +189,16 @@ impl Outgoing {
         let mut bytes = BytesMut::with_capacity(sql.len() + 64);
         put_message(&mut bytes, b'P', &[b"", b"\0", sql, b"\0", &[0, 0]]);
         put_message(&mut bytes, b'B', &[b"\0\0", &[0; 6]]);
-        let mut pending = vec![
-            Pending::Parse {
-                swallow: true,
-                change: None,
-            },
-            Pending::Bind {
-                swallow: true,
-                change: None,
-            },
-        ];
+        // Sized for the most it holds (Parse, Bind, Describe, the Execute): no regrowth.
+        let mut pending = Vec::with_capacity(4);
+        pending.push(Pending::Parse {
+            swallow: true,
+            change: None,
+        });
+        pending.push(Pending::Bind {
+            swallow: true,
+            change: None,
+        });
         if describe.is_some() {
             put_message(&mut bytes, b'D', &[b"P\0"]);
             pending.push(Pending::Describe {
