@@ -70,6 +70,8 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Locked(#[from] lock::LockError),
+    #[error("cannot start the statement log's ticker thread: {0}")]
+    LogTicker(std::io::Error),
 }
 
 /// The admin key: config, then `SANDPIT_ADMIN_KEY`, then `<data_dir>/admin.key` (created
@@ -359,9 +361,8 @@ pub async fn run(
     }
     let janitor_task = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
 
-    let syncer = tokio::spawn(journal::log::sync_ticker(gw.clone(), |gw: &Gateway| {
-        &gw.logs
-    }));
+    let mut syncer = journal::log::SyncTicker::start(gw.clone(), |gw: &Gateway| &gw.logs)
+        .map_err(ServeError::LogTicker)?;
 
     let idle = gw.config.postgres.idle_suspend;
     let suspender = (!idle.is_zero()).then(|| {
@@ -434,7 +435,8 @@ pub async fn run(
     if let Some(p) = &pool {
         p.drain().await;
     }
-    syncer.abort();
+    // A thread: stopped off the runtime (it may be finishing an fsync).
+    let _ = tokio::task::spawn_blocking(move || syncer.stop()).await;
     if let Some(f) = follower {
         f.abort();
     }

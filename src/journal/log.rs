@@ -480,32 +480,78 @@ impl LogBook {
     }
 }
 
-/// How often [`sync_ticker`] fsyncs the open logs.
+/// How often [`SyncTicker`] fsyncs the open logs.
 pub const SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How often idle logs' deferred outcome records are looked at: written after one to two
 /// of these with no write (see [`TokenLog::flush_idle_outcomes`]).
 pub const OUTCOME_IDLE: Duration = Duration::from_millis(75);
 
-/// Every [`OUTCOME_IDLE`], write the deferred outcomes of logs gone idle; every
-/// [`SYNC_INTERVAL`], fsync the logs `book` finds in `owner`; until the task is aborted.
-/// Statement records are written before each statement runs (SIGKILL-safe); the fsync makes
-/// them survive a machine crash too, at most a second late. Done here rather than by a
-/// timer in each relay loop: a timer polled at every wake-up of a busy session cost more
-/// than the write it saved.
-pub async fn sync_ticker<T: Send + Sync + 'static>(owner: Arc<T>, book: fn(&T) -> &LogBook) {
-    let mut tick = tokio::time::interval(OUTCOME_IDLE);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_sync = tokio::time::Instant::now();
-    loop {
-        tick.tick().await;
-        // A write of a few records, as the relay does inline for each statement.
-        book(&owner).flush_idle();
-        if last_sync.elapsed() >= SYNC_INTERVAL {
-            last_sync = tokio::time::Instant::now();
-            let owner = owner.clone();
-            let _ = tokio::task::spawn_blocking(move || book(&owner).sync_all()).await;
+/// Every [`OUTCOME_IDLE`], writes the deferred outcomes of logs gone idle; every
+/// [`SYNC_INTERVAL`], fsyncs the logs `book` finds in `owner`; until [`SyncTicker::stop`]
+/// (or drop). Statement records are written before each statement runs (SIGKILL-safe); the
+/// fsync makes them survive a machine crash too, at most a second late. Done here rather
+/// than by a timer in each relay loop: a timer polled at every wake-up of a busy session
+/// cost more than the write it saved. A thread of its own, not a task: a tick then costs
+/// one timed wait, where a runtime timer woke the event loop through several syscalls
+/// (counted against every transaction of a busy gateway).
+pub struct SyncTicker {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SyncTicker {
+    /// Starts the ticker thread (`sandpit-log-ticker`).
+    pub fn start<T: Send + Sync + 'static>(
+        owner: Arc<T>,
+        book: fn(&T) -> &LogBook,
+    ) -> std::io::Result<SyncTicker> {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("sandpit-log-ticker".into())
+            .spawn(move || {
+                let (lock, cvar) = &*flag;
+                let mut last_sync = std::time::Instant::now();
+                let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+                while !*stopped {
+                    stopped = cvar
+                        .wait_timeout(stopped, OUTCOME_IDLE)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    if *stopped {
+                        break;
+                    }
+                    drop(stopped);
+                    // A write of a few records, as the relay does inline for each statement.
+                    book(&owner).flush_idle();
+                    if last_sync.elapsed() >= SYNC_INTERVAL {
+                        last_sync = std::time::Instant::now();
+                        book(&owner).sync_all();
+                    }
+                    stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+                }
+            })?;
+        Ok(SyncTicker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread and waits for it (a flush or fsync under way finishes first).
+    pub fn stop(&mut self) {
+        let (lock, cvar) = &*self.stop;
+        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        cvar.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
+    }
+}
+
+impl Drop for SyncTicker {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

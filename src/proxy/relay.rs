@@ -256,7 +256,7 @@ pub async fn run(
 
     tracing::debug!(?ending, "relay finished");
     // Before the client can see the session end, its outcomes are in the log (an idle
-    // session's are written by the log's ticker: `journal::log::sync_ticker`).
+    // session's are written by the log's ticker: `journal::log::SyncTicker`).
     pl.flush_outcomes();
     let fatal = |code: &str, msg: &str| messages::error_response(Severity::Fatal, code, msg);
     let last = match &ending {
