@@ -170,18 +170,18 @@ pub async fn run(
                     }
                     None => {}
                     Some(_) => if let Some(w) = &watchdog {
-                    cancelled = true;
-                    metrics::counter!("sandpit_statement_timeouts_total").increment(1);
-                    tracing::info!(limit_ms = w.limit.as_millis() as u64, "statement timeout: cancelling");
-                    let msg = format!(
-                        "sandpit: the request ran longer than this token's statement_timeout ({} ms); cancelling it",
-                        w.limit.as_millis()
-                    );
-                    to_client.extend_from_slice(&messages::notice_response("WARNING", "57014", &msg));
-                    if let Err(e) = super::cancel::send(&w.target).await {
-                        tracing::warn!(error = %e, "statement timeout cancel failed");
-                    }
-                    }
+                        cancelled = true;
+                        metrics::counter!("sandpit_statement_timeouts_total").increment(1);
+                        tracing::info!(limit_ms = w.limit.as_millis() as u64, "statement timeout: cancelling");
+                        let msg = format!(
+                            "sandpit: the request ran longer than this token's statement_timeout ({} ms); cancelling it",
+                            w.limit.as_millis()
+                        );
+                        to_client.extend_from_slice(&messages::notice_response("WARNING", "57014", &msg));
+                        if let Err(e) = super::cancel::send(&w.target).await {
+                            tracing::warn!(error = %e, "statement timeout cancel failed");
+                        }
+                    },
                 }
             }
             r = token_ended.as_mut(), if watching => match r {
