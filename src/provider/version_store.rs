@@ -5,7 +5,7 @@
 //! version was active to it until its fork names it or the token ends. What a version's
 //! directory holds besides its metadata, and how forks name their version, is the provider's.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -280,4 +280,41 @@ pub fn pinned_versions(root: &Path) -> BTreeSet<String> {
         }
     }
     out
+}
+
+/// How many backends (dirs under `dir`) name each version; `version_of` reads a backend
+/// dir's version, and one that names none (made by an older gateway) counts as `base`.
+pub fn fork_counts(
+    dir: &Path,
+    version_of: impl Fn(&Path) -> Option<String>,
+    base: &str,
+) -> BTreeMap<String, u64> {
+    let mut counts = BTreeMap::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let path = e.path();
+            if !path.is_dir() {
+                continue;
+            }
+            let id = version_of(&path).unwrap_or_else(|| base.to_string());
+            *counts.entry(id).or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Finishes a build made in `tmp`: its metadata written, then renamed into `vdir` as `id`
+/// and the rename synced (a version is whole or absent), and counted.
+pub fn publish_build(
+    vdir: &Path,
+    tmp: &Path,
+    id: &str,
+    spec: &LiveSpec,
+    report: Option<&BuildReport>,
+) -> Result<(), ProviderError> {
+    Meta::new(id, spec, report).write(tmp)?;
+    fs::rename(tmp, vdir.join(id))?;
+    super::golden::sync_dir(vdir);
+    metrics::counter!("sandpit_golden_builds_total").increment(1);
+    Ok(())
 }

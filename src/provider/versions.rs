@@ -140,17 +140,7 @@ impl InstanceProvider {
 
     /// How many instances name each version (instances of older gateways count as base).
     fn fork_counts(&self) -> std::collections::BTreeMap<String, u64> {
-        let mut counts = std::collections::BTreeMap::new();
-        if let Ok(rd) = fs::read_dir(&self.instances) {
-            for e in rd.flatten() {
-                if !e.path().is_dir() {
-                    continue;
-                }
-                let id = instance_golden(&e.path()).unwrap_or_else(|| self.base.id.clone());
-                *counts.entry(id).or_insert(0) += 1;
-            }
-        }
-        counts
+        store::fork_counts(&self.instances, instance_golden, &self.base.id)
     }
 
     /// Every version, oldest first.
@@ -218,11 +208,8 @@ impl InstanceProvider {
                 return Err(e);
             }
         };
-        Meta::new(&id, spec, report.as_ref()).write(&tmp)?;
-        fs::rename(&tmp, vdir.join(&id))?;
-        golden::sync_dir(&vdir);
+        store::publish_build(&vdir, &tmp, &id, spec, report.as_ref())?;
         tracing::info!(golden = %id, elapsed_ms = started.elapsed().as_millis() as u64, "golden built from a live database");
-        metrics::counter!("sandpit_golden_builds_total").increment(1);
         self.list_goldens()
             .await?
             .into_iter()

@@ -4,6 +4,7 @@
 //! against the backend and a slow client only slows its own session.
 
 use bytes::{Buf, BytesMut};
+use metrics::Counter;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
@@ -109,31 +110,23 @@ pub async fn run(
         pl.drain_outbox(&mut to_backend);
         // Fast path: bytes just produced go out now when the socket takes them (unix and
         // plain TCP); what does not fit waits for the event loop below.
-        if !to_backend.is_empty() {
-            match b_write.try_send_now(&to_backend) {
-                Some(Ok(0)) => break Ending::BackendGone,
-                Some(Ok(n)) => {
-                    bytes_up.increment(n as u64);
-                    to_backend.advance(n);
-                }
-                Some(Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock => {
-                    break Ending::BackendGone
-                }
-                _ => {}
-            }
+        if !to_backend.is_empty()
+            && !sent_now(
+                b_write.try_send_now(&to_backend),
+                &mut to_backend,
+                &bytes_up,
+            )
+        {
+            break Ending::BackendGone;
         }
-        if !to_client.is_empty() {
-            match c_write.try_send_now(&to_client) {
-                Some(Ok(0)) => break Ending::ClientGone,
-                Some(Ok(n)) => {
-                    bytes_down.increment(n as u64);
-                    to_client.advance(n);
-                }
-                Some(Err(e)) if e.kind() != std::io::ErrorKind::WouldBlock => {
-                    break Ending::ClientGone
-                }
-                _ => {}
-            }
+        if !to_client.is_empty()
+            && !sent_now(
+                c_write.try_send_now(&to_client),
+                &mut to_client,
+                &bytes_down,
+            )
+        {
+            break Ending::ClientGone;
         }
         if terminated && to_backend.is_empty() && pl.outbox_empty() {
             break Ending::ClientTerminated;
@@ -293,6 +286,22 @@ pub async fn run(
     let _ = c_write.flush().await;
     let _ = c_write.shutdown().await;
     let _ = b_write.shutdown().await;
+}
+
+/// Accounts for a `try_send_now` of `buf`: what went out is counted and dropped from it.
+/// False when the peer is gone; a full socket or a stream without the fast path (None) is
+/// left to the event loop.
+fn sent_now(r: Option<std::io::Result<usize>>, buf: &mut BytesMut, counter: &Counter) -> bool {
+    match r {
+        Some(Ok(0)) => false,
+        Some(Ok(n)) => {
+            counter.increment(n as u64);
+            buf.advance(n);
+            true
+        }
+        Some(Err(e)) => e.kind() == std::io::ErrorKind::WouldBlock,
+        None => true,
+    }
 }
 
 /// A client message starts the clock if nothing was running; Query, Sync and FunctionCall

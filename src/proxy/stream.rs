@@ -25,46 +25,6 @@ impl ClientStream {
     }
 }
 
-impl AsyncRead for ClientStream {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for ClientStream {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_flush(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            ClientStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-        }
-    }
-}
-
 /// Read half of a client connection.
 pub enum ClientRead {
     /// No TLS: registered for reading only, no lock shared with the write half.
@@ -109,42 +69,53 @@ impl ClientWrite {
     }
 }
 
-impl AsyncRead for ClientRead {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientRead::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            ClientRead::Tls(s) => Pin::new(s).poll_read(cx, buf),
+/// `AsyncRead` / `AsyncWrite` for an enum whose variants `Plain` and `Tls` both are.
+macro_rules! by_variant {
+    ($self:expr, $s:ident => $e:expr) => {
+        match $self.get_mut() {
+            Self::Plain($s) => $e,
+            Self::Tls($s) => $e,
         }
-    }
+    };
 }
 
-impl AsyncWrite for ClientWrite {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            ClientWrite::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            ClientWrite::Tls(s) => Pin::new(s).poll_write(cx, buf),
+macro_rules! async_read {
+    ($t:ty) => {
+        impl AsyncRead for $t {
+            fn poll_read(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                by_variant!(self, s => Pin::new(s).poll_read(cx, buf))
+            }
         }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientWrite::Plain(s) => Pin::new(s).poll_flush(cx),
-            ClientWrite::Tls(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ClientWrite::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            ClientWrite::Tls(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
+    };
 }
+
+macro_rules! async_write {
+    ($t:ty) => {
+        impl AsyncWrite for $t {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                by_variant!(self, s => Pin::new(s).poll_write(cx, buf))
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                by_variant!(self, s => Pin::new(s).poll_flush(cx))
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                by_variant!(self, s => Pin::new(s).poll_shutdown(cx))
+            }
+        }
+    };
+}
+
+async_read!(ClientStream);
+async_write!(ClientStream);
+async_read!(ClientRead);
+async_write!(ClientWrite);

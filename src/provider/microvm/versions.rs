@@ -107,17 +107,7 @@ impl MicrovmProvider {
 
     /// How many clones (token VMs and warm-pool members) name each version.
     fn fork_counts(&self) -> std::collections::BTreeMap<String, u64> {
-        let mut counts = std::collections::BTreeMap::new();
-        if let Ok(rd) = std::fs::read_dir(&self.vms) {
-            for e in rd.flatten() {
-                if !e.path().is_dir() {
-                    continue;
-                }
-                let id = clone_golden(&e.path()).unwrap_or_else(|| self.base.id.clone());
-                *counts.entry(id).or_insert(0) += 1;
-            }
-        }
-        counts
+        store::fork_counts(&self.vms, clone_golden, &self.base.id)
     }
 
     /// Every version: the base, then built ones oldest first.
@@ -165,11 +155,8 @@ impl MicrovmProvider {
                 return Err(e);
             }
         };
-        Meta::new(&id, spec, Some(&report)).write(&tmp)?;
-        std::fs::rename(&tmp, vdir.join(&id))?;
-        crate::provider::golden::sync_dir(&vdir);
+        store::publish_build(&vdir, &tmp, &id, spec, Some(&report))?;
         tracing::info!(golden = %id, elapsed_ms = started.elapsed().as_millis() as u64, "microvm golden built from a live database");
-        metrics::counter!("sandpit_golden_builds_total").increment(1);
         self.list_goldens()
             .await?
             .into_iter()
