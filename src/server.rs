@@ -443,7 +443,7 @@ pub async fn run(
     if let Some(s) = suspender {
         s.abort();
     }
-    gw.logs.sync_all();
+    gw.logs.release_all();
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     let _ = api_stop_tx.send(true);

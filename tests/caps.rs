@@ -317,6 +317,85 @@ fn a_statement_sent_just_before_sigkill_is_in_the_log_after_restart() {
     );
 }
 
+/// Every statement of a token's log, page by page.
+fn all_statements(g: &Gateway, id: &str) -> Vec<Value> {
+    let (mut all, mut after) = (Vec::new(), 0u64);
+    loop {
+        let (s, v) = g.raw_call(
+            "GET",
+            &format!("/v1/tokens/{id}/statements?after={after}&limit=10000"),
+            None,
+        );
+        assert_eq!(s, 200, "{v}");
+        let page = v.as_array().cloned().unwrap_or_default();
+        match page.last().and_then(|s| s["seq"].as_u64()) {
+            Some(last) => after = last,
+            None => return all,
+        }
+        all.extend(page);
+    }
+}
+
+#[test]
+fn statements_of_a_busy_session_killed_mid_stream_are_in_the_log_after_restart() {
+    // A busy log is copied into a mapping of its file rather than written (one syscall
+    // less per statement): what the client was answered for must still be on record.
+    let tmp = common::tempdir();
+    let mut g = Gateway::start_in(tmp.path(), Some(GOLDEN), None);
+    let t = g.issue("crash-busy", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    let path = tmp
+        .path()
+        .join("logs/crash-busy")
+        .join(format!("{id}.jsonl"));
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let c = connect(&dsn(&t)).await.expect("connect");
+        let seen = answered.clone();
+        let busy = tokio::spawn(async move {
+            for i in 1u64.. {
+                if c.simple_query(&format!("select {i}")).await.is_err() {
+                    break;
+                }
+                seen.store(i, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        // Mapped: the file ends in its reserved, still zero, tail.
+        let mapped = common::wait_until(Duration::from_secs(60), || {
+            std::fs::read(&path).is_ok_and(|b| b.last() == Some(&0))
+        });
+        assert!(mapped, "the busy log was never mapped");
+        g.kill();
+        let _ = busy.await;
+    });
+    let last = answered.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(last > 16, "only {last} statements answered");
+    let g2 = Gateway::start_in(tmp.path(), Some(GOLDEN), None);
+    let logged: std::collections::HashSet<String> = all_statements(&g2, &id)
+        .iter()
+        .filter_map(|s| s["text"].as_str().map(str::to_string))
+        .collect();
+    for i in 1..=last {
+        assert!(
+            logged.contains(&format!("select {i}")),
+            "select {i} of {last} not logged"
+        );
+    }
+    // The token goes on logging after the restart, after what the crash left.
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let moved = dsn(&t).replace(&format!(":{}/", g.pg_port), &format!(":{}/", g2.pg_port));
+        let c = connect(&moved).await.expect("reconnect");
+        c.simple_query("select 'after restart'")
+            .await
+            .expect("query");
+    });
+    assert!(all_statements(&g2, &id)
+        .iter()
+        .any(|s| s["text"] == "select 'after restart'"));
+}
+
 #[test]
 fn a_capped_select_does_not_stream_the_whole_result_through_the_gateway() {
     let g = gateway();

@@ -22,6 +22,7 @@ use dashmap::DashMap;
 use serde::{Deserialize, Serialize};
 
 mod line;
+mod mapped;
 mod read;
 
 pub use line::{param_text, to_line, OutcomeRef, StatementRef};
@@ -127,6 +128,10 @@ pub const TEXT_MAX: usize = 64 * 1024;
 pub const DEFAULT_MAX_BYTES_PER_TOKEN: u64 = 256 * 1024 * 1024;
 /// Deferred outcome records are written at once when this many bytes of them are waiting.
 const PENDING_MAX: usize = 64 * 1024;
+/// A log with at least this many writes in one [`OUTCOME_IDLE`] tick (about 200 a second)
+/// is busy: its records are copied into a mapping of the file from then on (see `mapped`),
+/// until a tick passes with none.
+const BUSY_WRITES: u64 = 16;
 /// How long a statement record waits for the records of lower sequence numbers (taken a
 /// moment earlier by another thread) before it is written out of order.
 const TURN_WAIT: Duration = Duration::from_secs(1);
@@ -156,6 +161,12 @@ struct Writer {
     seen: Option<u64>,
     /// Parts of the last records kept formatted (text, token and task, date and time).
     escaped: line::EscapeCache,
+    /// Set while the log is busy: records are copied into this mapping of the file's
+    /// reserved tail instead of written (the file is then longer than `len`).
+    tail: Option<mapped::MappedTail>,
+    /// Writes so far, and the count at the last tick (see [`TokenLog::adapt`]).
+    writes: u64,
+    writes_at_tick: u64,
 }
 
 /// An open, append-only log of one token. Each record is one `write(2)` of one line on an
@@ -194,7 +205,11 @@ impl TokenLog {
             .mode(0o600)
             .open(&path)
             .map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
+        // A log that was mapped when the gateway died ends in its reservation's zeros.
+        let len = mapped::data_end(&file).map_err(io)?;
+        if len < file.metadata().map_err(io)?.len() {
+            file.set_len(len).map_err(io)?;
+        }
         let torn = len > 0 && last_byte(&file, len).map_err(io)? != b'\n';
         Ok(TokenLog {
             path,
@@ -209,6 +224,9 @@ impl TokenLog {
                 carried: 0,
                 seen: None,
                 escaped: line::EscapeCache::default(),
+                tail: None,
+                writes: 0,
+                writes_at_tick: 0,
             }),
             turns: Condvar::new(),
             seq: AtomicU64::new(last),
@@ -340,13 +358,30 @@ impl TokenLog {
         self.flush_locked(&mut w)
     }
 
-    /// Writes `w.line` in one `write(2)`.
+    /// Writes `w.line`: copied into the mapped tail when the log is busy, else one `write(2)`.
     fn write_line(&self, w: &mut Writer) -> Result<(), LogError> {
+        if let Some(tail) = w.tail.as_mut() {
+            match tail.append(&w.file, w.len, &w.line, self.max_bytes) {
+                Ok(()) => {
+                    self.written(w);
+                    return Ok(());
+                }
+                // No room to reserve more (a full disk): back to a plain file, and the
+                // write below says whether the record itself still fits.
+                Err(e) => {
+                    tracing::debug!(error = %e, path = %self.path.display(), "statement log: mapping not grown");
+                    if let Err(source) = self.release_locked(w) {
+                        return Err(LogError::Io {
+                            path: self.path.clone(),
+                            source,
+                        });
+                    }
+                }
+            }
+        }
         match (&w.file).write_all(&w.line) {
             Ok(()) => {
-                w.len += w.line.len() as u64;
-                w.torn = false;
-                self.dirty.store(true, Ordering::Release);
+                self.written(w);
                 Ok(())
             }
             Err(source) => {
@@ -364,6 +399,64 @@ impl TokenLog {
                 })
             }
         }
+    }
+
+    fn written(&self, w: &mut Writer) {
+        w.len += w.line.len() as u64;
+        w.torn = false;
+        w.writes += 1;
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Back to a plain file: unmaps the tail and cuts its reservation off.
+    fn release_locked(&self, w: &mut Writer) -> std::io::Result<()> {
+        match w.tail.take() {
+            Some(tail) => tail.release(&w.file, w.len),
+            None => Ok(()),
+        }
+    }
+
+    /// Called every [`OUTCOME_IDLE`]: a log written [`BUSY_WRITES`] times or more since the
+    /// last call is mapped (a record then costs no syscall); a mapped log not written since
+    /// is released, so an idle log is a plain file with no reserved tail.
+    pub fn adapt(&self) {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = w.writes - w.writes_at_tick;
+        w.writes_at_tick = w.writes;
+        let w_ = &mut *w;
+        if w_.tail.is_none() && recent >= BUSY_WRITES {
+            match mapped::MappedTail::start(&w_.file, w_.len, 0, self.max_bytes) {
+                Ok(tail) => w_.tail = Some(tail),
+                // Not everywhere (a file system without fallocate): stays a plain file.
+                Err(e) => tracing::debug!(error = %e, "statement log: not mapped"),
+            }
+        } else if w_.tail.is_some() && recent == 0 {
+            if let Err(e) = self.release_locked(w_) {
+                tracing::warn!(error = %e, path = %self.path.display(), "statement log: reservation not cut");
+            }
+        }
+    }
+
+    /// Releases the mapped tail, if any (token ended, or the gateway stops).
+    pub fn release(&self) {
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = self.release_locked(&mut w) {
+            tracing::warn!(error = %e, path = %self.path.display(), "statement log: reservation not cut");
+        }
+    }
+
+    /// Bytes of records in the file (without a mapped log's reserved tail).
+    pub fn data_len(&self) -> u64 {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).len
+    }
+
+    /// Whether records are being copied into a mapping (the log is busy).
+    pub fn is_mapped(&self) -> bool {
+        self.writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tail
+            .is_some()
     }
 
     /// Write the deferred outcomes, then fsync if anything was written since the last sync.
@@ -391,6 +484,7 @@ impl Drop for TokenLog {
         if let Err(e) = self.flush_outcomes() {
             tracing::error!(error = %e, "statement log: deferred outcomes lost");
         }
+        self.release();
     }
 }
 
@@ -452,12 +546,23 @@ impl LogBook {
         }
     }
 
-    /// [`TokenLog::flush_idle_outcomes`] of every open log.
+    /// [`TokenLog::flush_idle_outcomes`] and [`TokenLog::adapt`] of every open log.
     pub fn flush_idle(&self) {
         for l in self.logs.iter() {
             if let Err(e) = l.flush_idle_outcomes() {
                 tracing::warn!(error = %e, "statement log write failed");
             }
+            l.adapt();
+        }
+    }
+
+    /// Sync every open log and cut off the reserved tails of mapped ones (the gateway stops).
+    pub fn release_all(&self) {
+        for l in self.logs.iter() {
+            if let Err(e) = l.sync() {
+                tracing::warn!(error = %e, "statement log sync failed");
+            }
+            l.release();
         }
     }
 
@@ -476,6 +581,7 @@ impl LogBook {
             if let Err(e) = l.sync() {
                 tracing::warn!(error = %e, "statement log sync failed");
             }
+            l.release();
         }
     }
 }

@@ -123,9 +123,21 @@ impl Lines {
 
     /// The next line (without its newline) into `buf`, and where it starts; None at the
     /// end. A line longer than [`LINE_MAX`] comes back empty. A last line without a newline
-    /// (being written, or torn) comes back as it is: it does not parse.
+    /// (being written, or torn) comes back as it is: it does not parse. Zero bytes are not
+    /// data: a run of them (the reserved tail of a mapped log, see `mapped`) is skipped, and
+    /// one ends a line early (a record being copied in when read, or cut by a crash), so
+    /// only whole records parse.
     fn next(&mut self, buf: &mut Vec<u8>) -> std::io::Result<Option<u64>> {
         buf.clear();
+        loop {
+            let avail = self.r.fill_buf()?;
+            let zeros = avail.iter().take_while(|&&b| b == 0).count();
+            if zeros == 0 {
+                break;
+            }
+            self.r.consume(zeros);
+            self.pos += zeros as u64;
+        }
         let start = self.pos;
         let (mut any, mut over) = (false, false);
         loop {
@@ -134,9 +146,9 @@ impl Lines {
                 return Ok(any.then_some(start));
             }
             any = true;
-            let (take, done) = match avail.iter().position(|&b| b == b'\n') {
-                Some(i) => (i, true),
-                None => (avail.len(), false),
+            let (take, done, ends) = match avail.iter().position(|&b| b == b'\n' || b == 0) {
+                Some(i) => (i, true, avail[i] == b'\n'),
+                None => (avail.len(), false, false),
             };
             if !over {
                 if buf.len() + take <= LINE_MAX {
@@ -146,7 +158,8 @@ impl Lines {
                     buf.clear();
                 }
             }
-            let used = take + usize::from(done);
+            // A zero byte is left for the next call to skip.
+            let used = take + usize::from(ends);
             self.r.consume(used);
             self.pos += used as u64;
             if done {
@@ -346,7 +359,7 @@ pub fn statement_at(path: &Path, offset: u64) -> Result<Option<StatementRecord>,
 
 #[cfg(test)]
 mod tests {
-    use super::super::{to_line, LogRecord, TokenLog, TEXT_MAX};
+    use super::super::{to_line, LogRecord, TokenLog, BUSY_WRITES, TEXT_MAX};
     use super::*;
 
     fn statement(seq: u64, text: &str) -> LogRecord {
@@ -482,6 +495,94 @@ mod tests {
         defer(&log, 4);
         drop(log);
         assert!(read_statements(&path).unwrap()[3].outcome.is_some());
+    }
+
+    #[test]
+    fn a_busy_log_is_mapped_read_while_mapped_and_released_when_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = TokenLog::open(dir.path(), "k", "sp_t", 0).unwrap();
+        let path = log.path().to_path_buf();
+        let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+        for i in 0..BUSY_WRITES - 1 {
+            log.append(&statement(log.next_seq(), &format!("select {i}")))
+                .unwrap();
+        }
+        log.adapt();
+        assert!(!log.is_mapped(), "not busy enough");
+        for i in 0..BUSY_WRITES {
+            log.append(&statement(log.next_seq(), &format!("select {i}")))
+                .unwrap();
+        }
+        log.adapt();
+        assert!(log.is_mapped());
+        let n = 2 * BUSY_WRITES - 1;
+        log.append(&statement(log.next_seq(), "select 'mapped'"))
+            .unwrap();
+        defer(&log, n + 1);
+        log.append(&statement(log.next_seq(), "select 'mapped 2'"))
+            .unwrap();
+        // The file holds a reserved tail of zeros past its records; readers see each record.
+        assert!(size(&path) > log.data_len());
+        let all = read_statements(&path).unwrap();
+        assert_eq!(all.len() as u64, n + 2);
+        assert_eq!(all[n as usize].statement.text, "select 'mapped'");
+        assert!(all[n as usize].outcome.is_some());
+        // Written since the last tick: stays mapped; a tick with no write: released.
+        log.adapt();
+        assert!(log.is_mapped());
+        log.adapt();
+        assert!(!log.is_mapped());
+        assert_eq!(size(&path), log.data_len());
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.ends_with('\n'));
+        for line in text.lines() {
+            serde_json::from_str::<serde_json::Value>(line).unwrap();
+        }
+        // Plain writes again, after the released tail.
+        log.append(&statement(log.next_seq(), "select 'plain'"))
+            .unwrap();
+        assert_eq!(size(&path), log.data_len());
+        assert_eq!(read_statements(&path).unwrap().len() as u64, n + 3);
+    }
+
+    #[test]
+    fn a_log_left_mapped_by_a_crash_goes_on_after_its_records() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let log = TokenLog::open(dir.path(), "k", "sp_t", 0).unwrap();
+        let path = log.path().to_path_buf();
+        for i in 0..BUSY_WRITES {
+            log.append(&statement(log.next_seq(), &format!("select {i}")))
+                .unwrap();
+        }
+        log.adapt();
+        assert!(log.is_mapped());
+        log.append(&statement(log.next_seq(), "select 'last'"))
+            .unwrap();
+        let len = log.data_len();
+        // Killed while copying a record in: part of it landed, with zeros inside and the
+        // reservation's zeros after; nothing released.
+        std::mem::forget(log);
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(
+            b"{\"type\":\"statement\",\"seq\":99,\0\0\0\"kind\":\"read\"}\n",
+            len,
+        )
+        .unwrap();
+        assert!(std::fs::metadata(&path).unwrap().len() > len + 40);
+        // Read as it is: every whole record, not the torn one.
+        let all = read_statements(&path).unwrap();
+        assert_eq!(all.len() as u64, BUSY_WRITES + 1);
+        assert_eq!(all.last().unwrap().statement.text, "select 'last'");
+        // Opened again: the zeros are cut off and the log goes on after its records.
+        let log = TokenLog::open(dir.path(), "k", "sp_t", 0).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), log.data_len());
+        log.append(&statement(log.next_seq(), "select 'after'"))
+            .unwrap();
+        let all = read_statements(&path).unwrap();
+        assert_eq!(all.len() as u64, BUSY_WRITES + 2);
+        assert_eq!(all.last().unwrap().statement.text, "select 'after'");
+        assert!(all.iter().all(|s| s.statement.seq != 99));
     }
 
     #[test]
