@@ -436,7 +436,7 @@ def burst_template(env, sz):
     `bench_backends`, pinned with the servers), a fork is `CREATE DATABASE … TEMPLATE` plus
     a login role; pool off, so every one of the N first connections forks. The standing
     cost beside it is that server's PSS and process count while idle, before the burst."""
-    from providers import Backends, backends_binary
+    from providers import Backends, backends_binary, template_golden_mb
     n = sz["burst"]
     env.pin_self_to_clients()
     if not os.path.exists(backends_binary(env)):
@@ -458,16 +458,41 @@ def burst_template(env, sz):
             time.sleep(2)  # the golden build's sessions gone, the server idle
             mem, procs = tree_pss(srv.proc.pid)
             ok, errs = _burst_once(g, n, "burst-tpl")
-            from providers import template_golden_mb
+            log(f"burst-template: pool off, {len(ok)}/{n} ok, p99 {pct(ok, 99) if ok else 0:.0f} ms")
             db_mb = template_golden_mb(srv.info["admin_dsn"], "golden_burst")
+            rows = [_burst_row(f"{n} tokens first-connecting at once, `template` provider, pool off (each a "
+                               f"`CREATE DATABASE … TEMPLATE` of a {db_mb} MB golden + a login role)", n, ok,
+                               errs, f"; shared server before: {mem:.0f} MiB PSS idle, {procs} processes, "
+                               f"max_connections {max_conn}")]
+            # A standing pool of N: members are databases on the shared server, no processes.
+            g.restart(cfg + MAIN.replace("[pool]\nsize = 0\n", f"[pool]\nsize = {n}\n"))
+            t0 = time.time()
+            while (g.metric("sandpit_pool_ready") or 0) < n and time.time() - t0 < 1200:
+                time.sleep(0.5)
+            ready, fill_s = int(g.metric("sandpit_pool_ready") or 0), time.time() - t0
+            log(f"burst-template: pool of {ready} ready in {fill_s:.0f} s")
+            time.sleep(2)
+            mem, procs = tree_pss(srv.proc.pid)
+            disk = pool_disk_mb(srv.info["admin_dsn"])
+            ok, errs = _burst_once(g, n, "burst-tpl-pool")
+            rows.append(_burst_row(f"… same, `template` with a standing pool of {n} (`size = {n}`)", n, ok, errs,
+                                   f"; pool before: {ready} ready ({fill_s:.0f} s to fill), shared server "
+                                   f"{mem:.0f} MiB PSS idle, {procs} processes; members on disk {disk} MB"))
         finally:
-            g.stop()
+            # Not a clean stop: it would drop the refilled pool's databases one by one
+            # (minutes), and the server with every database goes next anyway.
+            g.proc.kill()
+            g.proc.wait()
     finally:
         srv.stop()
-    return [_burst_row(f"{n} tokens first-connecting at once, `template` provider, pool off (each a "
-                       f"`CREATE DATABASE … TEMPLATE` of a {db_mb} MB golden + a login role)", n, ok, errs,
-                       f"; shared server before: {mem:.0f} MiB PSS idle, {procs} processes, "
-                       f"max_connections {max_conn}")]
+    return rows
+
+
+def pool_disk_mb(admin_dsn):
+    """Disk held by the template provider's warm-pool member databases (`pool-…`), MB."""
+    with psycopg.connect(admin_dsn, sslmode="require", autocommit=True) as c:
+        return round(c.execute("select coalesce(sum(pg_database_size(datname)), 0)::bigint from pg_database "
+                               "where datname like 'pool-%'").fetchone()[0] / 1e6)
 
 
 def expiry(env, sz):
