@@ -2,7 +2,8 @@
 //! process: the same servers the tests start (`tests/support/`), not copies of them.
 //!
 //! ```text
-//! bench_backends postgres                          a Postgres server for provider = "template"
+//! bench_backends postgres [MAX_CONNECTIONS]        a Postgres server for provider = "template"
+//!                                                  (max_connections 100 unless given)
 //! bench_backends remote ROOT GOLDEN_SQL            the sandbox service for provider = "remote",
 //!                                                  forks under ROOT (an instance provider root)
 //! ```
@@ -25,7 +26,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use tokio::signal::unix::{signal, SignalKind};
 
-const USAGE: &str = "usage: bench_backends postgres | bench_backends remote ROOT GOLDEN_SQL";
+const USAGE: &str =
+    "usage: bench_backends postgres [MAX_CONNECTIONS] | bench_backends remote ROOT GOLDEN_SQL";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -34,8 +36,12 @@ async fn main() -> Result<()> {
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     // Held until a signal: dropping them stops the servers and their forks.
     let _running: Box<dyn std::any::Any> = match args.first().map(String::as_str) {
-        Some("postgres") if args.len() == 1 => {
-            let pg = shared_pg::SharedPg::start().await;
+        Some("postgres") if args.len() <= 2 => {
+            let max_connections = match args.get(1) {
+                Some(n) => n.parse().context("MAX_CONNECTIONS: a number")?,
+                None => 100,
+            };
+            let pg = shared_pg::SharedPg::start_with(max_connections).await;
             ready(serde_json::json!({ "admin_dsn": pg.admin_dsn() }));
             Box::new(pg)
         }

@@ -397,7 +397,102 @@ def burst(env, sz):
         g.stop()
     else:
         g.restart(MAIN)
+    try:  # its own gateway and server: a failure there must not hide the rows above
+        rows += burst_template(env, sz)
+    except Exception as e:
+        log(f"burst-template failed: {e!r}")
+        rows.append(Row("burst, `template` provider", "error", "", f"{type(e).__name__}: {e}"))
     return rows
+
+
+def tree_pss(root_pid):
+    """(MiB of PSS, number of processes) of the processes descending from `root_pid`, not
+    counting it: a `bench_backends postgres` is a launcher, its postmaster tree the server."""
+    children = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    kib, n, todo = 0, 0, list(children.get(root_pid, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        try:
+            for ln in open(f"/proc/{pid}/smaps_rollup"):
+                if ln.startswith("Pss:"):
+                    kib += int(ln.split()[1])
+            n += 1
+        except OSError:
+            continue
+    return kib / 1024, n
+
+
+def burst_template(env, sz):
+    """The same burst on the `template` provider: one shared Postgres server (started by
+    `bench_backends`, pinned with the servers), a fork is `CREATE DATABASE … TEMPLATE` plus
+    a login role; pool off, so every one of the N first connections forks. The standing
+    cost beside it is that server's PSS and process count while idle, before the burst."""
+    from providers import Backends, backends_binary, template_golden_mb
+    n = sz["burst"]
+    env.pin_self_to_clients()
+    if not os.path.exists(backends_binary(env)):
+        raise bl.Skip(f"{backends_binary(env)} missing (cargo build --release --example bench_backends)")
+    tmp = os.path.join(env.dir, "burst-tpl-srv")
+    os.makedirs(tmp)
+    os.chmod(tmp, 0o755)
+    # Room for N task sessions, the forks' admin sessions and the gateway's own.
+    max_conn = 2 * n + 20
+    srv = Backends(env, "burst-tpl-srv", ["postgres", str(max_conn)], tmp)
+    try:
+        sql = bl.golden_sql(os.path.join(env.dir, "burst-tpl.sql"), rows=sz["small_rows"], vacuum=False)
+        cfg = (f'provider = "template"\n[template]\nadmin_dsn = "{srv.info["admin_dsn"]}"\n'
+               'golden = "golden_burst"\nsslmode = "require"\n'
+               # Revokes after the burst are not timed; their reviews would only add minutes.
+               "[review]\non_end = false\n")
+        g = bl.Gateway(env, "burst-tpl", os.path.join(env.dir, "burst-tpl-gw"), sql, cfg + MAIN)
+        try:
+            time.sleep(2)  # the golden build's sessions gone, the server idle
+            mem, procs = tree_pss(srv.proc.pid)
+            ok, errs = _burst_once(g, n, "burst-tpl")
+            log(f"burst-template: pool off, {len(ok)}/{n} ok, p99 {pct(ok, 99) if ok else 0:.0f} ms")
+            db_mb = template_golden_mb(srv.info["admin_dsn"], "golden_burst")
+            rows = [_burst_row(f"{n} tokens first-connecting at once, `template` provider, pool off (each a "
+                               f"`CREATE DATABASE … TEMPLATE` of a {db_mb} MB golden + a login role)", n, ok,
+                               errs, f"; shared server before: {mem:.0f} MiB PSS idle, {procs} processes, "
+                               f"max_connections {max_conn}")]
+            # A standing pool of N: members are databases on the shared server, no processes.
+            g.restart(cfg + MAIN.replace("[pool]\nsize = 0\n", f"[pool]\nsize = {n}\n"))
+            t0 = time.time()
+            while (g.metric("sandpit_pool_ready") or 0) < n and time.time() - t0 < 1200:
+                time.sleep(0.5)
+            ready, fill_s = int(g.metric("sandpit_pool_ready") or 0), time.time() - t0
+            log(f"burst-template: pool of {ready} ready in {fill_s:.0f} s")
+            time.sleep(2)
+            mem, procs = tree_pss(srv.proc.pid)
+            disk = pool_disk_mb(srv.info["admin_dsn"])
+            ok, errs = _burst_once(g, n, "burst-tpl-pool")
+            rows.append(_burst_row(f"… same, `template` with a standing pool of {n} (`size = {n}`)", n, ok, errs,
+                                   f"; pool before: {ready} ready ({fill_s:.0f} s to fill), shared server "
+                                   f"{mem:.0f} MiB PSS idle, {procs} processes; members on disk {disk} MB"))
+        finally:
+            # Not a clean stop: it would drop the refilled pool's databases one by one
+            # (minutes), and the server with every database goes next anyway.
+            g.proc.kill()
+            g.proc.wait()
+    finally:
+        srv.stop()
+    return rows
+
+
+def pool_disk_mb(admin_dsn):
+    """Disk held by the template provider's warm-pool member databases (`pool-…`), MB."""
+    with psycopg.connect(admin_dsn, sslmode="require", autocommit=True) as c:
+        return round(c.execute("select coalesce(sum(pg_database_size(datname)), 0)::bigint from pg_database "
+                               "where datname like 'pool-%'").fetchone()[0] / 1e6)
 
 
 def expiry(env, sz):

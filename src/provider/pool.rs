@@ -16,8 +16,10 @@ use crate::pgconn::BackendTarget;
 /// Prefix of the token id in the tag of an unclaimed pool member.
 pub const POOL_PREFIX: &str = "pool-";
 
-/// Pause between a claim and the refill it triggers.
+/// Pause between a claim and the refill it triggers (restarted by each further claim).
 const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(500);
+/// Longest a stream of claims holds the refill back.
+const REFILL_HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One connection to a new member before it is offered: the server writes its relation
 /// cache init files and reads the catalogs into its buffers then, not on the claimer's first
@@ -116,9 +118,19 @@ impl WarmPool {
                 }
                 if filled_once && target <= pool.sizing.size {
                     // A claim just happened: let the claimer's first connection and query
-                    // have the CPU and disk before the copy of the next member starts.
+                    // have the CPU and disk before the copy of the next member starts, and
+                    // while claims keep coming (a burst emptying the pool), the claimers
+                    // after it too: the delay restarts at each claim, up to REFILL_HOLD_MAX.
                     // (Not while growing under a burst: then members are wanted soon.)
-                    tokio::time::sleep(REFILL_DELAY).await;
+                    let hold_until = tokio::time::Instant::now() + REFILL_HOLD_MAX;
+                    while tokio::time::timeout_at(
+                        (tokio::time::Instant::now() + REFILL_DELAY).min(hold_until),
+                        pool.refill.notified(),
+                    )
+                    .await
+                    .is_ok()
+                        && !pool.is_draining()
+                    {}
                 }
                 // One at a time: refilling must not starve live sessions of CPU and disk.
                 let handle = format!("{POOL_PREFIX}{}", &crate::auth::new_token_id()[3..]);

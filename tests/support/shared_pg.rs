@@ -43,8 +43,13 @@ fn write_owned(path: &Path, text: &[u8], run_as: &user::RunAs) {
 }
 
 impl SharedPg {
-    /// initdb, TLS material, pg_hba, start. Needs a tokio runtime.
+    /// initdb, TLS material, pg_hba, start, with `max_connections = 100`. Needs a tokio runtime.
     pub async fn start() -> SharedPg {
+        Self::start_with(100).await
+    }
+
+    /// As [`SharedPg::start`], with room for `max_connections` sessions (bench bursts).
+    pub async fn start_with(max_connections: u32) -> SharedPg {
         let bins = pgbin::find_binaries(None).expect("postgres binaries");
         let run_as = user::resolve(None).expect("postgres OS user");
         let tmp = super::common::tempdir();
@@ -118,7 +123,7 @@ impl SharedPg {
             data: &data,
             socket_dir: &socket_dir,
             log: &log,
-            max_connections: 100,
+            max_connections,
             extra: &extra,
         };
         let child = process::start_postgres(&spec)

@@ -159,10 +159,7 @@ impl TemplateProvider {
     /// The per-session check of one backend, on a kept admin session (a login per session
     /// would cost a TLS handshake and SCRAM each time).
     pub(super) async fn check_access_inner(&self, handle: &str) -> Result<(), ProviderError> {
-        let mut slot = self.checker.lock().await;
-        if slot.as_ref().is_none_or(|c| c.is_closed()) {
-            *slot = Some(self.connect(None).await?);
-        }
+        let mut slot = self.kept_admin().await?;
         let Some(c) = slot.as_ref() else {
             return Err(ProviderError::Template("no admin session".into()));
         };
@@ -178,5 +175,17 @@ impl TemplateProvider {
             Some((h, why)) => Err(ProviderError::Tampered(format!("{h}: {why}"))),
             None => Ok(()),
         }
+    }
+
+    /// The kept admin session (logged in anew when it is gone), locked for one use; the
+    /// caller drops it (`*slot = None`) after an error that may mean a dead session.
+    pub(super) async fn kept_admin(
+        &self,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Client>>, ProviderError> {
+        let mut slot = self.checker.lock().await;
+        if slot.as_ref().is_none_or(|c| c.is_closed()) {
+            *slot = Some(self.connect(None).await?);
+        }
+        Ok(slot)
     }
 }

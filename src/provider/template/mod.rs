@@ -77,7 +77,7 @@ pub struct TemplateProvider {
     reference: String,
     /// Single-flight creation of the reference database.
     reference_lock: tokio::sync::Mutex<()>,
-    /// Admin session kept for the per-session access checks.
+    /// Admin session kept for the per-session access checks and warm-pool claims.
     checker: tokio::sync::Mutex<Option<Client>>,
     /// Whether the admin role can read `pg_authid` (superuser): without it, a task role's
     /// password change cannot be detected.
@@ -443,8 +443,18 @@ impl Provider for TemplateProvider {
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
             validate_handle(handle)?;
-            let c = self.connect(None).await?;
-            self.set_tag(&c, handle, tag).await
+            // On the kept session: a claim is on a first connection's path, and a login of
+            // its own (TLS, SCRAM, a new server backend) was most of a claim's server CPU,
+            // which a burst of claims queues behind on a busy server.
+            let mut slot = self.kept_admin().await?;
+            let Some(c) = slot.as_ref() else {
+                return Err(tpl("no admin session"));
+            };
+            let tagged = self.set_tag(c, handle, tag).await;
+            if tagged.is_err() {
+                *slot = None; // maybe a dead session: the next use logs in anew
+            }
+            tagged
         })
     }
 }
