@@ -229,3 +229,84 @@ fn returning_and_rows_without_allocating_still_answer_the_same() {
         Some(vec!["select 1", "select 2"])
     );
 }
+
+/// Texts made of SQL fragments chosen by a fixed pseudo-random sequence (repeatable).
+fn generated_texts(n: usize) -> Vec<String> {
+    const PARTS: &[&str] = &[
+        "select ",
+        "SELECT ",
+        "begin",
+        "BEGIN",
+        " atomic",
+        " ATOMIC",
+        "\n",
+        " ",
+        "Atomic ",
+        "bégin ",
+        "insert into t values (1)",
+        " returning *",
+        "'it''s'",
+        "42",
+        "x2",
+        "$1",
+        "$$a$$",
+        "\"q 9\"",
+        ";",
+        " -- c\n",
+        "/* c */",
+        "\\",
+        "E'\\''",
+        "delete from t",
+        "copy t to stdout",
+        "with d as (delete from t returning *) select * from d",
+        "(",
+        "ü",
+        "pg_class",
+        "begin\natomic",
+        "BEGIN ATOMIC",
+        "end",
+    ];
+    let mut seed: u64 = 0x5eed;
+    let mut next = move || {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) as usize
+    };
+    (0..n)
+        .map(|_| {
+            let len = 1 + next() % 8;
+            (0..len).map(|_| PARTS[next() % PARTS.len()]).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn begin_atomic_agrees_with_upper_casing_a_copy() {
+    for t in generated_texts(20_000) {
+        let up = t.to_ascii_uppercase();
+        let old = up.contains("BEGIN ATOMIC") || up.contains("BEGIN\nATOMIC");
+        assert_eq!(begin_atomic(t.as_bytes()), old, "{t:?}");
+    }
+}
+
+#[test]
+fn the_reused_shape_buffer_and_the_last_kind_change_no_answer() {
+    let texts = generated_texts(3_000);
+    let mut buf = String::from("left over from an earlier statement");
+    for t in &texts {
+        let fresh = literal_shape(t);
+        assert_eq!(literal_shape_into(t, &mut buf), fresh.is_some(), "{t:?}");
+        if let Some(f) = fresh {
+            assert_eq!(buf, f, "{t:?}");
+        }
+    }
+    // Each text classified twice, apart and in a row, gets one answer (the second from
+    // the shared cache or the thread's last entry), the one the parser gives.
+    let first: Vec<Kind> = texts.iter().map(|t| classify(t)).collect();
+    for (t, k) in texts.iter().zip(&first) {
+        assert_eq!(classify(t), *k, "{t:?}");
+        assert_eq!(classify(t), *k, "{t:?}");
+        assert_eq!(classify_uncached(t), *k, "{t:?}");
+    }
+}
