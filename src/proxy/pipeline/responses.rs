@@ -378,7 +378,7 @@ impl Pipeline {
                 // Suspended exactly at cap + 1 can only mean truncated; be safe anyway.
                 None => {
                     let t = format!("{} {}", stmt.verb, count.rows);
-                    out.extend_from_slice(&messages::command_complete(&t));
+                    messages::put_command_complete(out, &t);
                     Some(t)
                 }
             };
@@ -409,7 +409,7 @@ impl Pipeline {
             (_, _, true) => format!("COPY {}", count.rows),
             _ => format!("{} {}", stmt.verb, count.rows),
         };
-        out.extend_from_slice(&messages::command_complete(&shown));
+        messages::put_command_complete(out, &shown);
         stmt.last_tag = Some(shown.clone());
         Closed::Shown(Some(shown))
     }
