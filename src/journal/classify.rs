@@ -311,7 +311,17 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
     let mut start = 0;
     let mut i = 0;
     while i < b.len() {
-        match b[i] {
+        // Runs of bytes that start nothing (most of a statement) are passed a word at a time.
+        i = skip_words(b, i, |x| {
+            has_byte(x, b'\'')
+                || has_byte(x, b'"')
+                || has_byte(x, b'-')
+                || has_byte(x, b'/')
+                || has_byte(x, b'$')
+                || has_byte(x, b';')
+        });
+        let Some(&c) = b.get(i) else { break };
+        match c {
             b'\'' => {
                 // E'…' only where the E starts a token (`abcE'x'` is identifier `abce`
                 // followed by a standard string), as in PostgreSQL's scanner.
@@ -413,14 +423,47 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
 
 /// Whether `b` holds `BEGIN ATOMIC` or `BEGIN\nATOMIC` in any case.
 fn begin_atomic(b: &[u8]) -> bool {
-    b.iter().enumerate().any(|(i, &c)| {
-        (c == b'B' || c == b'b')
+    let mut i = 0;
+    loop {
+        // `c | 0x20 == b'b'` only for `B` and `b`.
+        i = skip_words(b, i, |x| has_byte(x | (ONES * 0x20), b'b'));
+        let Some(&c) = b.get(i) else { return false };
+        let found = (c == b'B' || c == b'b')
             && b.get(i..i + 12).is_some_and(|w| {
                 w[..5].eq_ignore_ascii_case(b"BEGIN")
                     && (w[5] == b' ' || w[5] == b'\n')
                     && w[6..].eq_ignore_ascii_case(b"ATOMIC")
-            })
-    })
+            });
+        if found {
+            return true;
+        }
+        i += 1;
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// Whether a byte of the word `x` is `c` (exact as a whole-word answer: the classic
+/// "has a zero byte" test on `x ^ c…c`).
+fn has_byte(x: u64, c: u8) -> bool {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let y = x ^ (ONES * u64::from(c));
+    y.wrapping_sub(ONES) & !y & HIGH != 0
+}
+
+/// From `i`, the start of the first eight-byte word of `b` for which `stop` holds (or of
+/// the last, shorter, run): every byte before it is one that `stop`'s bytes are not, so a
+/// byte loop that does nothing on those may go on from there.
+fn skip_words(b: &[u8], mut i: usize, stop: impl Fn(u64) -> bool) -> usize {
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        if stop(u64::from_le_bytes(word)) {
+            break;
+        }
+        i += 8;
+    }
+    i
 }
 
 #[cfg(test)]
