@@ -314,11 +314,11 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
         // Runs of bytes that start nothing (most of a statement) are passed a word at a time.
         i = skip_words(b, i, |x| {
             has_byte(x, b'\'')
-                || has_byte(x, b'"')
-                || has_byte(x, b'-')
-                || has_byte(x, b'/')
-                || has_byte(x, b'$')
-                || has_byte(x, b';')
+                | has_byte(x, b'"')
+                | has_byte(x, b'-')
+                | has_byte(x, b'/')
+                | has_byte(x, b'$')
+                | has_byte(x, b';')
         });
         let Some(&c) = b.get(i) else { break };
         match c {
@@ -443,23 +443,26 @@ fn begin_atomic(b: &[u8]) -> bool {
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 
-/// Whether a byte of the word `x` is `c` (exact as a whole-word answer: the classic
-/// "has a zero byte" test on `x ^ c…c`).
-fn has_byte(x: u64, c: u8) -> bool {
+/// The lanes of the word `x` whose byte is `c`, as their high bits: exact for the lowest
+/// such lane (a borrow can only mark lanes above a real match), which is all
+/// [`skip_words`] uses.
+fn has_byte(x: u64, c: u8) -> u64 {
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let y = x ^ (ONES * u64::from(c));
-    y.wrapping_sub(ONES) & !y & HIGH != 0
+    y.wrapping_sub(ONES) & !y & HIGH
 }
 
-/// From `i`, the start of the first eight-byte word of `b` for which `stop` holds (or of
-/// the last, shorter, run): every byte before it is one that `stop`'s bytes are not, so a
-/// byte loop that does nothing on those may go on from there.
-fn skip_words(b: &[u8], mut i: usize, stop: impl Fn(u64) -> bool) -> usize {
+/// From `i`, the first byte of `b` that `stop` marks (`stop` gives a word's marked lanes,
+/// see [`has_byte`]), or the start of the last run shorter than a word: every byte before
+/// it is one `stop` does not mark, so a byte loop that does nothing on those may go on
+/// from there.
+fn skip_words(b: &[u8], mut i: usize, stop: impl Fn(u64) -> u64) -> usize {
     while let Some(chunk) = b.get(i..i + 8) {
         let mut word = [0u8; 8];
         word.copy_from_slice(chunk);
-        if stop(u64::from_le_bytes(word)) {
-            break;
+        let marked = stop(u64::from_le_bytes(word));
+        if marked != 0 {
+            return i + (marked.trailing_zeros() / 8) as usize;
         }
         i += 8;
     }

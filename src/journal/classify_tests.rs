@@ -467,8 +467,30 @@ fn has_byte_is_exact() {
                 w[lane] = v;
                 let x = u64::from_le_bytes(w);
                 for c in [b'_', b'\'', b'"', b'-', b'/', b'$', b';', b'b', 0, 0xff] {
-                    assert_eq!(has_byte(x, c), w.contains(&c), "{w:?} {c}");
+                    let m = has_byte(x, c);
+                    assert_eq!(m != 0, w.contains(&c), "{w:?} {c}");
+                    if m != 0 {
+                        let first = w.iter().position(|&b| b == c);
+                        assert_eq!(Some((m.trailing_zeros() / 8) as usize), first, "{w:?} {c}");
+                    }
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn skip_words_stops_at_the_first_marked_byte() {
+    let texts = generated_texts(5_000);
+    for t in &texts {
+        let b = t.as_bytes();
+        for from in 0..b.len() {
+            let to = skip_words(b, from, |x| has_byte(x, b'_') | has_byte(x, b';'));
+            let first = b[from..].iter().position(|&c| c == b'_' || c == b';');
+            match first {
+                // Stopped exactly there, or earlier only where less than a word is left.
+                Some(p) => assert!(to == from + p || (to <= from + p && b.len() - to < 8)),
+                None => assert!(b.len() - to < 8),
             }
         }
     }
