@@ -2,6 +2,7 @@
 //! never blocks or alters a statement; results are cached by text so the parser stays off
 //! the hot path for repeated statements.
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use dashmap::DashMap;
@@ -56,15 +57,42 @@ const PARSE_MAX: usize = 64 * 1024;
 /// that differ only in their constants parse once).
 pub fn classify(text: &str) -> Kind {
     static CACHE: OnceLock<DashMap<String, Kind>> = OnceLock::new();
-    let cache = CACHE.get_or_init(DashMap::new);
+    thread_local! {
+        /// The shape buffer (reused: no allocation per statement) and the last shape looked
+        /// up with its kind: a session repeating a statement skips the shared map's hashing
+        /// and locking. Only a cache; the kind is a function of the shape.
+        static LAST: RefCell<(String, String, Option<Kind>)> = const {
+            RefCell::new((String::new(), String::new(), None))
+        };
+    }
     if text.len() > 4096 {
         return classify_uncached(text);
     }
-    let key = literal_shape(text);
-    let key = key.as_deref().unwrap_or(text);
-    if let Some(k) = cache.get(key) {
-        return *k;
+    let cache = CACHE.get_or_init(DashMap::new);
+    let found = LAST.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return None;
+        };
+        let (shape, last_key, last_kind) = &mut *last;
+        let key = if literal_shape_into(text, shape) {
+            shape.as_str()
+        } else {
+            text
+        };
+        if let Some(k) = last_kind.filter(|_| last_key.as_str() == key) {
+            return Some(k);
+        }
+        let k = cache.get(key).map(|k| *k)?;
+        last_key.clear();
+        last_key.push_str(key);
+        *last_kind = Some(k);
+        Some(k)
+    });
+    if let Some(k) = found {
+        return k;
     }
+    let shaped = literal_shape(text);
+    let key = shaped.as_deref().unwrap_or(text);
     let k = classify_uncached(text);
     if cache.len() >= CACHE_MAX {
         cache.clear(); // crude but bounded; statement texts repeat in bursts
@@ -78,11 +106,18 @@ pub fn classify(text: &str) -> Kind {
 /// text has anything a simple scan could misread as a literal boundary: backslashes (E''
 /// strings), dollar quoting, comments, or no literal at all.
 fn literal_shape(text: &str) -> Option<String> {
+    let mut out = String::new();
+    literal_shape_into(text, &mut out).then_some(out)
+}
+
+/// [`literal_shape`] into a reused buffer: true when `out` holds the shape, false for None.
+fn literal_shape_into(text: &str, out: &mut String) -> bool {
+    out.clear();
     let b = text.as_bytes();
     if text.contains("--") || text.contains("/*") || b.contains(&b'\\') {
-        return None;
+        return false;
     }
-    let mut out = String::with_capacity(text.len());
+    out.reserve(text.len());
     let mut changed = false;
     let mut i = 0;
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
@@ -90,7 +125,7 @@ fn literal_shape(text: &str) -> Option<String> {
         let c = b[i];
         if c == b'$' {
             if !b.get(i + 1).is_some_and(u8::is_ascii_digit) {
-                return None; // dollar quoting
+                return false; // dollar quoting
             }
             // A parameter ($1): keep it and its digits.
             let end = i + 1 + b[i + 1..].iter().take_while(|c| c.is_ascii_digit()).count();
@@ -100,7 +135,7 @@ fn literal_shape(text: &str) -> Option<String> {
             let mut j = i + 1;
             loop {
                 match b.get(j) {
-                    None => return None, // unterminated: leave it to the parser
+                    None => return false, // unterminated: leave it to the parser
                     Some(b'\'') if b.get(j + 1) == Some(&b'\'') => j += 2,
                     Some(b'\'') => break,
                     Some(_) => j += 1,
@@ -110,7 +145,10 @@ fn literal_shape(text: &str) -> Option<String> {
             changed = true;
             i = j + 1;
         } else if c == b'"' {
-            let end = i + 1 + b[i + 1..].iter().position(|&c| c == b'"')? + 1;
+            let Some(close) = b[i + 1..].iter().position(|&c| c == b'"') else {
+                return false;
+            };
+            let end = i + 1 + close + 1;
             out.push_str(&text[i..end]);
             i = end;
         } else if c.is_ascii_digit() && (i == 0 || !ident(b[i - 1])) {
@@ -137,7 +175,7 @@ fn literal_shape(text: &str) -> Option<String> {
             i = end;
         }
     }
-    changed.then_some(out)
+    changed
 }
 
 fn classify_uncached(text: &str) -> Kind {
@@ -273,7 +311,17 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
     let mut start = 0;
     let mut i = 0;
     while i < b.len() {
-        match b[i] {
+        // Runs of bytes that start nothing (most of a statement) are passed a word at a time.
+        i = skip_words(b, i, |x| {
+            has_byte(x, b'\'')
+                | has_byte(x, b'"')
+                | has_byte(x, b'-')
+                | has_byte(x, b'/')
+                | has_byte(x, b'$')
+                | has_byte(x, b';')
+        });
+        let Some(&c) = b.get(i) else { break };
+        match c {
             b'\'' => {
                 // E'…' only where the E starts a token (`abcE'x'` is identifier `abce`
                 // followed by a standard string), as in PostgreSQL's scanner.
@@ -365,14 +413,60 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
     if !piece.is_empty() {
         out.push(piece);
     }
-    let atomic = out.iter().any(|p| {
-        let up = p.to_ascii_uppercase();
-        up.contains("BEGIN ATOMIC") || up.contains("BEGIN\nATOMIC")
-    });
+    // Looked for without upper-casing a copy (this runs for every simple query).
+    let atomic = out.iter().any(|p| begin_atomic(p.as_bytes()));
     if atomic {
         return None;
     }
     Some(out)
+}
+
+/// Whether `b` holds `BEGIN ATOMIC` or `BEGIN\nATOMIC` in any case.
+fn begin_atomic(b: &[u8]) -> bool {
+    let mut i = 0;
+    loop {
+        // `c | 0x20 == b'b'` only for `B` and `b`.
+        i = skip_words(b, i, |x| has_byte(x | (ONES * 0x20), b'b'));
+        let Some(&c) = b.get(i) else { return false };
+        let found = (c == b'B' || c == b'b')
+            && b.get(i..i + 12).is_some_and(|w| {
+                w[..5].eq_ignore_ascii_case(b"BEGIN")
+                    && (w[5] == b' ' || w[5] == b'\n')
+                    && w[6..].eq_ignore_ascii_case(b"ATOMIC")
+            });
+        if found {
+            return true;
+        }
+        i += 1;
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// The lanes of the word `x` whose byte is `c`, as their high bits: exact for the lowest
+/// such lane (a borrow can only mark lanes above a real match), which is all
+/// [`skip_words`] uses.
+fn has_byte(x: u64, c: u8) -> u64 {
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let y = x ^ (ONES * u64::from(c));
+    y.wrapping_sub(ONES) & !y & HIGH
+}
+
+/// From `i`, the first byte of `b` that `stop` marks (`stop` gives a word's marked lanes,
+/// see [`has_byte`]), or the start of the last run shorter than a word: every byte before
+/// it is one `stop` does not mark, so a byte loop that does nothing on those may go on
+/// from there.
+fn skip_words(b: &[u8], mut i: usize, stop: impl Fn(u64) -> u64) -> usize {
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let marked = stop(u64::from_le_bytes(word));
+        if marked != 0 {
+            return i + (marked.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i
 }
 
 #[cfg(test)]

@@ -182,16 +182,24 @@ pub fn from_keywords(text: &str) -> Kind {
 /// driver's own catalog query can be recognised from its RowDescription and passed whole.
 /// A wrong guess only costs the early stop: rows are still capped from the stream.
 pub fn may_read_catalogs(text: &str) -> bool {
-    // Looked for at each `_` only: this runs for every statement on the hot path.
+    // Looked for at each `_` only (found a word at a time): this runs for every statement
+    // on the hot path.
     let b = text.as_bytes();
-    b.iter().enumerate().any(|(i, &c)| {
-        c == b'_'
+    let mut i = 0;
+    loop {
+        i = super::skip_words(b, i, |x| super::has_byte(x, b'_'));
+        let Some(&c) = b.get(i) else { return false };
+        let found = c == b'_'
             && ((i >= 2 && b[i - 2..i].eq_ignore_ascii_case(b"pg"))
                 || (i >= 11
                     && b[i - 11..i].eq_ignore_ascii_case(b"information")
                     && b.get(i + 1..i + 7)
-                        .is_some_and(|w| w.eq_ignore_ascii_case(b"schema"))))
-    })
+                        .is_some_and(|w| w.eq_ignore_ascii_case(b"schema"))));
+        if found {
+            return true;
+        }
+        i += 1;
+    }
 }
 
 /// Whether the statement's first word (after comments and parentheses) is `word`.

@@ -464,6 +464,15 @@ pub fn command_complete(tag: &str) -> Bytes {
     build(b'C', &b)
 }
 
+/// [`command_complete`] appended to `out` (the relay's per-statement tag: no message
+/// built apart, no allocation).
+pub fn put_command_complete(out: &mut BytesMut, tag: &str) {
+    out.reserve(tag.len() + 6);
+    out.put_u8(b'C');
+    out.put_i32(tag.len() as i32 + 5);
+    put_cstr(out, tag.as_bytes());
+}
+
 /// FunctionCallResponse with a NULL result.
 pub fn function_result_null() -> Bytes {
     build(b'V', &(-1i32).to_be_bytes())
@@ -509,5 +518,14 @@ mod frontend_tests {
         assert!(execute(b"\0\0").is_none());
         assert_eq!(target(b"Sname\0"), Some((b'S', &b"name"[..])));
         assert!(target(b"Xname\0").is_none());
+    }
+
+    #[test]
+    fn command_complete_in_place_is_the_same_message() {
+        for tag in ["", "SELECT 1", "INSERT 0 3", "COPY 18446744073709551615"] {
+            let mut out = bytes::BytesMut::from(&b"before"[..]);
+            super::put_command_complete(&mut out, tag);
+            assert_eq!(&out[6..], &super::command_complete(tag)[..], "{tag}");
+        }
     }
 }

@@ -329,7 +329,8 @@ impl Pipeline {
                 !p.is_empty()
                     && p.iter().any(|s| classify::may_return_rows(s))
                     && !p.iter().any(|s| classify::leading_word_is(s, "COPY"))
-                    && text.len() == text_bytes.len()
+                    // Only the client's own bytes are rewritten (not a lossy decoding).
+                    && matches!(text, std::borrow::Cow::Borrowed(_))
             }
             None => false,
         };
@@ -349,6 +350,9 @@ impl Pipeline {
             return self.refuse_unlogged(stmts);
         }
         if !rewrite {
+            // The pieces borrow the frame's bytes: done with before its bytes move on.
+            drop(pieces);
+            drop(text);
             self.push(f.raw, vec![Pending::Simple { stmts }]);
             return;
         }

@@ -41,8 +41,12 @@ fn statements_counter(kind: Kind) -> &'static Counter {
     &all[i]
 }
 
-pub(super) fn text_of(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
+/// The text of a message, borrowed when it is valid UTF-8 (the common case: no copy).
+pub(super) fn text_of(b: &[u8]) -> std::borrow::Cow<'_, str> {
+    match std::str::from_utf8(b) {
+        Ok(t) => std::borrow::Cow::Borrowed(t),
+        Err(_) => String::from_utf8_lossy(b),
+    }
 }
 
 fn verb_of(text: &str) -> &'static str {

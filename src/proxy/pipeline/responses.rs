@@ -12,6 +12,8 @@ use crate::wire::messages::{self, Severity};
 enum Closed {
     /// With this tag (None: the backend's own completion, no tag).
     Shown(Option<String>),
+    /// With the tag now in the statement's `last_tag` (moved there, not copied).
+    ShownAsLast,
     /// The gateway makes the backend raise 54000 in its place (error mode).
     Injected,
 }
@@ -306,6 +308,7 @@ impl Pipeline {
     ) {
         match self.close_result(stmt, completion, tag, out) {
             Closed::Shown(shown) => self.log_outcome(stmt, None, shown.as_deref(), false),
+            Closed::ShownAsLast => self.log_outcome(stmt, None, stmt.last_tag.as_deref(), false),
             Closed::Injected => self.log_outcome(stmt, Some("54000"), None, false),
         }
     }
@@ -378,12 +381,12 @@ impl Pipeline {
                 // Suspended exactly at cap + 1 can only mean truncated; be safe anyway.
                 None => {
                     let t = format!("{} {}", stmt.verb, count.rows);
-                    out.extend_from_slice(&messages::command_complete(&t));
+                    messages::put_command_complete(out, &t);
                     Some(t)
                 }
             };
-            stmt.last_tag.clone_from(&shown);
-            return Closed::Shown(shown);
+            stmt.last_tag = shown;
+            return Closed::ShownAsLast;
         }
         if policy.mode == CapMode::Error && stmt.lowered {
             // Make the backend itself fail here, so the transaction state and the skipping of
@@ -409,9 +412,9 @@ impl Pipeline {
             (_, _, true) => format!("COPY {}", count.rows),
             _ => format!("{} {}", stmt.verb, count.rows),
         };
-        out.extend_from_slice(&messages::command_complete(&shown));
-        stmt.last_tag = Some(shown.clone());
-        Closed::Shown(Some(shown))
+        messages::put_command_complete(out, &shown);
+        stmt.last_tag = Some(shown);
+        Closed::ShownAsLast
     }
 
     fn on_error(&mut self, f: Frame, out: &mut BytesMut, secrets: &[String]) {
