@@ -144,6 +144,67 @@ def _stop_bouncer(p, d):
         os.unlink(pid_file)
 
 
+def floor_binary(env):
+    """`examples/relay_floor.rs`, built beside the gateway binary."""
+    return os.path.join(os.path.dirname(env.binary), "examples", "relay_floor")
+
+
+def _floor(env, sock, n, sc, ir):
+    """The bare tokio relay (`examples/relay_floor.rs`: the gateway's runtime, bytes copied
+    both ways, nothing else) in front of the same server, counted like PgBouncer: syscalls
+    by strace on the running process, instructions over whole processes under callgrind.
+    Fills `sc`/`ir` under "floor"; returns a note when it could not run."""
+    src = floor_binary(env)
+    if not os.path.exists(src):
+        return f"not measured ({src} missing: cargo build --release --example relay_floor)"
+    # Copied where the `sandpit` user can run it (peer auth to the server maps that user).
+    binary = os.path.join(env.dir, "relay_floor")
+    shutil.copy(src, binary)
+    os.chmod(binary, 0o755)
+    port = _sections().free_port()
+    dsn = f"host=127.0.0.1 port={port} user=agent dbname=sandpit sslmode=disable"
+    fdir = os.path.join(env.dir, "relay-floor")  # callgrind writes as the `sandpit` user
+    os.makedirs(fdir, exist_ok=True)
+    subprocess.run(["chown", "sandpit", fdir], check=True)
+    out = os.path.join(fdir, "callgrind.out")
+
+    def start(valgrind):
+        argv = [*(_valgrind_argv(out, whole=True) if valgrind else []), binary, str(port),
+                os.path.join(sock, ".s.PGSQL.5432")]
+        p = subprocess.Popen(env.server_cmd(["runuser", "-u", "sandpit", "--", *argv]),
+                             stdout=subprocess.PIPE, stderr=open(os.path.join(fdir, "stderr"), "a"),
+                             text=True)
+        env.procs.append(p)
+        line = p.stdout.readline().split()
+        if len(line) != 2 or line[0] != "ready":
+            raise RuntimeError("relay_floor did not start: " + open(os.path.join(fdir, "stderr")).read()[-300:])
+        return p, int(line[1])
+
+    def stop(p, pid):
+        os.kill(pid, signal.SIGTERM)
+        p.wait(120)
+
+    p, pid = start(False)
+    for mode in MODES:
+        sc[("floor", mode)] = _per_tx(lambda e, d, m, k: _strace_total(pid, e, d, m, k), env, dsn, mode, n)
+    stop(p, pid)
+
+    def whole(k, mode):
+        if os.path.exists(out):
+            os.unlink(out)
+        p, pid = start(True)
+        _pgbench(env, dsn, mode, 50)
+        _pgbench(env, dsn, mode, k)
+        stop(p, pid)
+        total = _totals(out)
+        if total is None:
+            raise RuntimeError("relay_floor's callgrind file is missing")
+        return total
+    for mode in MODES:
+        ir[("floor", mode)] = (whole(n, mode) - whole(1, mode)) / (n - 1)
+    return None
+
+
 def relay(env, sz):
     """The relay cost section (bench/run's `relay`, and bench/relay-cost)."""
     if not env.root:
@@ -217,6 +278,7 @@ def relay(env, sz):
         return total
     for mode in MODES:
         ir[("pgbouncer", mode)] = (bouncer_ir(env, bdsn, mode, n) - bouncer_ir(env, bdsn, mode, 1)) / (n - 1)
+    floor = _floor(env, sock, n, sc, ir)
 
     for label, cfg, e in [("off", off, native), ("on", on, under_cg), ("off", off, under_cg)]:
         g.env = e
@@ -238,15 +300,20 @@ def relay(env, sz):
     rows, table = [], [
         f"Relay cost per `pgbench -S -c 1` transaction ({n} transactions, the connection's own "
         "cost taken out), proxy process only:", "",
-        "| mode | Ir/tx sandpit log on | log off | PgBouncer | log on ÷ PgBouncer (≤ 2.5) "
-        "| syscalls/tx sandpit log on | log off | PgBouncer | log on − PgBouncer (≤ 1) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        "| mode | Ir/tx sandpit log on | log off | bare tokio relay | PgBouncer | log on ÷ PgBouncer (≤ 2.5) "
+        "| bare tokio ÷ PgBouncer | syscalls/tx sandpit log on | log off | bare tokio relay | PgBouncer "
+        "| log on − PgBouncer (≤ 1) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    def fig(v, f):
+        return "n/a" if v is None else format(v, f)
     for mode in MODES:
         i_on, i_off, i_b = ir[("on", mode)], ir[("off", mode)], ir[("pgbouncer", mode)]
         s_on, s_off, s_b = sc[("on", mode)], sc[("off", mode)], sc[("pgbouncer", mode)]
+        i_f, s_f = ir.get(("floor", mode)), sc.get(("floor", mode))
         ratio, extra = i_on / i_b, s_on - s_b
-        table.append(f"| {mode} | {i_on:,.0f} | {i_off:,.0f} | {i_b:,.0f} | {ratio:.2f} "
-                     f"| {s_on:.2f} | {s_off:.2f} | {s_b:.2f} | {extra:+.2f} |")
+        table.append(f"| {mode} | {i_on:,.0f} | {i_off:,.0f} | {fig(i_f, ',.0f')} | {i_b:,.0f} | {ratio:.2f} "
+                     f"| {fig(None if i_f is None else i_f / i_b, '.2f')} "
+                     f"| {s_on:.2f} | {s_off:.2f} | {fig(s_f, '.2f')} | {s_b:.2f} | {extra:+.2f} |")
         rows.append(Row(f"relay cost, pgbench -S -M {mode} -c 1: gateway Ir/tx sandpit log on / off / PgBouncer",
                         f"{i_on:,.0f} / {i_off:,.0f} / {i_b:,.0f} ({ratio:.2f} ×)",
                         f"≤ {TARGET_IR} × PgBouncer", _sections().verdict(ratio <= TARGET_IR)))
@@ -254,5 +321,7 @@ def relay(env, sz):
                         f"{s_on:.2f} / {s_off:.2f} / {s_b:.2f} ({extra:+.2f})",
                         "≤ PgBouncer + 1", _sections().verdict(extra <= TARGET_SYSCALLS)))
         log(f"relay {mode}: Ir/tx {i_on:.0f} / {i_off:.0f} / {i_b:.0f}, syscalls/tx {s_on:.2f} / {s_off:.2f} / {s_b:.2f}")
+    if floor:
+        table.append(f"\nBare tokio relay: {floor}")
     env.tables.append("\n".join(table) + "\n")
     return rows
