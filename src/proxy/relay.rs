@@ -8,6 +8,7 @@ use metrics::Counter;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
+use super::gate::Gate;
 use super::pipeline::Pipeline;
 use crate::lifecycle::EndReason;
 use crate::wire::frame::{FrameError, FrameReader};
@@ -90,12 +91,13 @@ pub async fn run(
 
     // One timer for the session's life, moved only when it fires early: arming and dropping
     // a timer per request costs more than the rest of a small round trip's bookkeeping.
-    let mut timer = std::pin::pin!(tokio::time::sleep(std::time::Duration::ZERO));
+    // Gated (as is the token's end below): polled only when it fired or was moved.
+    let mut timer = Gate::new(tokio::time::sleep(std::time::Duration::ZERO));
     let mut timer_armed = false;
     // One waiter on the token's end for the session's life (a `changed()` made per loop
     // would register and unregister a waiter each time).
     let mut end_rx = ended.clone();
-    let mut token_ended = std::pin::pin!(async move {
+    let mut token_ended = Gate::new(async move {
         loop {
             if let Some(r) = *end_rx.borrow_and_update() {
                 return Some(r);
@@ -147,18 +149,20 @@ pub async fn run(
         // Armed no later than the deadline; a later deadline (the next request's) is left to
         // the firing below, which moves the timer on.
         if let Some(d) = deadline {
-            if !timer_armed || timer.deadline() > d {
-                timer.as_mut().reset(d);
+            if !timer_armed || timer.inner().deadline() > d {
+                timer.inner().reset(d);
+                timer.rearm();
                 timer_armed = true;
             }
         }
         tokio::select! {
-            _ = timer.as_mut(), if timer_armed => {
+            _ = timer.wait(), if timer_armed => {
                 timer_armed = false;
                 match deadline {
                     // Fired for an earlier request: wait on for this one's deadline.
                     Some(d) if tokio::time::Instant::now() < d => {
-                        timer.as_mut().reset(d);
+                        timer.inner().reset(d);
+                        timer.rearm();
                         timer_armed = true;
                     }
                     None => {}
@@ -177,7 +181,7 @@ pub async fn run(
                     },
                 }
             }
-            r = token_ended.as_mut(), if watching => match r {
+            r = token_ended.wait(), if watching => match r {
                 Some(reason) => break Ending::Ended(reason),
                 None => watching = false,
             },
