@@ -111,16 +111,24 @@ fn literal_shape(text: &str) -> Option<String> {
 }
 
 /// [`literal_shape`] into a reused buffer: true when `out` holds the shape, false for None.
+///
+/// One pass: every byte is looked at by exactly one branch below, and each branch gives up
+/// (false) at a `--`, a `/*` or a backslash, wherever it is (in a literal too), as the
+/// separate scans for them before did.
 fn literal_shape_into(text: &str, out: &mut String) -> bool {
     out.clear();
     let b = text.as_bytes();
-    if text.contains("--") || text.contains("/*") || b.contains(&b'\\') {
-        return false;
-    }
     out.reserve(text.len());
     let mut changed = false;
     let mut i = 0;
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
+    // A comment opener or a backslash at `k`: the shape cannot be trusted.
+    let unsafe_at = |k: usize| match b[k] {
+        b'\\' => true,
+        b'-' => b.get(k + 1) == Some(&b'-'),
+        b'/' => b.get(k + 1) == Some(&b'*'),
+        _ => false,
+    };
     while i < b.len() {
         let c = b[i];
         if c == b'$' {
@@ -138,6 +146,7 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
                     None => return false, // unterminated: leave it to the parser
                     Some(b'\'') if b.get(j + 1) == Some(&b'\'') => j += 2,
                     Some(b'\'') => break,
+                    Some(_) if unsafe_at(j) => return false,
                     Some(_) => j += 1,
                 }
             }
@@ -145,12 +154,17 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
             changed = true;
             i = j + 1;
         } else if c == b'"' {
-            let Some(close) = b[i + 1..].iter().position(|&c| c == b'"') else {
-                return false;
-            };
-            let end = i + 1 + close + 1;
-            out.push_str(&text[i..end]);
-            i = end;
+            let mut j = i + 1;
+            loop {
+                match b.get(j) {
+                    None => return false,
+                    Some(b'"') => break,
+                    Some(_) if unsafe_at(j) => return false,
+                    Some(_) => j += 1,
+                }
+            }
+            out.push_str(&text[i..=j]);
+            i = j + 1;
         } else if c.is_ascii_digit() && (i == 0 || !ident(b[i - 1])) {
             let end = i + b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
             out.push('0');
@@ -159,15 +173,20 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
         } else {
             // Copy up to the next byte that may start a literal; every stop is an ASCII
             // byte, so both slice ends are char boundaries.
-            let mut end = i + 1;
+            let mut end = i;
             while end < b.len() {
                 let c = b[end];
-                if c == b'$'
-                    || c == b'\''
-                    || c == b'"'
-                    || (c.is_ascii_digit() && !ident(b[end - 1]))
-                {
-                    break;
+                if SHAPE_STOP[usize::from(c)] {
+                    if unsafe_at(end) {
+                        return false;
+                    }
+                    if c == b'$'
+                        || c == b'\''
+                        || c == b'"'
+                        || (end > i && c.is_ascii_digit() && !ident(b[end - 1]))
+                    {
+                        break;
+                    }
                 }
                 end += 1;
             }
@@ -177,6 +196,24 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
     }
     changed
 }
+
+/// Bytes the shape's copy loop must look at: where a literal, a parameter or dollar quoting
+/// may start, or a comment or backslash may be.
+const SHAPE_STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = b'0';
+    while c <= b'9' {
+        t[c as usize] = true;
+        c += 1;
+    }
+    t[b'$' as usize] = true;
+    t[b'\'' as usize] = true;
+    t[b'"' as usize] = true;
+    t[b'-' as usize] = true;
+    t[b'/' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
 
 fn classify_uncached(text: &str) -> Kind {
     if text.len() <= PARSE_MAX {
