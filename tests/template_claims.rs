@@ -61,7 +61,9 @@ fn concurrent_claims_each_get_their_own_member_tagged_with_their_own_token() {
             assert!(Instant::now() < deadline, "pool did not fill\n{}", g.log());
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let tokens: Vec<Value> = (0..N).map(|i| g.issue(&format!("claim-{i}"), 600)).collect();
+        let tokens: Vec<Value> = (0..N)
+            .map(|i| g.issue(&format!("claim-{i}"), 600))
+            .collect();
         // All first connections at once, so their claims queue together.
         let sessions = futures_util::future::join_all(tokens.iter().map(|t| async move {
             let c = connect(&dsn(t)).await.expect("connect");
@@ -85,7 +87,11 @@ fn concurrent_claims_each_get_their_own_member_tagged_with_their_own_token() {
             assert!(db.starts_with("pool-"), "{token} forked cold: {db}");
             let tagged: Vec<_> = now.iter().filter(|(name, _)| name == db).collect();
             assert_eq!(tagged.len(), 1, "{db}: {now:?}");
-            assert_eq!(tagged[0].1.as_deref(), Some(token.as_str()), "{db}: {now:?}");
+            assert_eq!(
+                tagged[0].1.as_deref(),
+                Some(token.as_str()),
+                "{db}: {now:?}"
+            );
         }
         // The janitor reads the tags: every claimed database is kept.
         let (status, report) = g.raw_call("POST", "/v1/reap", None);
