@@ -212,13 +212,14 @@ class Gateway:
                 return float(ln.rsplit(" ", 1)[1])
         return None
 
-    def summary_medians(self, name, label):
-        """{label value: median in ms} of a summary metric (`quantile="0.5"` series)."""
+    def summary_medians(self, name, label, quantile="0.5"):
+        """{label value: median in ms} of a summary metric (`quantile="0.5"` series; another
+        quantile when asked, e.g. "0.99")."""
         text = self.http("GET", "/metrics")
         text = text.decode() if isinstance(text, bytes) else str(text)
         out = {}
         for ln in text.splitlines():
-            if ln.startswith(name + "{") and 'quantile="0.5"' in ln:
+            if ln.startswith(name + "{") and f'quantile="{quantile}"' in ln:
                 labels = ln[len(name) + 1:ln.index("}")]
                 for kv in labels.split(","):
                     k, _, v = kv.partition("=")

@@ -304,9 +304,10 @@ def rss(env, sz):
                 f"{per:.1f} KiB ({before / 1024:.0f} → {after / 1024:.0f} MiB)", "≤ 100 KiB", verdict(per <= 100))]
 
 
-def _burst_once(g, n, label):
-    """N tokens issued, then N threads released by one barrier each run a first query.
-    Returns (times of those that succeeded, errors)."""
+def _burst_once(g, n, label, after=None):
+    """N tokens issued, then N threads released by one barrier each run a first query;
+    `after()` runs once they are done, before the revokes. Returns (times of those that
+    succeeded, errors)."""
     toks = [g.issue(f"{label}-{i}") for i in range(n)]
     res = [None] * n
     gate = threading.Barrier(n)
@@ -322,6 +323,8 @@ def _burst_once(g, n, label):
         x.start()
     for x in th:
         x.join()
+    if after:
+        after()
     for tk in toks:
         g.revoke(tk["id"])
     ok = [r for r in res if isinstance(r, float)]
@@ -431,7 +434,12 @@ def tree_pss(root_pid):
     return kib / 1024, n
 
 
-def burst_template(env, sz):
+def burst_template_pool(env, sz):
+    """Only the standing-pool row of `burst_template` (its pool-off burst skipped)."""
+    return burst_template(env, sz, cold=False)
+
+
+def burst_template(env, sz, cold=True):
     """The same burst on the `template` provider: one shared Postgres server (started by
     `bench_backends`, pinned with the servers), a fork is `CREATE DATABASE … TEMPLATE` plus
     a login role; pool off, so every one of the N first connections forks. The standing
@@ -456,14 +464,16 @@ def burst_template(env, sz):
         g = bl.Gateway(env, "burst-tpl", os.path.join(env.dir, "burst-tpl-gw"), sql, cfg + MAIN)
         try:
             time.sleep(2)  # the golden build's sessions gone, the server idle
-            mem, procs = tree_pss(srv.proc.pid)
-            ok, errs = _burst_once(g, n, "burst-tpl")
-            log(f"burst-template: pool off, {len(ok)}/{n} ok, p99 {pct(ok, 99) if ok else 0:.0f} ms")
-            db_mb = template_golden_mb(srv.info["admin_dsn"], "golden_burst")
-            rows = [_burst_row(f"{n} tokens first-connecting at once, `template` provider, pool off (each a "
-                               f"`CREATE DATABASE … TEMPLATE` of a {db_mb} MB golden + a login role)", n, ok,
-                               errs, f"; shared server before: {mem:.0f} MiB PSS idle, {procs} processes, "
-                               f"max_connections {max_conn}")]
+            rows = []
+            if cold:
+                mem, procs = tree_pss(srv.proc.pid)
+                ok, errs = _burst_once(g, n, "burst-tpl")
+                log(f"burst-template: pool off, {len(ok)}/{n} ok, p99 {pct(ok, 99) if ok else 0:.0f} ms")
+                db_mb = template_golden_mb(srv.info["admin_dsn"], "golden_burst")
+                rows.append(_burst_row(f"{n} tokens first-connecting at once, `template` provider, pool off (each a "
+                                       f"`CREATE DATABASE … TEMPLATE` of a {db_mb} MB golden + a login role)", n,
+                                       ok, errs, f"; shared server before: {mem:.0f} MiB PSS idle, {procs} "
+                                       f"processes, max_connections {max_conn}"))
             # A standing pool of N: members are databases on the shared server, no processes.
             g.restart(cfg + MAIN.replace("[pool]\nsize = 0\n", f"[pool]\nsize = {n}\n"))
             t0 = time.time()
@@ -474,7 +484,7 @@ def burst_template(env, sz):
             time.sleep(2)
             mem, procs = tree_pss(srv.proc.pid)
             disk = pool_disk_mb(srv.info["admin_dsn"])
-            ok, errs = _burst_once(g, n, "burst-tpl-pool")
+            ok, errs = _burst_once(g, n, "burst-tpl-pool", after=lambda: log_phases(g, "burst-template, pool"))
             rows.append(_burst_row(f"… same, `template` with a standing pool of {n} (`size = {n}`)", n, ok, errs,
                                    f"; pool before: {ready} ready ({fill_s:.0f} s to fill), shared server "
                                    f"{mem:.0f} MiB PSS idle, {procs} processes; members on disk {disk} MB"))
@@ -486,6 +496,15 @@ def burst_template(env, sz):
     finally:
         srv.stop()
     return rows
+
+
+def log_phases(g, label):
+    """Where the gateway's side of the burst's first connections went: median / p99 / max
+    of each `sandpit_first_query_phase_seconds` phase (the summary's window is the last
+    minute, so read right after the burst)."""
+    q = {k: g.summary_medians("sandpit_first_query_phase_seconds", "phase", k) for k in ("0.5", "0.99", "1")}
+    log(f"{label}: phases median / p99 / max ms: " + ", ".join(
+        f"{p} {q['0.5'][p]:.0f} / {q['0.99'].get(p, 0):.0f} / {q['1'].get(p, 0):.0f}" for p in q["0.5"]))
 
 
 def pool_disk_mb(admin_dsn):

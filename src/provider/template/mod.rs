@@ -12,6 +12,7 @@ mod golden;
 mod key;
 pub mod records;
 mod reference;
+mod retag;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -79,6 +80,8 @@ pub struct TemplateProvider {
     reference_lock: tokio::sync::Mutex<()>,
     /// Admin session kept for the per-session access checks and warm-pool claims.
     checker: tokio::sync::Mutex<Option<Client>>,
+    /// Claims' re-tags waiting for the kept admin session, written together.
+    retags: retag::RetagQueue,
     /// Whether the admin role can read `pg_authid` (superuser): without it, a task role's
     /// password change cannot be detected.
     can_read_verifiers: bool,
@@ -183,6 +186,7 @@ impl TemplateProvider {
             reference: String::new(),
             reference_lock: tokio::sync::Mutex::new(()),
             checker: tokio::sync::Mutex::new(None),
+            retags: retag::RetagQueue::default(),
             can_read_verifiers: false,
         };
         let c = p.connect(None).await?;
@@ -445,16 +449,9 @@ impl Provider for TemplateProvider {
             validate_handle(handle)?;
             // On the kept session: a claim is on a first connection's path, and a login of
             // its own (TLS, SCRAM, a new server backend) was most of a claim's server CPU,
-            // which a burst of claims queues behind on a busy server.
-            let mut slot = self.kept_admin().await?;
-            let Some(c) = slot.as_ref() else {
-                return Err(tpl("no admin session"));
-            };
-            let tagged = self.set_tag(c, handle, tag).await;
-            if tagged.is_err() {
-                *slot = None; // maybe a dead session: the next use logs in anew
-            }
-            tagged
+            // which a burst of claims queues behind on a busy server. Queued, so that a
+            // burst's claims share statements instead of taking turns (see `retag`).
+            self.retag_queued(handle, tag).await
         })
     }
 }

@@ -69,26 +69,6 @@ impl TemplateProvider {
         Ok(())
     }
 
-    /// Replaces a backend's tag (a claimed warm-pool member).
-    pub(super) async fn set_tag(
-        &self,
-        c: &Client,
-        handle: &str,
-        tag: &BackendTag,
-    ) -> Result<(), ProviderError> {
-        let tag = tag_json(tag)?;
-        c.execute(
-            &format!(
-                "INSERT INTO {RECORDS_TABLE} (handle, tag) VALUES ($1, $2) \
-                 ON CONFLICT (handle) DO UPDATE SET tag = $2"
-            ),
-            &[&handle, &tag],
-        )
-        .await
-        .map_err(|e| pg_err("re-tagging the scratch database", e))?;
-        Ok(())
-    }
-
     /// Marks a backend as going away, so access checks stop restoring its role's login.
     pub(super) async fn mark_destroying(
         &self,
@@ -201,6 +181,6 @@ impl TemplateProvider {
 }
 
 /// The tag as the table stores it (the same JSON the database comment held).
-fn tag_json(tag: &BackendTag) -> Result<String, ProviderError> {
+pub(super) fn tag_json(tag: &BackendTag) -> Result<String, ProviderError> {
     serde_json::to_string(tag).map_err(|e| ProviderError::Other(format!("tag: {e}")))
 }
