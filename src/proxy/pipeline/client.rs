@@ -40,6 +40,11 @@ impl Pipeline {
     /// Whether `f` needs the answer to a change sent in an earlier group.
     fn must_wait(&self, f: &Frame) -> bool {
         let g = self.group;
+        if !self.prepared.waits_before(g) && !self.portals.waits_before(g) {
+            // Nothing from an earlier group is unanswered: no name can make it wait (the
+            // common case, decided without parsing the message).
+            return false;
+        }
         match f.tag {
             b'P' => match frontend::parse(f.body()) {
                 // A named Parse fails if the name exists: that must be known.

@@ -47,6 +47,9 @@ pub(super) struct Names<V> {
     unnamed_pending: VecDeque<Proposed<V>>,
     /// Changes in `pending`, all names together.
     pending_count: usize,
+    /// The group of the latest change proposed, and how many changes of that group are
+    /// still pending (groups only grow: any other pending change is from an earlier one).
+    latest_group: (u64, usize),
     /// Bytes of names and values in `confirmed` and `pending`.
     bytes: usize,
     /// Confirmed entries that a pending Close will free (entries, bytes): already counted
@@ -72,6 +75,7 @@ impl<V: Weight> Names<V> {
             pending: HashMap::new(),
             unnamed_pending: VecDeque::new(),
             pending_count: 0,
+            latest_group: (0, 0),
             bytes: 0,
             releasing: (0, 0),
         }
@@ -94,6 +98,16 @@ impl<V: Weight> Names<V> {
             Some(v) => Lookup::Defined(v),
             None => Lookup::Undefined,
         }
+    }
+
+    /// Whether a change sent before `group` is still unanswered: only then may a lookup
+    /// for `group` have to wait (checked before any message is parsed for its names).
+    pub fn waits_before(&self, group: u64) -> bool {
+        let current = match self.latest_group {
+            (g, n) if g == group => n,
+            _ => 0,
+        };
+        self.pending_count > current
     }
 
     fn pending_of(&self, name: &[u8]) -> Option<&VecDeque<Proposed<V>>> {
@@ -135,6 +149,10 @@ impl<V: Weight> Names<V> {
     pub fn propose(&mut self, name: &[u8], value: Option<V>, group: u64) {
         self.bytes += name.len() + value.as_ref().map_or(0, Weight::weight);
         self.pending_count += 1;
+        match &mut self.latest_group {
+            (g, n) if *g == group => *n += 1,
+            latest => *latest = (group, 1),
+        }
         let confirmed = if name.is_empty() {
             self.unnamed.as_ref()
         } else {
@@ -201,6 +219,9 @@ impl<V: Weight> Names<V> {
         };
         if let Some(p) = &oldest {
             self.pending_count -= 1;
+            if p.group == self.latest_group.0 {
+                self.latest_group.1 -= 1;
+            }
             if p.frees > 0 {
                 self.releasing.0 -= 2;
                 self.releasing.1 -= p.frees;
@@ -281,6 +302,29 @@ mod tests {
         assert_eq!(text(n.lookup(s, 3)), "-");
         assert_eq!(n.len(), 0);
         assert_eq!(n.bytes(), 0);
+    }
+
+    #[test]
+    fn only_an_unanswered_change_of_an_earlier_group_can_make_a_lookup_wait() {
+        let mut n: Names<Arc<str>> = Names::new();
+        assert!(!n.waits_before(0));
+        n.propose(b"a", Some(Arc::from("1")), 0);
+        n.propose(b"", Some(Arc::from("2")), 0);
+        // Same group: relied on, nothing to wait for.
+        assert!(!n.waits_before(0));
+        assert!(n.waits_before(1));
+        assert!(n.lookup(b"a", 1).is_wait());
+        n.propose(b"b", Some(Arc::from("3")), 1);
+        assert!(n.waits_before(1));
+        n.confirm(b"a");
+        assert!(n.waits_before(1));
+        n.discard(b"");
+        // Only group 1's own change is left.
+        assert!(!n.waits_before(1));
+        assert!(!n.lookup(b"b", 1).is_wait());
+        assert!(n.waits_before(2));
+        n.confirm(b"b");
+        assert!(!n.waits_before(2));
     }
 
     #[test]
