@@ -253,11 +253,8 @@ impl Pipeline {
                 kind,
                 may_read_catalogs,
             }) if !portal_exists => {
-                let params: Vec<Option<String>> = b
-                    .params
-                    .iter()
-                    .map(|(fmt, v)| param_text(*fmt, *v))
-                    .collect();
+                let mut params = std::mem::take(&mut self.spare_params);
+                params.extend(b.params.iter().map(|(fmt, v)| param_text(*fmt, *v)));
                 let portal = Portal {
                     text,
                     params,

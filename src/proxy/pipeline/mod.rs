@@ -204,6 +204,19 @@ impl Weight for Prepared {
     }
 }
 
+/// Keeps the parameter list of a portal that is gone, emptied, for the next Bind (unless
+/// one is kept already, or it is large).
+fn keep_params(spare: &mut Vec<Option<String>>, old: Portal) {
+    let mut params = old.params;
+    if spare.capacity() == 0 && params.capacity() <= MAX_SPARE_PARAMS {
+        params.clear();
+        *spare = params;
+    }
+}
+
+/// The longest parameter list kept for reuse.
+const MAX_SPARE_PARAMS: usize = 64;
+
 /// A bound portal: the text its statement had when the Bind was sent, and its parameters.
 #[derive(Clone)]
 struct Portal {
@@ -237,6 +250,9 @@ pub struct Pipeline {
     spare: Vec<Box<Stmt>>,
     /// An empty statement queue with its capacity, reused for the next simple Query.
     spare_stmts: VecDeque<Stmt>,
+    /// An empty parameter list with its capacity (from a portal the server replaced or
+    /// dropped), reused for the next Bind.
+    spare_params: Vec<Option<String>>,
     prepared: Names<Prepared>,
     portals: Names<Portal>,
     /// Client Syncs, Queries and FunctionCalls so far: the group a message belongs to.
@@ -283,6 +299,7 @@ impl Pipeline {
             outbox: Outbox::default(),
             spare: Vec::new(),
             spare_stmts: VecDeque::new(),
+            spare_params: Vec::new(),
             prepared: Names::new(),
             portals: Names::new(),
             group: 0,
@@ -420,9 +437,13 @@ impl Pipeline {
     /// The server answered (or will never answer) a message that changes a name.
     fn settle(&mut self, change: Option<Change>, accepted: bool) {
         match (change, accepted) {
-            (Some(Change::Stmt(n)), true) => self.prepared.confirm(&n),
+            (Some(Change::Stmt(n)), true) => drop(self.prepared.confirm(&n)),
             (Some(Change::Stmt(n)), false) => self.prepared.discard(&n),
-            (Some(Change::Portal(n)), true) => self.portals.confirm(&n),
+            (Some(Change::Portal(n)), true) => {
+                if let Some(old) = self.portals.confirm(&n) {
+                    keep_params(&mut self.spare_params, old);
+                }
+            }
             (Some(Change::Portal(n)), false) => self.portals.discard(&n),
             (None, _) => {}
         }

@@ -179,12 +179,14 @@ impl<V: Weight> Names<V> {
         });
     }
 
-    /// The server answered the oldest pending change of `name`: it takes effect.
-    pub fn confirm(&mut self, name: &[u8]) {
+    /// The server answered the oldest pending change of `name`: it takes effect. Returns
+    /// the confirmed value it replaced or closed (its parts may be reused).
+    pub fn confirm(&mut self, name: &[u8]) -> Option<V> {
         let Some(Proposed { value: change, .. }) = self.take_oldest(name) else {
-            return;
+            return None;
         };
-        if let Some(old) = self.confirmed_remove(name) {
+        let old = self.confirmed_remove(name);
+        if let Some(old) = &old {
             self.bytes = self.bytes.saturating_sub(name.len() + old.weight());
         }
         match change {
@@ -195,6 +197,7 @@ impl<V: Weight> Names<V> {
             }
             None => self.bytes = self.bytes.saturating_sub(name.len()),
         }
+        old
     }
 
     /// The server failed or skipped the oldest pending change of `name`: it never happens.
@@ -242,13 +245,16 @@ impl<V: Weight> Names<V> {
         self.confirmed.get_mut(name)
     }
 
-    /// Forget every confirmed entry (portals at the end of a transaction).
-    pub fn clear_confirmed(&mut self) {
+    /// Forget every confirmed entry (portals at the end of a transaction), each handed to
+    /// `forgotten` (its parts may be reused).
+    pub fn clear_confirmed(&mut self, mut forgotten: impl FnMut(V)) {
         if let Some(v) = self.unnamed.take() {
             self.bytes = self.bytes.saturating_sub(v.weight());
+            forgotten(v);
         }
         for (name, v) in self.confirmed.drain() {
             self.bytes = self.bytes.saturating_sub(name.len() + v.weight());
+            forgotten(v);
         }
     }
 }
@@ -339,7 +345,7 @@ mod tests {
         n.propose(b"a", Some(Arc::from("1")), 1);
         n.confirm(b"a");
         assert_eq!((n.len(), n.bytes()), (1, 2));
-        n.clear_confirmed();
+        n.clear_confirmed(drop);
         assert_eq!((n.len(), n.bytes()), (0, 0));
         // A Close of a confirmed entry frees its room at once, and gives it back if refused.
         n.propose(b"c", Some(Arc::from("123")), 2);

@@ -173,7 +173,8 @@ impl Pipeline {
         }
         if self.tx_status == b'I' {
             // Protocol-level portals end with their transaction.
-            self.portals.clear_confirmed();
+            let spare = &mut self.spare_params;
+            self.portals.clear_confirmed(|old| keep_params(spare, old));
         }
         out.extend_from_slice(&f.raw);
     }
