@@ -252,6 +252,11 @@ impl<V: Weight> Names<V> {
             self.bytes = self.bytes.saturating_sub(v.weight());
             forgotten(v);
         }
+        if self.confirmed.is_empty() {
+            // Draining resets every bucket of the table: a map that once held many names
+            // would make each idle ReadyForQuery cost its capacity.
+            return;
+        }
         for (name, v) in self.confirmed.drain() {
             self.bytes = self.bytes.saturating_sub(name.len() + v.weight());
             forgotten(v);
