@@ -88,28 +88,26 @@ impl Outbox {
         last: Pending,
     ) {
         let start = self.built.len();
-        let mut responses = 0;
-        for p in unnamed_run_into(&mut self.built, sql, max_rows, describe, last)
-            .into_iter()
-            .flatten()
-        {
-            self.pending.push_back(p);
-            responses += 1;
-        }
+        let before = self.pending.len();
+        let pending = &mut self.pending;
+        unnamed_run_into(&mut self.built, sql, max_rows, describe, last, |p| {
+            pending.push_back(p)
+        });
         self.queued.push_back(Queued {
             payload: Payload::Built(self.built.len() - start),
-            responses,
+            responses: self.pending.len() - before,
         });
     }
 
     /// [`Outbox::unnamed_run`], queued first (ahead of everything waiting).
     pub fn unnamed_run_first(&mut self, sql: &[u8], last: Pending) {
-        let mut bytes = Vec::with_capacity(sql.len() + 64);
-        let entries = unnamed_run_into(&mut bytes, sql, 0, None, last);
-        let mut responses = 0;
-        for p in entries.into_iter().flatten().rev() {
+        // A rare path (a cut result in error mode): built apart, then put in front.
+        let mut bytes = Vec::new();
+        let mut entries = Vec::with_capacity(4);
+        unnamed_run_into(&mut bytes, sql, 0, None, last, |p| entries.push(p));
+        let responses = entries.len();
+        for p in entries.into_iter().rev() {
             self.pending.push_front(p);
-            responses += 1;
         }
         self.queued.push_front(Queued {
             payload: Payload::Shared(Bytes::from(bytes)),
@@ -183,40 +181,49 @@ impl Outbox {
     }
 }
 
-/// Writes an unnamed run (see [`Outbox::unnamed_run`]) into `out`; its responses, in order
-/// (held inline: no vector per run).
+/// Bind of the unnamed statement to the unnamed portal (no parameters, text results).
+const BIND_UNNAMED: &[u8] = b"B\0\0\0\x0c\0\0\0\0\0\0\0\0";
+/// Describe of the unnamed portal.
+const DESCRIBE_UNNAMED_PORTAL: &[u8] = b"D\0\0\0\x06P\0";
+
+/// Writes an unnamed run (see [`Outbox::unnamed_run`]) into `out`, its constant parts as
+/// whole slices; gives its responses to `put`, in order (no vector per run).
 fn unnamed_run_into(
     out: &mut Vec<u8>,
     sql: &[u8],
     max_rows: i32,
     describe: Option<(Vec<u8>, u64)>,
     last: Pending,
-) -> [Option<Pending>; 4] {
-    // Written straight into the buffer (no message built apart).
-    out.reserve(sql.len() + 64);
-    put_message(out, b'P', &[b"", b"\0", sql, b"\0", &[0, 0]]);
-    put_message(out, b'B', &[b"\0\0", &[0; 6]]);
-    let describe = describe.map(|key| {
-        put_message(out, b'D', &[b"P\0"]);
-        Pending::Describe {
+    mut put: impl FnMut(Pending),
+) {
+    out.reserve(sql.len() + 8 + 1 + BIND_UNNAMED.len() + DESCRIBE_UNNAMED_PORTAL.len() + 10);
+    // Parse: unnamed statement, the text, no parameter types.
+    out.push(b'P');
+    out.extend_from_slice(&((sql.len() + 8) as i32).to_be_bytes());
+    out.push(0);
+    out.extend_from_slice(sql);
+    out.extend_from_slice(&[0, 0, 0]);
+    put(Pending::Parse {
+        swallow: true,
+        change: None,
+    });
+    out.extend_from_slice(BIND_UNNAMED);
+    put(Pending::Bind {
+        swallow: true,
+        change: None,
+    });
+    if let Some(key) = describe {
+        out.extend_from_slice(DESCRIBE_UNNAMED_PORTAL);
+        put(Pending::Describe {
             swallow_nodata: true,
             portal_key: Some(key),
             statement: None,
-        }
-    });
-    put_message(out, b'E', &[b"\0", &max_rows.to_be_bytes()]);
-    [
-        Some(Pending::Parse {
-            swallow: true,
-            change: None,
-        }),
-        Some(Pending::Bind {
-            swallow: true,
-            change: None,
-        }),
-        describe,
-        Some(last),
-    ]
+        });
+    }
+    // Execute of the unnamed portal.
+    let m = max_rows.to_be_bytes();
+    out.extend_from_slice(&[b'E', 0, 0, 0, 9, 0, m[0], m[1], m[2], m[3]]);
+    put(last);
 }
 
 /// Appends a message of `tag` whose body is `parts` one after another.
