@@ -246,7 +246,9 @@ pub struct Pipeline {
     fifo: Fifo,
     outbox: Outbox,
     /// Boxes of finished statements, reused for the next ones (no allocation per
-    /// statement); at most `KEEP_SPARE`.
+    /// statement); at most `KEEP_SPARE`. Boxes, not statements: they move into
+    /// `Pending::Execute` as they are.
+    #[allow(clippy::vec_box)]
     spare: Vec<Box<Stmt>>,
     /// An empty statement queue with its capacity, reused for the next simple Query.
     spare_stmts: VecDeque<Stmt>,

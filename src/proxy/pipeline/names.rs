@@ -182,9 +182,7 @@ impl<V: Weight> Names<V> {
     /// The server answered the oldest pending change of `name`: it takes effect. Returns
     /// the confirmed value it replaced or closed (its parts may be reused).
     pub fn confirm(&mut self, name: &[u8]) -> Option<V> {
-        let Some(Proposed { value: change, .. }) = self.take_oldest(name) else {
-            return None;
-        };
+        let Proposed { value: change, .. } = self.take_oldest(name)?;
         let old = self.confirmed_remove(name);
         if let Some(old) = &old {
             self.bytes = self.bytes.saturating_sub(name.len() + old.weight());
