@@ -4,10 +4,9 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::BytesMut;
-
 use super::log::text_of;
 use super::names::Lookup;
+use super::outbox::put_message;
 use super::policy::DENY_SQL;
 use super::*;
 use crate::journal::classify;
@@ -41,6 +40,11 @@ impl Pipeline {
     /// Whether `f` needs the answer to a change sent in an earlier group.
     fn must_wait(&self, f: &Frame) -> bool {
         let g = self.group;
+        if !self.prepared.waits_before(g) && !self.portals.waits_before(g) {
+            // Nothing from an earlier group is unanswered: no name can make it wait (the
+            // common case, decided without parsing the message).
+            return false;
+        }
         match f.tag {
             b'P' => match frontend::parse(f.body()) {
                 // A named Parse fails if the name exists: that must be known.
@@ -85,7 +89,7 @@ impl Pipeline {
                 };
                 self.push(
                     f.raw,
-                    vec![Pending::Describe {
+                    [Pending::Describe {
                         swallow_nodata: false,
                         portal_key,
                         statement,
@@ -106,7 +110,7 @@ impl Pipeline {
                 };
                 self.push(
                     f.raw,
-                    vec![Pending::Close {
+                    [Pending::Close {
                         swallow: false,
                         change,
                     }],
@@ -117,10 +121,10 @@ impl Pipeline {
                 if self.copy_in_until == Some(self.copy_ends) {
                     // Inside COPY FROM STDIN the server ignores Sync: nothing will answer it.
                     self.ignored_syncs += 1;
-                    self.push(f.raw, Vec::new());
+                    self.push(f.raw, []);
                 } else {
                     let copy_ends_before = self.copy_ends;
-                    self.push(f.raw, vec![Pending::Sync { copy_ends_before }]);
+                    self.push(f.raw, [Pending::Sync { copy_ends_before }]);
                 }
             }
             b'F' => {
@@ -133,12 +137,12 @@ impl Pipeline {
                 if matches!(self.copy_in_until, Some(n) if n < self.copy_ends) {
                     self.copy_in_until = None;
                 }
-                self.push(f.raw, Vec::new());
+                self.push(f.raw, []);
             }
             // Flush, Terminate, COPY data from the client and anything unknown: no response of
             // their own that we track (the backend answers unknown messages with an error,
             // which is matched like any other).
-            _ => self.push(f.raw, Vec::new()),
+            _ => self.push(f.raw, []),
         }
     }
 
@@ -146,7 +150,7 @@ impl Pipeline {
         let Some((name, query)) = frontend::parse(f.body()) else {
             return self.push(
                 f.raw,
-                vec![Pending::Parse {
+                [Pending::Parse {
                     swallow: false,
                     change: None,
                 }],
@@ -195,7 +199,7 @@ impl Pipeline {
         };
         self.push(
             f.raw,
-            vec![Pending::Parse {
+            [Pending::Parse {
                 swallow: false,
                 change,
             }],
@@ -207,7 +211,7 @@ impl Pipeline {
         let Some(b) = frontend::bind(f.body()) else {
             return self.push(
                 f.raw,
-                vec![Pending::Bind {
+                [Pending::Bind {
                     swallow: false,
                     change: None,
                 }],
@@ -218,13 +222,13 @@ impl Pipeline {
             // may hold the gateway's own text. Close it first so the Bind fails as it should.
             self.stmt_dirty = false;
             self.prepared.propose(b"", None, self.group);
-            self.push(
-                frontend::build_target(b'C', b'S', b""),
-                vec![Pending::Close {
+            self.outbox.push_built(|out| {
+                put_message(out, b'C', &[b"S\0"]);
+                [Pending::Close {
                     swallow: true,
                     change: Some(Change::Stmt(Vec::new())),
-                }],
-            );
+                }]
+            });
         }
         if b.portal.is_empty() {
             // A Bind replaces the unnamed portal whatever it held.
@@ -249,11 +253,8 @@ impl Pipeline {
                 kind,
                 may_read_catalogs,
             }) if !portal_exists => {
-                let params: Vec<Option<String>> = b
-                    .params
-                    .iter()
-                    .map(|(fmt, v)| param_text(*fmt, *v))
-                    .collect();
+                let mut params = std::mem::take(&mut self.spare_params);
+                params.extend(b.params.iter().map(|(fmt, v)| param_text(*fmt, *v)));
                 let portal = Portal {
                     text,
                     params,
@@ -273,7 +274,7 @@ impl Pipeline {
         };
         self.push(
             f.raw,
-            vec![Pending::Bind {
+            [Pending::Bind {
                 swallow: false,
                 change,
             }],
@@ -289,10 +290,7 @@ impl Pipeline {
         metrics::counter!("sandpit_tracking_limit_refusals_total").increment(1);
         // A failing unnamed Parse drops the client's unnamed statement on the server.
         self.stmt_dirty = true;
-        self.push(
-            frontend::build_parse(b"", REFUSED_SQL),
-            vec![Pending::Refused],
-        );
+        self.push(frontend::build_parse(b"", REFUSED_SQL), [Pending::Refused]);
     }
 
     fn on_function_call(&mut self, f: Frame) {
@@ -309,7 +307,7 @@ impl Pipeline {
         }
         self.push(
             f.raw,
-            vec![Pending::Simple {
+            [Pending::Simple {
                 stmts: VecDeque::from([stmt]),
             }],
         );
@@ -338,10 +336,13 @@ impl Pipeline {
         // below leaves the gateway's own there instead).
         self.stmt_dirty = true;
         self.portal_dirty = true;
-        let stmts: VecDeque<Stmt> = match &pieces {
-            Some(p) if !p.is_empty() => p.iter().map(|s| self.new_stmt("simple", s, &[])).collect(),
-            _ => VecDeque::from([self.new_stmt("simple", &text, &[])]),
-        };
+        let mut stmts = std::mem::take(&mut self.spare_stmts);
+        match &pieces {
+            Some(p) if !p.is_empty() => {
+                stmts.extend(p.iter().map(|s| self.new_stmt("simple", s, &[])));
+            }
+            _ => stmts.push_back(self.new_stmt("simple", &text, &[])),
+        }
         if self.id.allow.is_some() && stmts.iter().any(|s| self.denies(s.kind)) {
             // Judged statement by statement; one refusal rejects the whole string.
             return self.deny_simple(stmts);
@@ -353,13 +354,13 @@ impl Pipeline {
             // The pieces borrow the frame's bytes: done with before its bytes move on.
             drop(pieces);
             drop(text);
-            self.push(f.raw, vec![Pending::Simple { stmts }]);
+            self.push(f.raw, [Pending::Simple { stmts }]);
             return;
         }
         // Run each statement as Parse/Bind/Describe/Execute(max_rows)/…/Sync: one implicit
         // transaction and skip-on-error, like a simple query, but the backend stops at the cap.
         let error_mode = self.id.caps.mode == CapMode::Error;
-        for (piece, mut stmt) in pieces.unwrap_or_default().into_iter().zip(stmts) {
+        for (piece, mut stmt) in pieces.unwrap_or_default().into_iter().zip(stmts.drain(..)) {
             let lower = self.stops_early(&stmt, classify::may_read_catalogs(piece));
             self.binds += 1;
             let key = Some((Vec::new(), self.binds));
@@ -371,23 +372,22 @@ impl Pipeline {
             };
             stmt.lowered = lower;
             let barrier = error_mode && lower;
-            self.outbox.push_back(Outgoing::unnamed_run(
+            let stmt = self.boxed(stmt);
+            self.outbox.unnamed_run(
                 piece.as_bytes(),
                 max,
                 key,
-                Pending::Execute {
-                    stmt: Box::new(stmt),
-                    barrier,
-                },
-            ));
+                Pending::Execute { stmt, barrier },
+            );
         }
+        self.recycle_stmts(stmts);
         let copy_ends_before = self.copy_ends;
-        self.push(sync_message(), vec![Pending::Sync { copy_ends_before }]);
+        self.push(sync_message(), [Pending::Sync { copy_ends_before }]);
     }
 
     fn on_execute(&mut self, f: Frame) {
         let Some((portal, asked)) = frontend::execute(f.body()) else {
-            self.push(f.raw, Vec::new());
+            self.push(f.raw, []);
             return;
         };
         let portal = portal.to_vec();
@@ -420,15 +420,16 @@ impl Pipeline {
             // them again.
             self.stmt_dirty = true;
             self.portal_dirty = true;
-            self.outbox.push_back(Outgoing::unnamed_run(
+            let stmt = self.boxed(stmt);
+            self.outbox.unnamed_run(
                 DENY_SQL.as_bytes(),
                 0,
                 None,
                 Pending::Execute {
-                    stmt: Box::new(stmt),
+                    stmt,
                     barrier: false,
                 },
-            ));
+            );
             return;
         }
         let error_mode = self.id.caps.mode == CapMode::Error;
@@ -442,30 +443,36 @@ impl Pipeline {
         match lowered {
             Some(max) => {
                 stmt.lowered = true;
-                let mut bytes = BytesMut::new();
-                bytes.extend_from_slice(&frontend::build_execute(&portal, max));
-                let mut pending = vec![Pending::Execute {
-                    stmt: Box::new(stmt),
+                let execute = Pending::Execute {
+                    stmt: self.boxed(stmt),
                     barrier: error_mode,
-                }];
+                };
                 if !portal.is_empty() {
-                    // A cut portal is finished as far as the client knows: close it.
-                    bytes.extend_from_slice(&frontend::build_target(b'C', b'P', &portal));
                     self.portals.propose(&portal, None, self.group);
-                    pending.push(Pending::Close {
-                        swallow: true,
-                        change: Some(Change::Portal(portal)),
-                    });
                 }
-                self.push(bytes.freeze(), pending);
+                self.outbox.push_built(|out| {
+                    put_message(out, b'E', &[&portal, b"\0", &max.to_be_bytes()]);
+                    // A cut portal is finished as far as the client knows: close it.
+                    let close = (!portal.is_empty()).then(|| {
+                        put_message(out, b'C', &[b"P", &portal, b"\0"]);
+                        Pending::Close {
+                            swallow: true,
+                            change: Some(Change::Portal(portal)),
+                        }
+                    });
+                    [Some(execute), close].into_iter().flatten()
+                });
             }
-            None => self.push(
-                f.raw,
-                vec![Pending::Execute {
-                    stmt: Box::new(stmt),
-                    barrier: false,
-                }],
-            ),
+            None => {
+                let stmt = self.boxed(stmt);
+                self.push(
+                    f.raw,
+                    [Pending::Execute {
+                        stmt,
+                        barrier: false,
+                    }],
+                )
+            }
         }
     }
 
@@ -483,13 +490,13 @@ impl Pipeline {
     fn close_unnamed_portal(&mut self) {
         self.portal_dirty = false;
         self.portals.propose(b"", None, self.group);
-        self.push(
-            frontend::build_target(b'C', b'P', b""),
-            vec![Pending::Close {
+        self.outbox.push_built(|out| {
+            put_message(out, b'C', &[b"P\0"]);
+            [Pending::Close {
                 swallow: true,
                 change: Some(Change::Portal(Vec::new())),
-            }],
-        );
+            }]
+        });
     }
 }
 

@@ -13,6 +13,7 @@ mod client;
 mod fifo;
 mod log;
 mod names;
+mod outbox;
 mod policy;
 mod responses;
 #[cfg(test)]
@@ -20,6 +21,7 @@ mod tests;
 
 use fifo::Fifo;
 use names::{Names, Weight};
+use outbox::Outbox;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -138,7 +140,8 @@ enum Pending {
     },
     Execute {
         /// Boxed: a statement's state is large, and entries move through the outbox and
-        /// the FIFO (moving a pointer, not the state).
+        /// the FIFO (moving a pointer, not the state). The boxes are reused (see
+        /// `Pipeline::spare`).
         stmt: Box<Stmt>,
         barrier: bool,
     },
@@ -169,67 +172,16 @@ impl Pending {
     }
 }
 
-/// Bytes for the backend with the responses they will cause.
-struct Outgoing {
-    bytes: Bytes,
-    pending: Vec<Pending>,
-}
-
-impl Outgoing {
-    /// The gateway's own statement through the unnamed statement and portal: Parse, Bind,
-    /// a Describe when `describe` names the portal's key, Execute(`max_rows`); the client
-    /// sees none of the answers but those of `last` (the Execute's entry).
-    fn unnamed_run(
-        sql: &[u8],
-        max_rows: i32,
-        describe: Option<(Vec<u8>, u64)>,
-        last: Pending,
-    ) -> Outgoing {
-        // Written straight into one buffer sized for all of it (no message built apart).
-        let mut bytes = BytesMut::with_capacity(sql.len() + 64);
-        put_message(&mut bytes, b'P', &[b"", b"\0", sql, b"\0", &[0, 0]]);
-        put_message(&mut bytes, b'B', &[b"\0\0", &[0; 6]]);
-        // Sized for the most it holds (Parse, Bind, Describe, the Execute): no regrowth.
-        let mut pending = Vec::with_capacity(4);
-        pending.push(Pending::Parse {
-            swallow: true,
-            change: None,
-        });
-        pending.push(Pending::Bind {
-            swallow: true,
-            change: None,
-        });
-        if describe.is_some() {
-            put_message(&mut bytes, b'D', &[b"P\0"]);
-            pending.push(Pending::Describe {
-                swallow_nodata: true,
-                portal_key: describe,
-                statement: None,
-            });
-        }
-        put_message(&mut bytes, b'E', &[b"\0", &max_rows.to_be_bytes()]);
-        pending.push(last);
-        Outgoing {
-            bytes: bytes.freeze(),
-            pending,
-        }
-    }
-}
-
-/// Appends a message of `tag` whose body is `parts` one after another.
-fn put_message(out: &mut BytesMut, tag: u8, parts: &[&[u8]]) {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    out.extend_from_slice(&[tag]);
-    out.extend_from_slice(&((len as i32 + 4).to_be_bytes()));
-    for p in parts {
-        out.extend_from_slice(p);
-    }
-}
-
 /// Sync, shared (no allocation per use).
 fn sync_message() -> Bytes {
     Bytes::from_static(b"S\0\0\0\x04")
 }
+
+/// Flush.
+const FLUSH: &[u8] = b"H\0\0\0\x04";
+
+/// Statement boxes (and statement queue slots) a session keeps for reuse.
+const KEEP_SPARE: usize = 8;
 
 /// A prepared statement: its text, and whether a Describe showed that its result has only
 /// catalog columns (a driver's own catalog query, not cut by the row cap).
@@ -251,6 +203,19 @@ impl Weight for Prepared {
         self.text.len()
     }
 }
+
+/// Keeps the parameter list of a portal that is gone, emptied, for the next Bind (unless
+/// one is kept already, or it is large).
+fn keep_params(spare: &mut Vec<Option<String>>, old: Portal) {
+    let mut params = old.params;
+    if spare.capacity() == 0 && params.capacity() <= MAX_SPARE_PARAMS {
+        params.clear();
+        *spare = params;
+    }
+}
+
+/// The longest parameter list kept for reuse.
+const MAX_SPARE_PARAMS: usize = 64;
 
 /// A bound portal: the text its statement had when the Bind was sent, and its parameters.
 #[derive(Clone)]
@@ -279,7 +244,17 @@ impl Weight for Portal {
 pub struct Pipeline {
     id: SessionIdentity,
     fifo: Fifo,
-    outbox: VecDeque<Outgoing>,
+    outbox: Outbox,
+    /// Boxes of finished statements, reused for the next ones (no allocation per
+    /// statement); at most `KEEP_SPARE`. Boxes, not statements: they move into
+    /// `Pending::Execute` as they are.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Stmt>>,
+    /// An empty statement queue with its capacity, reused for the next simple Query.
+    spare_stmts: VecDeque<Stmt>,
+    /// An empty parameter list with its capacity (from a portal the server replaced or
+    /// dropped), reused for the next Bind.
+    spare_params: Vec<Option<String>>,
     prepared: Names<Prepared>,
     portals: Names<Portal>,
     /// Client Syncs, Queries and FunctionCalls so far: the group a message belongs to.
@@ -323,7 +298,10 @@ impl Pipeline {
         Pipeline {
             id,
             fifo: Fifo::default(),
-            outbox: VecDeque::new(),
+            outbox: Outbox::default(),
+            spare: Vec::new(),
+            spare_stmts: VecDeque::new(),
+            spare_params: Vec::new(),
             prepared: Names::new(),
             portals: Names::new(),
             group: 0,
@@ -379,15 +357,17 @@ impl Pipeline {
 
     fn drain_ready(&mut self, to_backend: &mut BytesMut) {
         while !self.blocked() {
-            let Some(o) = self.outbox.pop_front() else {
+            let Some(taken) = self.outbox.take(to_backend) else {
                 break;
             };
-            to_backend.extend_from_slice(&o.bytes);
-            if o.pending.iter().any(Pending::is_barrier) {
+            if taken.barrier {
                 // The backend only flushes at Sync or Flush; we hold the Sync back, so ask.
-                to_backend.extend_from_slice(&crate::wire::frame::build(b'H', &[]));
+                to_backend.extend_from_slice(FLUSH);
             }
-            for p in o.pending {
+            for _ in 0..taken.responses {
+                let Some(p) = self.outbox.pop_response() else {
+                    break;
+                };
                 if !self.skip_until_sync {
                     self.fifo.push_back(p);
                     continue;
@@ -408,8 +388,35 @@ impl Pipeline {
         self.outbox.is_empty()
     }
 
-    fn push(&mut self, bytes: Bytes, pending: Vec<Pending>) {
-        self.outbox.push_back(Outgoing { bytes, pending });
+    fn push(&mut self, bytes: Bytes, pending: impl IntoIterator<Item = Pending>) {
+        self.outbox.push(bytes, pending);
+    }
+
+    /// `stmt` in a box of a finished statement when there is one.
+    fn boxed(&mut self, stmt: Stmt) -> Box<Stmt> {
+        match self.spare.pop() {
+            Some(mut b) => {
+                *b = stmt;
+                b
+            }
+            None => Box::new(stmt),
+        }
+    }
+
+    /// A finished statement's box, kept for the next one.
+    fn recycle(&mut self, stmt: Box<Stmt>) {
+        if self.spare.len() < KEEP_SPARE {
+            self.spare.push(stmt);
+        }
+    }
+
+    /// A simple Query's statement queue, emptied, kept for the next one (unless a long
+    /// Query made it large).
+    fn recycle_stmts(&mut self, mut stmts: VecDeque<Stmt>) {
+        if stmts.capacity() <= KEEP_SPARE {
+            stmts.clear();
+            self.spare_stmts = stmts;
+        }
     }
 
     /// An expected response that will never come (the server skipped its message): its
@@ -432,9 +439,13 @@ impl Pipeline {
     /// The server answered (or will never answer) a message that changes a name.
     fn settle(&mut self, change: Option<Change>, accepted: bool) {
         match (change, accepted) {
-            (Some(Change::Stmt(n)), true) => self.prepared.confirm(&n),
+            (Some(Change::Stmt(n)), true) => drop(self.prepared.confirm(&n)),
             (Some(Change::Stmt(n)), false) => self.prepared.discard(&n),
-            (Some(Change::Portal(n)), true) => self.portals.confirm(&n),
+            (Some(Change::Portal(n)), true) => {
+                if let Some(old) = self.portals.confirm(&n) {
+                    keep_params(&mut self.spare_params, old);
+                }
+            }
             (Some(Change::Portal(n)), false) => self.portals.discard(&n),
             (None, _) => {}
         }

@@ -47,6 +47,9 @@ pub(super) struct Names<V> {
     unnamed_pending: VecDeque<Proposed<V>>,
     /// Changes in `pending`, all names together.
     pending_count: usize,
+    /// The group of the latest change proposed, and how many changes of that group are
+    /// still pending (groups only grow: any other pending change is from an earlier one).
+    latest_group: (u64, usize),
     /// Bytes of names and values in `confirmed` and `pending`.
     bytes: usize,
     /// Confirmed entries that a pending Close will free (entries, bytes): already counted
@@ -72,6 +75,7 @@ impl<V: Weight> Names<V> {
             pending: HashMap::new(),
             unnamed_pending: VecDeque::new(),
             pending_count: 0,
+            latest_group: (0, 0),
             bytes: 0,
             releasing: (0, 0),
         }
@@ -94,6 +98,16 @@ impl<V: Weight> Names<V> {
             Some(v) => Lookup::Defined(v),
             None => Lookup::Undefined,
         }
+    }
+
+    /// Whether a change sent before `group` is still unanswered: only then may a lookup
+    /// for `group` have to wait (checked before any message is parsed for its names).
+    pub fn waits_before(&self, group: u64) -> bool {
+        let current = match self.latest_group {
+            (g, n) if g == group => n,
+            _ => 0,
+        };
+        self.pending_count > current
     }
 
     fn pending_of(&self, name: &[u8]) -> Option<&VecDeque<Proposed<V>>> {
@@ -135,6 +149,10 @@ impl<V: Weight> Names<V> {
     pub fn propose(&mut self, name: &[u8], value: Option<V>, group: u64) {
         self.bytes += name.len() + value.as_ref().map_or(0, Weight::weight);
         self.pending_count += 1;
+        match &mut self.latest_group {
+            (g, n) if *g == group => *n += 1,
+            latest => *latest = (group, 1),
+        }
         let confirmed = if name.is_empty() {
             self.unnamed.as_ref()
         } else {
@@ -161,12 +179,12 @@ impl<V: Weight> Names<V> {
         });
     }
 
-    /// The server answered the oldest pending change of `name`: it takes effect.
-    pub fn confirm(&mut self, name: &[u8]) {
-        let Some(Proposed { value: change, .. }) = self.take_oldest(name) else {
-            return;
-        };
-        if let Some(old) = self.confirmed_remove(name) {
+    /// The server answered the oldest pending change of `name`: it takes effect. Returns
+    /// the confirmed value it replaced or closed (its parts may be reused).
+    pub fn confirm(&mut self, name: &[u8]) -> Option<V> {
+        let Proposed { value: change, .. } = self.take_oldest(name)?;
+        let old = self.confirmed_remove(name);
+        if let Some(old) = &old {
             self.bytes = self.bytes.saturating_sub(name.len() + old.weight());
         }
         match change {
@@ -177,6 +195,7 @@ impl<V: Weight> Names<V> {
             }
             None => self.bytes = self.bytes.saturating_sub(name.len()),
         }
+        old
     }
 
     /// The server failed or skipped the oldest pending change of `name`: it never happens.
@@ -201,6 +220,9 @@ impl<V: Weight> Names<V> {
         };
         if let Some(p) = &oldest {
             self.pending_count -= 1;
+            if p.group == self.latest_group.0 {
+                self.latest_group.1 -= 1;
+            }
             if p.frees > 0 {
                 self.releasing.0 -= 2;
                 self.releasing.1 -= p.frees;
@@ -221,13 +243,21 @@ impl<V: Weight> Names<V> {
         self.confirmed.get_mut(name)
     }
 
-    /// Forget every confirmed entry (portals at the end of a transaction).
-    pub fn clear_confirmed(&mut self) {
+    /// Forget every confirmed entry (portals at the end of a transaction), each handed to
+    /// `forgotten` (its parts may be reused).
+    pub fn clear_confirmed(&mut self, mut forgotten: impl FnMut(V)) {
         if let Some(v) = self.unnamed.take() {
             self.bytes = self.bytes.saturating_sub(v.weight());
+            forgotten(v);
+        }
+        if self.confirmed.is_empty() {
+            // Draining resets every bucket of the table: a map that once held many names
+            // would make each idle ReadyForQuery cost its capacity.
+            return;
         }
         for (name, v) in self.confirmed.drain() {
             self.bytes = self.bytes.saturating_sub(name.len() + v.weight());
+            forgotten(v);
         }
     }
 }
@@ -284,6 +314,29 @@ mod tests {
     }
 
     #[test]
+    fn only_an_unanswered_change_of_an_earlier_group_can_make_a_lookup_wait() {
+        let mut n: Names<Arc<str>> = Names::new();
+        assert!(!n.waits_before(0));
+        n.propose(b"a", Some(Arc::from("1")), 0);
+        n.propose(b"", Some(Arc::from("2")), 0);
+        // Same group: relied on, nothing to wait for.
+        assert!(!n.waits_before(0));
+        assert!(n.waits_before(1));
+        assert!(n.lookup(b"a", 1).is_wait());
+        n.propose(b"b", Some(Arc::from("3")), 1);
+        assert!(n.waits_before(1));
+        n.confirm(b"a");
+        assert!(n.waits_before(1));
+        n.discard(b"");
+        // Only group 1's own change is left.
+        assert!(!n.waits_before(1));
+        assert!(!n.lookup(b"b", 1).is_wait());
+        assert!(n.waits_before(2));
+        n.confirm(b"b");
+        assert!(!n.waits_before(2));
+    }
+
+    #[test]
     fn bytes_and_counts_follow_every_path() {
         let mut n: Names<Arc<str>> = Names::new();
         n.propose(b"a", Some(Arc::from("12345")), 0);
@@ -295,7 +348,7 @@ mod tests {
         n.propose(b"a", Some(Arc::from("1")), 1);
         n.confirm(b"a");
         assert_eq!((n.len(), n.bytes()), (1, 2));
-        n.clear_confirmed();
+        n.clear_confirmed(drop);
         assert_eq!((n.len(), n.bytes()), (0, 0));
         // A Close of a confirmed entry frees its room at once, and gives it back if refused.
         n.propose(b"c", Some(Arc::from("123")), 2);

@@ -2,18 +2,21 @@
 //! client's messages will cause, so results can be capped, outcomes logged, and the client
 //! still sees a correct sequence of tags and transaction states.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 
 use super::*;
 use crate::proxy::caps::CapMode;
 use crate::wire::messages::{self, Severity};
 
-/// How a result ended for the client.
-enum Closed {
+/// How a result ended for the client. A tag is borrowed from the backend's completion
+/// when the client sees that one (no copy per result).
+enum Closed<'t> {
     /// With this tag (None: the backend's own completion, no tag).
-    Shown(Option<String>),
-    /// With the tag now in the statement's `last_tag` (moved there, not copied).
-    ShownAsLast,
+    Shown(Option<Cow<'t, str>>),
+    /// With this tag, the one a simple Query's statement keeps as its `last_tag`.
+    Last(Option<Cow<'t, str>>),
     /// The gateway makes the backend raise 54000 in its place (error mode).
     Injected,
 }
@@ -152,13 +155,14 @@ impl Pipeline {
         self.tx_status = f.body().first().copied().unwrap_or(b'I');
         self.stray = None;
         match self.fifo.pop_front() {
-            Some(Pending::Simple { stmts }) => {
-                for s in stmts {
+            Some(Pending::Simple { mut stmts }) => {
+                for s in stmts.drain(..) {
                     // The last statement of a Query may have had results (it stays until
                     // ReadyForQuery so that every result is counted).
                     let done = s.results > 0;
                     self.log_outcome(&s, None, s.last_tag.as_deref(), !done);
                 }
+                self.recycle_stmts(stmts);
             }
             Some(Pending::Sync { .. }) | Some(Pending::Denied { .. }) | None => {}
             Some(other) => {
@@ -169,7 +173,8 @@ impl Pipeline {
         }
         if self.tx_status == b'I' {
             // Protocol-level portals end with their transaction.
-            self.portals.clear_confirmed();
+            let spare = &mut self.spare_params;
+            self.portals.clear_confirmed(|old| keep_params(spare, old));
         }
         out.extend_from_slice(&f.raw);
     }
@@ -181,13 +186,8 @@ impl Pipeline {
         // It cannot be capped, and it needs the client's data to reach its result.
         self.fifo.lift_front_barrier();
         let ignored = |p: &Pending| matches!(p, Pending::Sync { copy_ends_before } if *copy_ends_before == before);
-        let mut dropped = self.fifo.drop_syncs(ignored) as u64;
-        for o in self.outbox.iter_mut() {
-            let n = o.pending.len();
-            o.pending.retain(|p| !ignored(p));
-            dropped += (n - o.pending.len()) as u64;
-        }
-        self.ignored_syncs += dropped;
+        let dropped = self.fifo.drop_syncs(ignored) + self.outbox.drop_responses(ignored);
+        self.ignored_syncs += dropped as u64;
         if self.copy_ends == before {
             // The client has not ended it yet: its Syncs until then are ignored too.
             self.copy_in_until = Some(before);
@@ -225,42 +225,43 @@ impl Pipeline {
     /// CommandComplete, EmptyQueryResponse or FunctionCallResponse.
     fn on_complete(&mut self, f: Frame, out: &mut BytesMut) {
         let tag = if f.tag == b'C' {
-            messages::command_tag(f.body()).map(str::to_string)
+            messages::command_tag(f.body())
         } else {
             None
         };
         if self.stray.is_some() {
             // It ends the stray result in progress, not whatever reached the FIFO's front.
-            return self.close_stray(f, tag, out);
+            return self.close_stray(&f, tag, out);
         }
         match self.fifo.pop_front() {
-            Some(Pending::Execute { mut stmt, .. }) => self.finish(&mut stmt, Some(f), tag, out),
+            Some(Pending::Execute { mut stmt, .. }) => {
+                self.finish(&mut stmt, Some(&f), tag, out);
+                self.recycle(stmt);
+            }
             Some(Pending::Simple { mut stmts }) => {
                 if stmts.len() > 1 {
                     if let Some(mut stmt) = stmts.pop_front() {
-                        self.finish(&mut stmt, Some(f), tag, out);
+                        self.finish(&mut stmt, Some(&f), tag, out);
                     }
                 } else if let Some(stmt) = stmts.front_mut() {
                     // Its outcome is logged at ReadyForQuery: more results may follow when
                     // the text held more statements than the splitter saw.
-                    let mut s = std::mem::replace(stmt, Stmt::stray());
-                    self.close_result(&mut s, Some(f), tag, out);
-                    if let Some(stmt) = stmts.front_mut() {
-                        *stmt = s;
+                    if let Closed::Last(shown) = self.close_result(stmt, Some(&f), tag, out) {
+                        keep_tag(&mut stmt.last_tag, shown);
                     }
                 }
                 self.fifo.push_front(Pending::Simple { stmts });
             }
             Some(other) => {
                 self.fifo.push_front(other);
-                self.close_stray(f, tag, out);
+                self.close_stray(&f, tag, out);
             }
-            None => self.close_stray(f, tag, out),
+            None => self.close_stray(&f, tag, out),
         }
     }
 
     /// A result that no statement expected: capped like any other, then forgotten.
-    fn close_stray(&mut self, f: Frame, tag: Option<String>, out: &mut BytesMut) {
+    fn close_stray(&mut self, f: &Frame, tag: Option<&str>, out: &mut BytesMut) {
         match self.stray.take() {
             Some(mut s) => {
                 metrics::counter!("sandpit_stray_results_total").increment(1);
@@ -278,12 +279,14 @@ impl Pipeline {
         }
         match self.fifo.pop_front() {
             Some(Pending::Execute { mut stmt, .. }) if stmt.lowered => {
-                self.finish(&mut stmt, None, None, out)
+                self.finish(&mut stmt, None, None, out);
+                self.recycle(stmt);
             }
             Some(Pending::Execute { stmt, .. }) => {
                 // The client's own max_rows: a cursor-style fetch, passed on as is.
                 self.log_outcome(&stmt, None, Some("(portal suspended)"), false);
                 out.extend_from_slice(&f.raw);
+                self.recycle(stmt);
             }
             Some(other) => {
                 self.fifo.push_front(other);
@@ -302,33 +305,34 @@ impl Pipeline {
     fn finish(
         &mut self,
         stmt: &mut Stmt,
-        completion: Option<Frame>,
-        tag: Option<String>,
+        completion: Option<&Frame>,
+        tag: Option<&str>,
         out: &mut BytesMut,
     ) {
         match self.close_result(stmt, completion, tag, out) {
-            Closed::Shown(shown) => self.log_outcome(stmt, None, shown.as_deref(), false),
-            Closed::ShownAsLast => self.log_outcome(stmt, None, stmt.last_tag.as_deref(), false),
+            Closed::Shown(shown) | Closed::Last(shown) => {
+                self.log_outcome(stmt, None, shown.as_deref(), false)
+            }
             Closed::Injected => self.log_outcome(stmt, Some("54000"), None, false),
         }
     }
 
     /// One result of `stmt` ended: what the client sees for it, with its counts added to
     /// the statement's totals and the counters reset for a next result.
-    fn close_result(
+    fn close_result<'t>(
         &mut self,
         stmt: &mut Stmt,
-        completion: Option<Frame>,
-        tag: Option<String>,
+        completion: Option<&Frame>,
+        tag: Option<&'t str>,
         out: &mut BytesMut,
-    ) -> Closed {
+    ) -> Closed<'t> {
         let policy = self.id.caps;
         let mut count = std::mem::take(&mut stmt.count);
         let held = std::mem::take(&mut stmt.held);
         let beyond = std::mem::take(&mut stmt.beyond);
         let copy_out = std::mem::replace(&mut stmt.copy_out, false);
         if !beyond.is_empty() {
-            if tag.as_deref().is_some_and(is_write_tag) {
+            if tag.is_some_and(is_write_tag) {
                 // A write's RETURNING rows: all of them (within the byte cap) are owed.
                 count.rows += beyond.len() as u64;
                 out.extend_from_slice(&beyond.concat());
@@ -344,13 +348,13 @@ impl Pipeline {
             _ => count.rows,
         };
         stmt.capped |= count.truncated;
-        let function_result = completion.as_ref().is_some_and(|c| c.tag == b'V');
+        let function_result = completion.is_some_and(|c| c.tag == b'V');
         if function_result {
             // A FunctionCallResponse is one value: a row of its own, capped by bytes.
             stmt.total_rows += 1;
         }
         if function_result && !count.truncated {
-            let len = completion.as_ref().map_or(0, |c| c.raw.len());
+            let len = completion.map_or(0, |c| c.raw.len());
             let mut one = ResultCount::default();
             if !one.admit(&policy, len) {
                 stmt.capped = true;
@@ -366,7 +370,7 @@ impl Pipeline {
                     out.extend_from_slice(&policy.notice(0, true, true));
                     out.extend_from_slice(&messages::function_result_null());
                 }
-                return Closed::Shown(Some("(function result cut)".into()));
+                return Closed::Shown(Some(Cow::Borrowed("(function result cut)")));
             }
         }
         if !count.truncated {
@@ -376,17 +380,16 @@ impl Pipeline {
             let shown = match completion {
                 Some(c) => {
                     out.extend_from_slice(&c.raw);
-                    tag
+                    tag.map(Cow::Borrowed)
                 }
                 // Suspended exactly at cap + 1 can only mean truncated; be safe anyway.
                 None => {
                     let t = format!("{} {}", stmt.verb, count.rows);
                     messages::put_command_complete(out, &t);
-                    Some(t)
+                    Some(Cow::Owned(t))
                 }
             };
-            stmt.last_tag = shown;
-            return Closed::ShownAsLast;
+            return Closed::Last(shown);
         }
         if policy.mode == CapMode::Error && stmt.lowered {
             // Make the backend itself fail here, so the transaction state and the skipping of
@@ -394,27 +397,22 @@ impl Pipeline {
             let sql = "DO $sandpit$ BEGIN RAISE EXCEPTION 'sandpit cap' USING ERRCODE = '54000'; END $sandpit$";
             self.stmt_dirty = true;
             self.portal_dirty = true;
-            self.outbox.push_front(Outgoing::unnamed_run(
-                sql.as_bytes(),
-                0,
-                None,
-                Pending::InjectedError,
-            ));
+            self.outbox
+                .unnamed_run_first(sql.as_bytes(), Pending::InjectedError);
             return Closed::Injected;
         }
         // Not lowered: the server ran the statement to its end, the gateway dropped the rest.
         out.extend_from_slice(&policy.notice(count.rows, count.by_bytes, !stmt.lowered));
-        let shown = match (&tag, stmt.lowered, copy_out) {
+        let shown = match (tag, stmt.lowered, copy_out) {
             // Rows were drained: the backend's tag (rows affected) is the truth.
             (Some(t), false, false) if messages::tag_rows(t).is_some() && !is_read_tag(t) => {
-                t.clone()
+                Cow::Borrowed(t)
             }
-            (_, _, true) => format!("COPY {}", count.rows),
-            _ => format!("{} {}", stmt.verb, count.rows),
+            (_, _, true) => Cow::Owned(format!("COPY {}", count.rows)),
+            _ => Cow::Owned(format!("{} {}", stmt.verb, count.rows)),
         };
         messages::put_command_complete(out, &shown);
-        stmt.last_tag = Some(shown);
-        Closed::ShownAsLast
+        Closed::Last(Some(shown))
     }
 
     fn on_error(&mut self, f: Frame, out: &mut BytesMut, secrets: &[String]) {
@@ -495,6 +493,18 @@ impl Pipeline {
         } else {
             out.extend_from_slice(&scrubbed);
         }
+    }
+}
+
+/// Keeps `shown` as a statement's last tag, in the string it holds already when there is
+/// one (no allocation per result).
+fn keep_tag(slot: &mut Option<String>, shown: Option<Cow<'_, str>>) {
+    match (slot.as_mut(), shown) {
+        (Some(s), Some(t)) => {
+            s.clear();
+            s.push_str(&t);
+        }
+        (_, shown) => *slot = shown.map(Cow::into_owned),
     }
 }
 

@@ -223,8 +223,99 @@ fn the_gateways_own_messages_are_the_wire_builders_bytes() {
     want.extend_from_slice(&frontend::build_bind(b"", b""));
     want.extend_from_slice(&frontend::build_target(b'D', b'P', b""));
     want.extend_from_slice(&frontend::build_execute(b"", 201));
-    let got = Outgoing::unnamed_run(sql, 201, Some((Vec::new(), 1)), Pending::InjectedError);
-    assert_eq!(got.bytes, want.freeze());
-    assert_eq!(got.pending.len(), 4);
+    let mut outbox = Outbox::default();
+    outbox.unnamed_run(sql, 201, Some((Vec::new(), 1)), Pending::InjectedError);
+    assert_eq!(outbox.responses(), 4);
+    let mut got = BytesMut::new();
+    let taken = outbox.take(&mut got).unwrap();
+    assert_eq!(taken.responses, 4);
+    assert!(!taken.barrier);
+    assert_eq!(got.freeze(), want.freeze());
     assert_eq!(sync_message(), frontend::build_sync());
+    assert_eq!(Bytes::from_static(FLUSH), build(b'H', &[]));
+}
+
+#[test]
+fn a_lowered_execute_of_a_named_portal_is_written_as_execute_then_close() {
+    // The lowered Execute and the Close of its portal are written by hand into the outbox.
+    let mut p = pipeline(
+        CapPolicy {
+            max_rows: 2,
+            max_bytes: 1 << 20,
+            mode: CapMode::Truncate,
+        },
+        None,
+        None,
+    );
+    p.on_client(parse("s", "select 1"));
+    p.on_client(bind("cur", "s"));
+    let mut to_backend = BytesMut::new();
+    p.drain_outbox(&mut to_backend);
+    to_backend.clear();
+    p.on_client(execute("cur", 0));
+    p.drain_outbox(&mut to_backend);
+    let mut want = BytesMut::new();
+    want.extend_from_slice(&frontend::build_execute(b"cur", 3));
+    want.extend_from_slice(&frontend::build_target(b'C', b'P', b"cur"));
+    assert_eq!(to_backend.freeze(), want.freeze());
+}
+
+#[test]
+fn the_outbox_keeps_order_across_built_and_shared_messages_and_drops_ignored_syncs() {
+    let mut outbox = Outbox::default();
+    outbox.unnamed_run(b"select 1", 0, None, Pending::InjectedError);
+    outbox.push(
+        sync_message(),
+        [Pending::Sync {
+            copy_ends_before: 0,
+        }],
+    );
+    outbox.unnamed_run(b"select 2", 0, None, Pending::InjectedError);
+    outbox.push(
+        sync_message(),
+        [Pending::Sync {
+            copy_ends_before: 1,
+        }],
+    );
+    outbox.unnamed_run_first(b"select 0", Pending::Refused);
+    assert_eq!(outbox.responses(), 3 + 3 + 1 + 3 + 1);
+    let dropped = outbox.drop_responses(|p| {
+        matches!(
+            p,
+            Pending::Sync {
+                copy_ends_before: 0
+            }
+        )
+    });
+    assert_eq!(dropped, 1);
+    let mut got = BytesMut::new();
+    let mut seen = Vec::new();
+    while let Some(taken) = outbox.take(&mut got) {
+        for _ in 0..taken.responses {
+            seen.push(match outbox.pop_response().unwrap() {
+                Pending::Parse { .. } => 'P',
+                Pending::Bind { .. } => 'B',
+                Pending::Refused => 'R',
+                Pending::InjectedError => 'I',
+                Pending::Sync { .. } => 'S',
+                _ => '?',
+            });
+        }
+    }
+    assert_eq!(seen.into_iter().collect::<String>(), "PBRPBIPBIS");
+    assert!(outbox.is_empty());
+    let mut want = BytesMut::new();
+    for (sql, sync) in [
+        (&b"select 0"[..], false),
+        (b"select 1", true),
+        (b"select 2", true),
+    ] {
+        want.extend_from_slice(&frontend::build_parse(b"", sql));
+        want.extend_from_slice(&frontend::build_bind(b"", b""));
+        want.extend_from_slice(&frontend::build_execute(b"", 0));
+        if sync {
+            want.extend_from_slice(&frontend::build_sync());
+        }
+    }
+    assert_eq!(got.freeze(), want.freeze());
 }
