@@ -343,8 +343,20 @@ fn ident_byte(c: u8) -> bool {
 /// has a construct whose semicolons do not end statements (`BEGIN ATOMIC` bodies) or is
 /// not closed, so the caller treats it as one unsplittable statement.
 pub fn split(text: &str) -> Option<Vec<&str>> {
+    let mut ranges = Vec::new();
+    split_ranges(text, &mut ranges).then(|| ranges.into_iter().map(|r| &text[r]).collect())
+}
+
+/// [`split`] into a reused list of byte ranges of `text` (no allocation per query once the
+/// list has grown): false where `split` gives None (`out` then holds nothing useful).
+pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
+    out.clear();
+    // A trimmed piece's range within `text` (trimming only moves the ends inward).
+    let range_of = |piece: &str| {
+        let at = piece.as_ptr() as usize - text.as_ptr() as usize;
+        at..at + piece.len()
+    };
     let b = text.as_bytes();
-    let mut out = Vec::new();
     let mut start = 0;
     let mut i = 0;
     while i < b.len() {
@@ -368,7 +380,7 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
                 i += 1;
                 loop {
                     match b.get(i) {
-                        None => return None,
+                        None => return false,
                         Some(b'\\') if escapes => i += 2,
                         Some(b'\'') if b.get(i + 1) == Some(&b'\'') => i += 2,
                         Some(b'\'') => break,
@@ -380,7 +392,7 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
                 i += 1;
                 loop {
                     match b.get(i) {
-                        None => return None,
+                        None => return false,
                         Some(b'"') if b.get(i + 1) == Some(&b'"') => i += 2,
                         Some(b'"') => break,
                         Some(_) => i += 1,
@@ -398,7 +410,7 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
                 i += 2;
                 while depth > 0 {
                     match (b.get(i), b.get(i + 1)) {
-                        (None, _) => return None,
+                        (None, _) => return false,
                         (Some(b'/'), Some(b'*')) => {
                             depth += 1;
                             i += 2;
@@ -429,7 +441,10 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
                             .is_some_and(|c| c.is_ascii_digit());
                     if valid {
                         let body_start = te + 1;
-                        let close = b[body_start..].windows(tag.len()).position(|w| w == tag)?;
+                        let Some(close) = b[body_start..].windows(tag.len()).position(|w| w == tag)
+                        else {
+                            return false;
+                        };
                         i = body_start + close + tag.len();
                         continue;
                     }
@@ -438,7 +453,7 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
             b';' => {
                 let piece = text[start..i].trim();
                 if !piece.is_empty() {
-                    out.push(piece);
+                    out.push(range_of(piece));
                 }
                 start = i + 1;
             }
@@ -448,14 +463,10 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
     }
     let piece = text[start..].trim();
     if !piece.is_empty() {
-        out.push(piece);
+        out.push(range_of(piece));
     }
     // Looked for without upper-casing a copy (this runs for every simple query).
-    let atomic = out.iter().any(|p| begin_atomic(p.as_bytes()));
-    if atomic {
-        return None;
-    }
-    Some(out)
+    !out.iter().any(|r| begin_atomic(&b[r.clone()]))
 }
 
 /// Whether `b` holds `BEGIN ATOMIC` or `BEGIN\nATOMIC` in any case.

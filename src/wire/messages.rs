@@ -329,7 +329,7 @@ pub mod frontend {
         /// Statement name.
         pub statement: &'a [u8],
         /// Parameter values with their format (0 text, 1 binary); None is NULL.
-        pub params: Vec<(i16, Option<&'a [u8]>)>,
+        pub params: Values<'a>,
     }
 
     fn i16_at(b: &[u8], at: usize) -> Option<i16> {
@@ -359,47 +359,126 @@ pub mod frontend {
 
     /// A FunctionCall body: the function's OID and its arguments with their formats (0 text,
     /// 1 binary; None is NULL). Every count and length is checked against the body.
-    pub fn function_call(body: &[u8]) -> Option<(u32, Vec<(i16, Option<&[u8]>)>)> {
+    pub fn function_call(body: &[u8]) -> Option<(u32, Values<'_>)> {
         let oid = u32::from_be_bytes([*body.first()?, *body.get(1)?, *body.get(2)?, *body.get(3)?]);
         Some((oid, values_with_formats(&body[4..])?))
     }
 
     /// The format codes, then the values, of a Bind or FunctionCall: each value with the
     /// format that applies to it (none given: text; one: all; else one each).
-    fn values_with_formats(rest: &[u8]) -> Option<Vec<(i16, Option<&[u8]>)>> {
+    fn values_with_formats(rest: &[u8]) -> Option<Values<'_>> {
         let nfmt = i16_at(rest, 0)?;
         if nfmt < 0 {
             return None;
         }
-        let mut at = 2;
-        let mut formats = Vec::with_capacity((nfmt as usize).min(rest.len() / 2));
-        for _ in 0..nfmt {
-            formats.push(i16_at(rest, at)?);
-            at += 2;
-        }
+        let formats = rest.get(2..2 + 2 * nfmt as usize)?;
+        let at = 2 + formats.len();
         let n = i16_at(rest, at)?;
         if n < 0 {
             return None;
         }
-        at += 2;
-        let mut values = Vec::with_capacity((n as usize).min(rest.len() / 4));
-        for i in 0..n as usize {
-            let len = i32_at(rest, at)?;
-            at += 4;
-            let fmt = match formats.as_slice() {
-                [] => 0,
-                [only] => *only,
-                many => *many.get(i)?,
-            };
-            if len < 0 {
-                values.push((fmt, None));
-            } else {
-                let end = at.checked_add(len as usize)?;
-                values.push((fmt, Some(rest.get(at..end)?)));
-                at = end;
+        let n = n as usize;
+        if formats.len() > 2 && formats.len() < 2 * n {
+            return None; // several formats but not one per value
+        }
+        // Every length checked now, so reading them later cannot fail.
+        let values = &rest[at + 2..];
+        let mut pos = 0usize;
+        for _ in 0..n {
+            let len = i32_at(values, pos)?;
+            pos += 4;
+            if len >= 0 {
+                pos = pos.checked_add(len as usize)?;
+                if pos > values.len() {
+                    return None;
+                }
             }
         }
-        Some(values)
+        Some(Values {
+            formats,
+            values: &values[..pos],
+            n,
+        })
+    }
+
+    /// The values of a Bind or FunctionCall with the format that applies to each (none
+    /// given: text; one: all; else one each), checked when parsed and read in place (no
+    /// allocation per message).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Values<'a> {
+        /// The format codes, two bytes each.
+        formats: &'a [u8],
+        /// The length-prefixed values, exactly `n` of them.
+        values: &'a [u8],
+        n: usize,
+    }
+
+    impl<'a> Values<'a> {
+        /// How many values.
+        pub fn len(&self) -> usize {
+            self.n
+        }
+
+        /// No values.
+        pub fn is_empty(&self) -> bool {
+            self.n == 0
+        }
+
+        /// Each value (None is NULL) with its format (0 text, 1 binary).
+        pub fn iter(&self) -> ValuesIter<'a> {
+            ValuesIter {
+                formats: self.formats,
+                rest: self.values,
+                i: 0,
+                n: self.n,
+            }
+        }
+    }
+
+    impl<'a> IntoIterator for &Values<'a> {
+        type Item = (i16, Option<&'a [u8]>);
+        type IntoIter = ValuesIter<'a>;
+        fn into_iter(self) -> ValuesIter<'a> {
+            self.iter()
+        }
+    }
+
+    /// An iterator over [`Values`].
+    pub struct ValuesIter<'a> {
+        formats: &'a [u8],
+        rest: &'a [u8],
+        i: usize,
+        n: usize,
+    }
+
+    impl<'a> Iterator for ValuesIter<'a> {
+        type Item = (i16, Option<&'a [u8]>);
+
+        fn next(&mut self) -> Option<Self::Item> {
+            if self.i >= self.n {
+                return None;
+            }
+            let fmt = match self.formats.len() / 2 {
+                0 => 0,
+                1 => i16_at(self.formats, 0)?,
+                _ => i16_at(self.formats, 2 * self.i)?,
+            };
+            let len = i32_at(self.rest, 0)?;
+            self.i += 1;
+            if len < 0 {
+                self.rest = self.rest.get(4..)?;
+                return Some((fmt, None));
+            }
+            let end = 4 + len as usize;
+            let v = self.rest.get(4..end)?;
+            self.rest = self.rest.get(end..)?;
+            Some((fmt, Some(v)))
+        }
+
+        fn size_hint(&self) -> (usize, Option<usize>) {
+            let left = self.n - self.i;
+            (left, Some(left))
+        }
     }
 
     /// An Execute message: portal and max rows (0 = all).
@@ -498,6 +577,95 @@ pub fn tag_rows(tag: &str) -> Option<u64> {
 mod frontend_tests {
     use super::frontend::*;
 
+    /// The parse this view replaced (values collected into a Vec), kept as the reference.
+    fn values_reference(rest: &[u8]) -> Option<Vec<(i16, Option<&[u8]>)>> {
+        let i16_at = |at: usize| Some(i16::from_be_bytes([*rest.get(at)?, *rest.get(at + 1)?]));
+        let i32_at = |at: usize| {
+            Some(i32::from_be_bytes([
+                *rest.get(at)?,
+                *rest.get(at + 1)?,
+                *rest.get(at + 2)?,
+                *rest.get(at + 3)?,
+            ]))
+        };
+        let nfmt = i16_at(0)?;
+        if nfmt < 0 {
+            return None;
+        }
+        let mut at = 2;
+        let mut formats = Vec::new();
+        for _ in 0..nfmt {
+            formats.push(i16_at(at)?);
+            at += 2;
+        }
+        let n = i16_at(at)?;
+        if n < 0 {
+            return None;
+        }
+        at += 2;
+        let mut values = Vec::new();
+        for i in 0..n as usize {
+            let len = i32_at(at)?;
+            at += 4;
+            let fmt = match formats.as_slice() {
+                [] => 0,
+                [only] => *only,
+                many => *many.get(i)?,
+            };
+            if len < 0 {
+                values.push((fmt, None));
+            } else {
+                let end = at.checked_add(len as usize)?;
+                values.push((fmt, Some(rest.get(at..end)?)));
+                at = end;
+            }
+        }
+        Some(values)
+    }
+
+    #[test]
+    fn the_in_place_values_agree_with_the_collected_ones() {
+        let mut seed: u64 = 0xb1d;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) as u32
+        };
+        for _ in 0..50_000 {
+            // Mostly well-formed: a few formats, a few values, lengths sometimes wrong.
+            let mut rest = Vec::new();
+            let nfmt = [0i16, 1, 2, 3, -1][next() as usize % 5];
+            rest.extend_from_slice(&nfmt.to_be_bytes());
+            for _ in 0..nfmt.max(0) {
+                rest.extend_from_slice(&((next() % 3) as i16).to_be_bytes());
+            }
+            let n = [0i16, 1, 2, 3, -2][next() as usize % 5];
+            rest.extend_from_slice(&n.to_be_bytes());
+            for _ in 0..n.max(0) {
+                let len: i32 = match next() % 6 {
+                    0 => -1,
+                    1 => -7,
+                    2 => 1_000,
+                    _ => (next() % 5) as i32,
+                };
+                rest.extend_from_slice(&len.to_be_bytes());
+                for _ in 0..len.clamp(0, 8) {
+                    rest.push(next() as u8);
+                }
+            }
+            let cut = match next() % 4 {
+                0 => rest.len().saturating_sub((next() % 4) as usize),
+                _ => rest.len(),
+            };
+            let rest = &rest[..cut];
+            let mut body = b"p\0s\0".to_vec();
+            body.extend_from_slice(rest);
+            let new = bind(&body).map(|b| b.params.iter().collect::<Vec<_>>());
+            assert_eq!(new, values_reference(rest), "{rest:?}");
+        }
+    }
+
     #[test]
     fn bind_views_are_bounded() {
         let mut body = b"p\0s\0".to_vec();
@@ -508,7 +676,10 @@ mod frontend_tests {
         body.extend_from_slice(&[0, 0]);
         let b = bind(&body).unwrap();
         assert_eq!(b.portal, b"p");
-        assert_eq!(b.params, vec![(1, Some(&[0xab, 0xcd][..])), (1, None)]);
+        assert_eq!(
+            b.params.iter().collect::<Vec<_>>(),
+            vec![(1, Some(&[0xab, 0xcd][..])), (1, None)]
+        );
         // A length past the end of the message is refused, not trusted.
         let mut bad = b"\0\0".to_vec();
         bad.extend_from_slice(&[0, 0, 0, 1, 0x7f, 0xff, 0xff, 0xff, 1]);

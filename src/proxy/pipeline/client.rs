@@ -254,7 +254,7 @@ impl Pipeline {
                 may_read_catalogs,
             }) if !portal_exists => {
                 let mut params = std::mem::take(&mut self.spare_params);
-                params.extend(b.params.iter().map(|(fmt, v)| param_text(*fmt, *v)));
+                params.extend(b.params.iter().map(|(fmt, v)| param_text(fmt, v)));
                 let portal = Portal {
                     text,
                     params,
@@ -294,9 +294,13 @@ impl Pipeline {
     }
 
     fn on_function_call(&mut self, f: Frame) {
-        let (oid, args) = frontend::function_call(f.body()).unwrap_or((0, Vec::new()));
-        let params: Vec<Option<String>> =
-            args.iter().map(|(fmt, v)| param_text(*fmt, *v)).collect();
+        let (oid, params): (u32, Vec<Option<String>>) = match frontend::function_call(f.body()) {
+            Some((oid, args)) => (
+                oid,
+                args.iter().map(|(fmt, v)| param_text(fmt, v)).collect(),
+            ),
+            None => (0, Vec::new()),
+        };
         let mut stmt = self.new_stmt("function", &format!("function call oid={oid}"), &params);
         stmt.function = true;
         if self.denies(stmt.kind) {
@@ -319,48 +323,49 @@ impl Pipeline {
         let text = text_of(text_bytes);
         // Splitting only decides whether the backend can be stopped early; caps are counted
         // from the backend's stream whatever it finds.
-        let pieces = classify::split(&text).filter(|p| p.len() <= MAX_SPLIT_STATEMENTS);
+        let mut ranges = std::mem::take(&mut self.spare_ranges);
+        let split = classify::split_ranges(&text, &mut ranges)
+            && ranges.len() <= MAX_SPLIT_STATEMENTS
+            && !ranges.is_empty();
+        let pieces = || ranges.iter().map(|r| &text[r.clone()]);
         // COPY runs as the client sent it: inside an extended-protocol rewrite, a COPY FROM
         // STDIN would swallow the gateway's own Sync.
-        let rewrite = match &pieces {
-            Some(p) => {
-                !p.is_empty()
-                    && p.iter().any(|s| classify::may_return_rows(s))
-                    && !p.iter().any(|s| classify::leading_word_is(s, "COPY"))
-                    // Only the client's own bytes are rewritten (not a lossy decoding).
-                    && matches!(text, std::borrow::Cow::Borrowed(_))
-            }
-            None => false,
-        };
+        let rewrite = split
+            && pieces().any(classify::may_return_rows)
+            && !pieces().any(|s| classify::leading_word_is(s, "COPY"))
+            // Only the client's own bytes are rewritten (not a lossy decoding).
+            && matches!(text, std::borrow::Cow::Borrowed(_));
         // The server drops its unnamed statement and portal at every Query (the rewrite
         // below leaves the gateway's own there instead).
         self.stmt_dirty = true;
         self.portal_dirty = true;
         let mut stmts = std::mem::take(&mut self.spare_stmts);
-        match &pieces {
-            Some(p) if !p.is_empty() => {
-                stmts.extend(p.iter().map(|s| self.new_stmt("simple", s, &[])));
-            }
-            _ => stmts.push_back(self.new_stmt("simple", &text, &[])),
+        if split {
+            stmts.extend(pieces().map(|s| self.new_stmt("simple", s, &[])));
+        } else {
+            stmts.push_back(self.new_stmt("simple", &text, &[]));
         }
         if self.id.allow.is_some() && stmts.iter().any(|s| self.denies(s.kind)) {
             // Judged statement by statement; one refusal rejects the whole string.
+            self.spare_ranges = ranges;
             return self.deny_simple(stmts);
         }
         if stmts.iter().any(Stmt::refused_by_log) {
+            self.spare_ranges = ranges;
             return self.refuse_unlogged(stmts);
         }
         if !rewrite {
-            // The pieces borrow the frame's bytes: done with before its bytes move on.
-            drop(pieces);
+            // The text borrows the frame's bytes: done with before its bytes move on.
             drop(text);
+            self.spare_ranges = ranges;
             self.push(f.raw, [Pending::Simple { stmts }]);
             return;
         }
         // Run each statement as Parse/Bind/Describe/Execute(max_rows)/…/Sync: one implicit
         // transaction and skip-on-error, like a simple query, but the backend stops at the cap.
         let error_mode = self.id.caps.mode == CapMode::Error;
-        for (piece, mut stmt) in pieces.unwrap_or_default().into_iter().zip(stmts.drain(..)) {
+        for (range, mut stmt) in ranges.iter().zip(stmts.drain(..)) {
+            let piece = &text[range.clone()];
             let lower = self.stops_early(&stmt, classify::may_read_catalogs(piece));
             self.binds += 1;
             let key = Some((Vec::new(), self.binds));
@@ -380,6 +385,7 @@ impl Pipeline {
                 Pending::Execute { stmt, barrier },
             );
         }
+        self.spare_ranges = ranges;
         self.recycle_stmts(stmts);
         let copy_ends_before = self.copy_ends;
         self.push(sync_message(), [Pending::Sync { copy_ends_before }]);

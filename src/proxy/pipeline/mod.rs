@@ -255,6 +255,8 @@ pub struct Pipeline {
     /// An empty parameter list with its capacity (from a portal the server replaced or
     /// dropped), reused for the next Bind.
     spare_params: Vec<Option<String>>,
+    /// A simple Query's statement ranges, reused (see `classify::split_ranges`).
+    spare_ranges: Vec<std::ops::Range<usize>>,
     prepared: Names<Prepared>,
     portals: Names<Portal>,
     /// Client Syncs, Queries and FunctionCalls so far: the group a message belongs to.
@@ -302,6 +304,7 @@ impl Pipeline {
             spare: Vec::new(),
             spare_stmts: VecDeque::new(),
             spare_params: Vec::new(),
+            spare_ranges: Vec::new(),
             prepared: Names::new(),
             portals: Names::new(),
             group: 0,
