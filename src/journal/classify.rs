@@ -123,7 +123,7 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
     let mut i = 0;
     let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80;
     // A comment opener or a backslash at `k`: the shape cannot be trusted.
-    let unsafe_at = |k: usize| match b[k] {
+    let untrusted_at = |k: usize| match b[k] {
         b'\\' => true,
         b'-' => b.get(k + 1) == Some(&b'-'),
         b'/' => b.get(k + 1) == Some(&b'*'),
@@ -146,7 +146,7 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
                     None => return false, // unterminated: leave it to the parser
                     Some(b'\'') if b.get(j + 1) == Some(&b'\'') => j += 2,
                     Some(b'\'') => break,
-                    Some(_) if unsafe_at(j) => return false,
+                    Some(_) if untrusted_at(j) => return false,
                     Some(_) => j += 1,
                 }
             }
@@ -159,7 +159,7 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
                 match b.get(j) {
                     None => return false,
                     Some(b'"') => break,
-                    Some(_) if unsafe_at(j) => return false,
+                    Some(_) if untrusted_at(j) => return false,
                     Some(_) => j += 1,
                 }
             }
@@ -177,7 +177,7 @@ fn literal_shape_into(text: &str, out: &mut String) -> bool {
             while end < b.len() {
                 let c = b[end];
                 if SHAPE_STOP[usize::from(c)] {
-                    if unsafe_at(end) {
+                    if untrusted_at(end) {
                         return false;
                     }
                     if c == b'$'
