@@ -335,6 +335,41 @@ fn garbage_at_every_phase_closes_only_that_connection() {
         .expect("bind");
     assert_eq!(next_error(&mut s).as_deref(), Some("26000"));
     assert_eq!(read_msg(&mut s).map(|m| m.0), Some(b'Z'));
+    // Binds of a statement that exists, with counts that lie: 32767 values announced and
+    // one sent; two formats for three values; a value length past the message's end; and
+    // 32767 NULLs really sent. The gateway relays what it cannot read and logs what it can;
+    // Postgres refuses each (08P01) and the session goes on.
+    s.write_all(&[msg(b'P', b"s1\0select $1::int\0\0\0"), msg(b'S', b"")].concat())
+        .expect("parse");
+    assert_eq!(read_msg(&mut s).map(|m| m.0), Some(b'1'));
+    assert_eq!(read_msg(&mut s).map(|m| m.0), Some(b'Z'));
+    let lying = |formats: &[i16], n: i16, values: &[u8]| {
+        let mut b = b"\0s1\0".to_vec();
+        b.extend_from_slice(&(formats.len() as i16).to_be_bytes());
+        for f in formats {
+            b.extend_from_slice(&f.to_be_bytes());
+        }
+        b.extend_from_slice(&n.to_be_bytes());
+        b.extend_from_slice(values);
+        b.extend_from_slice(&[0, 0]);
+        b
+    };
+    let nulls: Vec<u8> = (0..i16::MAX).flat_map(|_| (-1i32).to_be_bytes()).collect();
+    for bind in [
+        lying(&[], i16::MAX, &[0, 0, 0, 1, b'7']),
+        lying(
+            &[0, 0],
+            3,
+            &[0, 0, 0, 1, b'7', 0, 0, 0, 1, b'8', 0, 0, 0, 1, b'9'],
+        ),
+        lying(&[], 1, &[0x7f, 0xff, 0xff, 0xff, b'7']),
+        lying(&[], i16::MAX, &nulls),
+    ] {
+        s.write_all(&[msg(b'B', &bind), msg(b'E', b"\0\0\0\0\0"), msg(b'S', b"")].concat())
+            .expect("lying bind");
+        assert_eq!(next_error(&mut s).as_deref(), Some("08P01"));
+        assert_eq!(read_msg(&mut s).map(|m| m.0), Some(b'Z'));
+    }
     // Execute of a portal that does not exist (out of order).
     s.write_all(&[msg(b'E', b"ghost\0\0\0\0\0"), msg(b'S', b"")].concat())
         .expect("execute");
