@@ -19,7 +19,11 @@ use sdk_support::{api_ops, drift, sdk_ops, yaml};
 use serde_json::Value;
 
 /// psycopg as tests/clients.rs pins it; pytest for the suite; setuptools, the build backend.
-const PY_PINS: &[&str] = &["psycopg[binary]==3.3.9", "pytest==8.3.5", "setuptools==75.8.0"];
+const PY_PINS: &[&str] = &[
+    "psycopg[binary]==3.3.9",
+    "pytest==8.3.5",
+    "setuptools==75.8.0",
+];
 const PG_NODE: &str = "pg@8.23.1";
 
 fn root() -> &'static Path {
@@ -62,7 +66,10 @@ fn api_doc() -> Value {
 fn python_surface() -> Value {
     let out = run(
         Command::new("python3")
-            .args(["-c", "import json, sandpit; print(json.dumps(sandpit.surface()))"])
+            .args([
+                "-c",
+                "import json, sandpit; print(json.dumps(sandpit.surface()))",
+            ])
             .env("PYTHONPATH", root().join("clients/python/src")),
         "python surface",
     );
@@ -135,8 +142,14 @@ fn api_yaml_is_read_whole_and_an_added_route_or_field_is_drift() {
     let sdk = sdk_ops(&python_surface());
     assert_eq!(drift(&ops, &sdk), Vec::<String>::new());
     let gaps = drift(&api_ops(&yaml::parse(&grown).expect("grown")), &sdk);
-    assert!(gaps.contains(&"route POST /v1/tokens/{id}/discard".to_string()), "{gaps:?}");
-    assert!(gaps.contains(&"GET /v1/tokens/{id}: response field review_state".to_string()), "{gaps:?}");
+    assert!(
+        gaps.contains(&"route POST /v1/tokens/{id}/discard".to_string()),
+        "{gaps:?}"
+    );
+    assert!(
+        gaps.contains(&"GET /v1/tokens/{id}: response field review_state".to_string()),
+        "{gaps:?}"
+    );
 }
 
 #[test]
@@ -145,7 +158,11 @@ fn python_sdk_covers_every_route_and_field_of_api_yaml() {
         return;
     }
     let gaps = drift(&api_ops(&api_doc()), &sdk_ops(&python_surface()));
-    assert!(gaps.is_empty(), "clients/python lacks what docs/api.yaml has:\n{}", gaps.join("\n"));
+    assert!(
+        gaps.is_empty(),
+        "clients/python lacks what docs/api.yaml has:\n{}",
+        gaps.join("\n")
+    );
 }
 
 #[test]
@@ -154,7 +171,11 @@ fn typescript_sdk_covers_every_route_and_field_of_api_yaml() {
         return;
     }
     let gaps = drift(&api_ops(&api_doc()), &sdk_ops(&ts_surface()));
-    assert!(gaps.is_empty(), "clients/typescript lacks what docs/api.yaml has:\n{}", gaps.join("\n"));
+    assert!(
+        gaps.is_empty(),
+        "clients/typescript lacks what docs/api.yaml has:\n{}",
+        gaps.join("\n")
+    );
 }
 
 /// Wheels for the offline installs: target/sdk-wheelhouse (`.ci/run` fills it; else here).
@@ -165,9 +186,14 @@ fn wheelhouse() -> PathBuf {
             .filter_map(|e| e.ok())
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
-        ["psycopg-3.3.9", "psycopg_binary-3.3.9", "pytest-8.3.5", "setuptools-75.8.0"]
-            .iter()
-            .all(|p| names.iter().any(|n| n.starts_with(p)))
+        [
+            "psycopg-3.3.9",
+            "psycopg_binary-3.3.9",
+            "pytest-8.3.5",
+            "setuptools-75.8.0",
+        ]
+        .iter()
+        .all(|p| names.iter().any(|n| n.starts_with(p)))
     });
     if !have_all {
         eprintln!("downloading {PY_PINS:?} into {}", dir.display());
@@ -185,9 +211,13 @@ fn wheelhouse() -> PathBuf {
 /// Builds the wheel, installs it into a clean venv, runs clients/python/tests from it.
 fn python_suite(g: &Gateway, work: &Path) -> String {
     let wh = wheelhouse();
+    std::fs::create_dir_all(work).expect("mkdir");
     let src = work.join("src");
     run(
-        Command::new("cp").arg("-a").arg(root().join("clients/python")).arg(&src),
+        Command::new("cp")
+            .arg("-a")
+            .arg(root().join("clients/python"))
+            .arg(&src),
         "copy clients/python",
     );
     let dist = work.join("dist");
@@ -195,7 +225,9 @@ fn python_suite(g: &Gateway, work: &Path) -> String {
         c.args(["--no-index", "--find-links"]).arg(&wh);
     };
     let mut wheel = Command::new("python3");
-    wheel.args(["-m", "pip", "wheel", "--quiet", "--no-deps", "-w"]).arg(&dist);
+    wheel
+        .args(["-m", "pip", "wheel", "--quiet", "--no-deps", "-w"])
+        .arg(&dist);
     offline(&mut wheel);
     run(wheel.arg(&src), "pip wheel clients/python");
     let whl = std::fs::read_dir(&dist)
@@ -205,7 +237,10 @@ fn python_suite(g: &Gateway, work: &Path) -> String {
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .expect("a wheel");
     let venv = work.join("venv");
-    run(Command::new("python3").args(["-m", "venv"]).arg(&venv), "python3 -m venv");
+    run(
+        Command::new("python3").args(["-m", "venv"]).arg(&venv),
+        "python3 -m venv",
+    );
     let py = venv.join("bin/python");
     let mut install = Command::new(&py);
     install.args(["-m", "pip", "install", "--quiet"]);
@@ -215,12 +250,23 @@ fn python_suite(g: &Gateway, work: &Path) -> String {
         .arg("pytest==8.3.5");
     run(&mut install, "pip install the wheel into a clean venv");
     run(
-        Command::new("cp").arg("-a").arg(root().join("clients/python/tests")).arg(work.join("pytests")),
+        Command::new("cp")
+            .arg("-a")
+            .arg(root().join("clients/python/tests"))
+            .arg(work.join("pytests")),
         "copy the suite",
     );
     run(
         Command::new(&py)
-            .args(["-m", "pytest", "-p", "no:cacheprovider", "-rs", "-q", "pytests"])
+            .args([
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-rs",
+                "-q",
+                "pytests",
+            ])
             .current_dir(work)
             .env_remove("PYTHONPATH")
             .env("SANDPIT_API", &g.api)
@@ -245,10 +291,20 @@ fn node_suite(g: &Gateway, work: &Path) -> String {
     assert!(tgz.is_file(), "no tarball at {}", tgz.display());
     let app = work.join("app");
     std::fs::create_dir_all(&app).expect("mkdir");
-    std::fs::write(app.join("package.json"), "{\"name\":\"sdk-suite\",\"private\":true,\"type\":\"module\"}\n").expect("package.json");
+    std::fs::write(
+        app.join("package.json"),
+        "{\"name\":\"sdk-suite\",\"private\":true,\"type\":\"module\"}\n",
+    )
+    .expect("package.json");
     run(
         Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--prefer-offline", "--loglevel=error"])
+            .args([
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--prefer-offline",
+                "--loglevel=error",
+            ])
             .arg(&tgz)
             .arg(PG_NODE)
             .current_dir(&app),
@@ -270,10 +326,12 @@ fn node_suite(g: &Gateway, work: &Path) -> String {
 async fn gateway_with_target() -> (shared_pg::SharedPg, Gateway) {
     let src = shared_pg::SharedPg::start().await;
     let admin = src.admin("postgres").await;
-    admin
-        .batch_execute("CREATE ROLE sdk_owner LOGIN; CREATE DATABASE sdk_target OWNER sdk_owner")
-        .await
-        .expect("target db");
+    for sql in [
+        "CREATE ROLE sdk_owner LOGIN",
+        "CREATE DATABASE sdk_target OWNER sdk_owner",
+    ] {
+        admin.batch_execute(sql).await.expect("target db");
+    }
     let db = src.admin("sdk_target").await;
     db.batch_execute(&format!("SET ROLE sdk_owner; {}", common::SMALL_GOLDEN))
         .await
@@ -289,7 +347,8 @@ async fn gateway_with_target() -> (shared_pg::SharedPg, Gateway) {
 
 #[test]
 fn packages_install_clean_and_their_suites_pass_against_a_gateway() {
-    let py_ok = have("python3", &["-m", "venv", "--help"]) && have("python3", &["-m", "pip", "--version"]);
+    let py_ok =
+        have("python3", &["-m", "venv", "--help"]) && have("python3", &["-m", "pip", "--version"]);
     let node_ok = have("node", &["--version"]) && have("npm", &["--version"]);
     if !py_ok && !node_ok {
         return;
@@ -306,18 +365,40 @@ fn packages_install_clean_and_their_suites_pass_against_a_gateway() {
     let node = node.unwrap_or_else(|e| std::panic::resume_unwind(e));
     if let Some(out) = py {
         eprintln!("{out}");
-        assert!(out.contains(" passed") && !out.contains("skipped") && !out.contains("failed"), "{out}");
+        assert!(
+            out.contains(" passed") && !out.contains("skipped") && !out.contains("failed"),
+            "{out}"
+        );
     }
     if let Some(out) = node {
         eprintln!("{out}");
-        assert!(out.contains("# fail 0") && out.contains("# skipped 0"), "{out}");
+        assert!(
+            out.contains("# fail 0") && out.contains("# skipped 0"),
+            "{out}"
+        );
         assert!(!out.contains("# pass 0"), "{out}");
     }
     // Whatever the suites did, crashes included, every token they issued ended.
     let (st, v) = g.raw_call("GET", "/v1/tokens", None);
     assert_eq!(st, 200);
     let tokens = v.as_array().expect("list");
-    assert!(tokens.len() >= 15, "{v}");
+    let issued_by = |prefixes: &[&str]| {
+        tokens
+            .iter()
+            .filter(|t| {
+                prefixes
+                    .iter()
+                    .any(|p| t["task"].as_str().is_some_and(|s| s.starts_with(p)))
+            })
+            .count()
+    };
+    // 7 tasks of the Python suite and 2 of its fixture; 5 of the TypeScript suite.
+    if py_ok {
+        assert_eq!(issued_by(&["sdk-py-", "pytest-"]), 9, "{v}");
+    }
+    if node_ok {
+        assert_eq!(issued_by(&["sdk-ts-"]), 5, "{v}");
+    }
     for t in tokens {
         assert_eq!(t["state"], "revoked", "{t}");
         assert_eq!(t["backend"], false, "{t}");
@@ -325,7 +406,10 @@ fn packages_install_clean_and_their_suites_pass_against_a_gateway() {
     // The dry runs committed nothing to the target.
     let n: i64 = rt.block_on(async {
         let db = src.admin("sdk_target").await;
-        db.query_one("SELECT count(*) FROM items", &[]).await.expect("count").get(0)
+        db.query_one("SELECT count(*) FROM items", &[])
+            .await
+            .expect("count")
+            .get(0)
     });
     assert_eq!(n, 1000);
 }

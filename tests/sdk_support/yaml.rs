@@ -134,7 +134,9 @@ fn split_key(text: &str) -> Option<(String, &str)> {
         let after = text[end + 1..].strip_prefix(':')?;
         return Some((text[1..end].to_string(), after.trim()));
     }
-    let i = text.find(": ").or_else(|| text.strip_suffix(':').map(|t| t.len()))?;
+    let i = text
+        .find(": ")
+        .or_else(|| text.strip_suffix(':').map(|t| t.len()))?;
     Some((text[..i].to_string(), text[i + 1..].trim()))
 }
 

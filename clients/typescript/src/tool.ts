@@ -54,6 +54,8 @@ interface PgClient {
   end(): Promise<void>;
   on(ev: "notice", f: (n: { severity?: string; code?: string; message?: string }) => void): void;
   on(ev: "error", f: (e: Error) => void): void;
+  /** pg's protocol connection: its `commandComplete` events carry the whole command tag. */
+  connection?: { on(ev: "commandComplete", f: (m: { text?: string }) => void): void };
 }
 
 /** The `run_sql` tool bound to `dsn`; one session, opened on first use, reopened if dropped. */
@@ -61,6 +63,8 @@ export function runSqlTool(dsn: string, opts: { maxRowsShown?: number } = {}): S
   const maxRows = opts.maxRowsShown ?? 50;
   let client: PgClient | undefined;
   let notices: string[] = [];
+  // Command tags as the server sent them (pg's results keep only the first word).
+  let tags: string[] = [];
   let queue: Promise<unknown> = Promise.resolve();
 
   async function connect(): Promise<PgClient> {
@@ -68,6 +72,7 @@ export function runSqlTool(dsn: string, opts: { maxRowsShown?: number } = {}): S
     const pg = (await import("pg")).default as { Client: new (c: object) => PgClient };
     const c = new pg.Client({ connectionString: dsn, connectionTimeoutMillis: 30000 });
     c.on("notice", (n) => notices.push(`${n.severity ?? "NOTICE"} ${n.code ?? ""}: ${n.message ?? ""}`));
+    c.connection?.on("commandComplete", (m) => tags.push(m.text ?? ""));
     c.on("error", () => {
       client = undefined;
     });
@@ -78,11 +83,12 @@ export function runSqlTool(dsn: string, opts: { maxRowsShown?: number } = {}): S
 
   async function run(sql: string): Promise<string> {
     notices = [];
+    tags = [];
     let text: string;
     try {
       const c = await connect();
       const res = await c.query(sql);
-      text = (Array.isArray(res) ? res : [res]).map((r) => render(r, maxRows)).join("\n");
+      text = (Array.isArray(res) ? res : [res]).map((r, i) => render(r, maxRows, tags[i])).join("\n");
     } catch (e) {
       const err = e as { code?: string; message?: string; detail?: string; hint?: string };
       text = `ERROR ${err.code ?? "?"}: ${err.message ?? String(e)}`;
@@ -122,9 +128,9 @@ export function runSqlTool(dsn: string, opts: { maxRowsShown?: number } = {}): S
   };
 }
 
-function render(r: PgResult, maxRows: number): string {
+function render(r: PgResult, maxRows: number, tag: string | undefined): string {
   if (!r.fields || r.fields.length === 0) {
-    // The command tag as the server sent it (INSERT carries an oid, always 0 nowadays).
+    if (tag) return tag;
     if (r.command === "INSERT") return `INSERT ${r.oid ?? 0} ${r.rowCount}`;
     return r.rowCount === null ? String(r.command) : `${r.command} ${r.rowCount}`;
   }
