@@ -8,13 +8,14 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar, Union
 
 from . import models as m
 from .errors import NotFoundError, SandpitError, error_for
 from .routes import ROUTES
 
 DEFAULT_API = "http://127.0.0.1:6433"
+M = TypeVar("M", bound=m.Model)
 # Long enough for a golden build or a promotion, which answer when done.
 DEFAULT_TIMEOUT = 600.0
 
@@ -101,30 +102,34 @@ class Sandpit:
             reason = getattr(e, "reason", e)
             raise error_for(0, str(reason), r.method, path) from None
 
-    def _one(self, route: str, **kw: Any) -> Any:
-        r = ROUTES[route]
+    def _one(self, route: str, cls: Type[M], **kw: Any) -> M:
+        """A call whose answer is one `cls` (the route table's response model)."""
+        _check_model(route, cls, many=False)
+        return cls.from_json(self.call(route, **kw).body)
+
+    def _many(self, route: str, cls: Type[M], **kw: Any) -> List[M]:
+        """A call whose answer is a list of `cls`."""
+        _check_model(route, cls, many=True)
         body = self.call(route, **kw).body
-        if r.response is None:
-            return body
-        if r.many:
-            return [r.response.from_json(x) for x in body]
-        return r.response.from_json(body)
+        if not isinstance(body, list):
+            raise SandpitError(0, f"{route}: expected a list, got {type(body).__name__}")
+        return [cls.from_json(x) for x in body]
 
     # --- tokens ----------------------------------------------------------------------------
 
     def issue(self, request: m.IssueRequest) -> m.Token:
         """POST /v1/tokens: a new token, with its DSN (the only time it is shown)."""
-        return self._one("issue_token", body=request)
+        return self._one("issue_token", m.Token, body=request)
 
     def tokens(self) -> List[m.Token]:
-        return self._one("list_tokens")
+        return self._many("list_tokens", m.Token)
 
     def token(self, id: str) -> m.Token:
-        return self._one("show_token", id=id)
+        return self._one("show_token", m.Token, id=id)
 
     def revoke(self, id: str) -> m.Token:
         """Ends the token's sessions and destroys its scratch database; the log is kept."""
-        return self._one("revoke_token", id=id)
+        return self._one("revoke_token", m.Token, id=id)
 
     def task(
         self,
@@ -159,16 +164,16 @@ class Sandpit:
     # --- goldens and the janitor ---------------------------------------------------------
 
     def goldens(self) -> List[m.Golden]:
-        return self._one("list_goldens")
+        return self._many("list_goldens", m.Golden)
 
     def build_golden(self, request: m.GoldenBuild) -> m.Golden:
-        return self._one("build_golden", body=request)
+        return self._one("build_golden", m.Golden, body=request)
 
     def use_golden(self, id: str) -> m.Golden:
-        return self._one("use_golden", id=id)
+        return self._one("use_golden", m.Golden, id=id)
 
     def reap(self, dry_run: bool = False) -> m.ReapReport:
-        return self._one("reap", query={"dry_run": dry_run})
+        return self._one("reap", m.ReapReport, query={"dry_run": dry_run})
 
     # --- statement log and review ----------------------------------------------------------
 
@@ -178,6 +183,8 @@ class Sandpit:
         """One page of the log and the `after` of the next page (None: this was the last)."""
         r = self.call("statements", id=id, query={"after": after, "limit": limit})
         nxt = _header(r.headers, "Sandpit-Next-After")
+        if not isinstance(r.body, list):
+            raise SandpitError(0, f"statements: expected a list, got {type(r.body).__name__}")
         return [m.Statement.from_json(x) for x in r.body], int(nxt) if nxt else None
 
     def statements(self, id: str) -> List[m.Statement]:
@@ -193,19 +200,22 @@ class Sandpit:
         self, id: str, format: str = "json", scan: Optional[str] = None, verify: Optional[bool] = None
     ) -> Union[Dict[str, Any], str]:
         """The token's review (diff against the golden): a dict for json, else text."""
-        return self.call("diff", id=id, query={"format": format, "scan": scan, "verify": verify}).body
+        body = self.call("diff", id=id, query={"format": format, "scan": scan, "verify": verify}).body
+        if isinstance(body, (dict, str)):
+            return body
+        raise SandpitError(0, f"diff: unexpected answer {type(body).__name__}")
 
     def reviews(self) -> List[m.ReviewSummary]:
-        return self._one("reviews")
+        return self._many("reviews", m.ReviewSummary)
 
     def review(self, id: str) -> m.ReviewRecord:
-        return self._one("review", id=id)
+        return self._one("review", m.ReviewRecord, id=id)
 
     def approve(self, id: str, comment: Optional[str] = None) -> m.ReviewRecord:
-        return self._one("approve", id=id, body=m.Decision(comment=comment))
+        return self._one("approve", m.ReviewRecord, id=id, body=m.Decision(comment=comment))
 
     def reject(self, id: str, comment: str) -> m.ReviewRecord:
-        return self._one("reject", id=id, body=m.Decision(comment=comment))
+        return self._one("reject", m.ReviewRecord, id=id, body=m.Decision(comment=comment))
 
     def promote(
         self,
@@ -218,7 +228,7 @@ class Sandpit:
         """Applies the approved change to a target (a name of [promote.targets], or a DSN
         with the admin key); `dry_run` commits nothing."""
         req = m.PromoteRequest(dsn=dsn, target=target, role=role, dry_run=dry_run)
-        return self._one("promote", id=id, body=req)
+        return self._one("promote", m.PromoteReport, id=id, body=req)
 
     # --- unauthenticated and agent-facing --------------------------------------------------
 
@@ -280,6 +290,13 @@ class Task:
         except SandpitError:
             if not quiet:
                 raise
+
+
+def _check_model(route: str, cls: type, many: bool) -> None:
+    """Keeps each call's model the one the route table (and so the drift test) names."""
+    r = ROUTES[route]
+    if r.response is not cls or r.many != many:
+        raise TypeError(f"{route}: the route table says {r.response} (many={r.many}), the call {cls}")
 
 
 def _query_value(v: Any) -> str:

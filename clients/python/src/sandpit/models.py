@@ -41,7 +41,7 @@ class Model:
                 value = sub.from_json(value)
             kwargs[name] = value
         obj = cls(**kwargs)
-        obj.extra = {k: v for k, v in data.items() if k not in known}
+        setattr(obj, "extra", {k: v for k, v in data.items() if k not in known})
         return obj
 
     def to_json(self) -> Dict[str, Any]:

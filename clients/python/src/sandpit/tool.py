@@ -51,7 +51,8 @@ class SqlTool:
     @property
     def parameters(self) -> Dict[str, Any]:
         """The JSON schema of the tool's input."""
-        return _copy(PARAMETERS)
+        out: Dict[str, Any] = _copy(PARAMETERS)
+        return out
 
     @property
     def openai(self) -> Dict[str, Any]:
