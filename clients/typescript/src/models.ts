@@ -249,7 +249,7 @@ const SUMMARY = [
 const _summary: Exact<keyof ReviewSummary, (typeof SUMMARY)[number]> = true;
 
 // The compile-time checks above are values only so that the compiler evaluates them.
-export const _exactChecks = [
+void [
   _issueRequest, _token, _golden, _goldenBuild, _outcome, _statement, _reap, _reaped, _skipped,
   _promoteRequest, _counts, _promoteReport, _event, _record, _summary,
 ] as const;
