@@ -252,7 +252,7 @@ const _summary: Exact<keyof ReviewSummary, (typeof SUMMARY)[number]> = true;
 void [
   _issueRequest, _token, _golden, _goldenBuild, _outcome, _statement, _reap, _reaped, _skipped,
   _promoteRequest, _counts, _promoteReport, _event, _record, _summary,
-] as const;
+];
 
 const promoteReport = model<PromoteReport>(PROMOTE_REPORT, { counts: model<Counts>(COUNTS) });
 const event = model<ReviewEvent>(EVENT);
