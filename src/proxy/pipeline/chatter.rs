@@ -73,10 +73,13 @@ impl Chatter {
 mod tests {
     use super::*;
 
-    /// (kind, len) in order, the budget, and which were admitted.
+    /// Messages (kind, len) in order, the budget, which were admitted, and how many notices
+    /// and notifications were dropped.
+    type Case = (&'static [(Noise, usize)], u64, &'static [bool], (u64, u64));
+
     #[test]
     fn budget_table() {
-        let cases: &[(&[(Noise, usize)], u64, &[bool], (u64, u64))] = &[
+        let cases: &[Case] = &[
             (&[], 10, &[], (0, 0)),
             (
                 &[(Noise::Notice, 4), (Noise::Notice, 6)],
