@@ -224,6 +224,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_capped_notices_total",
+        Counter,
+        "Stretches (statement to ReadyForQuery) whose notices or notifications were cut at max_bytes.",
+        &[&[]],
+    ),
+    (
         "sandpit_tracking_limit_refusals_total",
         Counter,
         "Parse/Bind refused past the session's prepared-statement tracking limit.",

@@ -112,6 +112,13 @@ impl TokenRuntime {
 /// Holds one session slot of a token; frees it on drop.
 pub struct SessionSlot(Arc<TokenRuntime>);
 
+impl SessionSlot {
+    /// How many sessions the token has open now (this one included).
+    pub fn token_sessions(&self) -> u32 {
+        self.0.sessions.load(Ordering::Relaxed)
+    }
+}
+
 impl Drop for SessionSlot {
     fn drop(&mut self) {
         if self.0.sessions.fetch_sub(1, Ordering::AcqRel) == 1 {
