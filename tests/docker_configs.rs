@@ -206,3 +206,165 @@ fn harness_example_uses_real_subcommands_and_flags() {
     }
     assert!(seen >= 4, "{seen}");
 }
+
+/// The build stage of docker/Dockerfile: its COPY lines as (sources, destination) and the
+/// `cargo build …` words of its RUN line.
+struct BuildStage {
+    copies: Vec<(Vec<String>, String)>,
+    cargo: Vec<String>,
+}
+
+fn build_stage(df: &str) -> BuildStage {
+    let mut stage = None;
+    let mut copies = Vec::new();
+    let mut cargo = Vec::new();
+    for l in df.lines().map(str::trim) {
+        if let Some(from) = l.strip_prefix("FROM ") {
+            stage = from.split_whitespace().last().map(str::to_string);
+            continue;
+        }
+        if stage.as_deref() != Some("build") {
+            continue;
+        }
+        if let Some(c) = l.strip_prefix("COPY ") {
+            let words: Vec<String> = c.split_whitespace().map(str::to_string).collect();
+            assert!(
+                !words.iter().any(|w| w.starts_with("--")),
+                "build stage COPY with flags is not understood here: {l}"
+            );
+            let (dest, srcs) = words.split_last().expect("COPY has words");
+            copies.push((srcs.to_vec(), dest.clone()));
+        } else if let Some(r) = l.strip_prefix("RUN ") {
+            if r.starts_with("cargo build") {
+                cargo = r.split_whitespace().skip(2).map(str::to_string).collect();
+            }
+        }
+    }
+    assert!(!copies.is_empty(), "no COPY in the build stage");
+    assert!(cargo.contains(&"--locked".to_string()), "{cargo:?}");
+    BuildStage { copies, cargo }
+}
+
+/// `.dockerignore` patterns: `name` or `dir/name` (that path and below, from the root) and
+/// `**/name` (a path component anywhere). Other forms fail the test rather than being guessed.
+fn ignore_patterns() -> Vec<String> {
+    // Missing: nothing is excluded (the test of the file itself is separate).
+    let text = std::fs::read_to_string(Path::new(ROOT).join(".dockerignore")).unwrap_or_default();
+    let pats: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.trim_start_matches('/').trim_end_matches('/').to_string())
+        .collect();
+    for p in &pats {
+        let body = p.strip_prefix("**/").unwrap_or(p);
+        assert!(
+            !p.starts_with('!') && !body.contains('*') && !body.contains('?'),
+            ".dockerignore pattern {p} is not one this test understands"
+        );
+    }
+    pats
+}
+
+fn ignored(rel: &Path, pats: &[String]) -> bool {
+    let comps: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    pats.iter().any(|p| match p.strip_prefix("**/") {
+        Some(name) => comps.iter().any(|c| c == name),
+        None => rel.starts_with(p),
+    })
+}
+
+/// Copies `rel` (a file or a tree) from the repository to `to`, as the build context would
+/// hold it: whatever .dockerignore excludes is left out.
+fn copy_context(rel: &Path, to: &Path, pats: &[String]) {
+    if ignored(rel, pats) {
+        return;
+    }
+    let from = Path::new(ROOT).join(rel);
+    if from.is_dir() {
+        std::fs::create_dir_all(to).expect("mkdir");
+        for e in std::fs::read_dir(&from).expect("read_dir").flatten() {
+            copy_context(&rel.join(e.file_name()), &to.join(e.file_name()), pats);
+        }
+    } else {
+        std::fs::copy(&from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
+    }
+}
+
+/// The build stage compiles from exactly what its COPY lines put into the image: a directory
+/// holding only those files (minus .dockerignore) passes `cargo check` with the same
+/// `--locked` flags, offline, against the crates this machine already fetched.
+#[test]
+fn dockerfile_build_stage_compiles_from_what_it_copies() {
+    let stage = build_stage(&read("docker/Dockerfile"));
+    let pats = ignore_patterns();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let work = tmp.path().join("src-root");
+    for (srcs, dest) in &stage.copies {
+        let dest = dest.trim_start_matches("./");
+        for src in srcs {
+            let rel = Path::new(src);
+            // `COPY a b ./dir/` puts each source inside dir; `COPY a ./b` names the target.
+            let to = if dest.ends_with('/') || dest.is_empty() || srcs.len() > 1 {
+                work.join(dest).join(rel.file_name().expect("source name"))
+            } else {
+                work.join(dest)
+            };
+            std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+            copy_context(rel, &to, &pats);
+        }
+    }
+    // The image build's flags, less --release (the same sources, checked in the cheaper
+    // profile). A target dir of its own next to this build's: cargo test holds the lock on
+    // the main one, and reusing it across runs keeps the dependencies checked once.
+    let args: Vec<&String> = stage.cargo.iter().filter(|a| *a != "--release").collect();
+    let bin = Path::new(env!("CARGO_BIN_EXE_sandpit"));
+    let target = bin
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("docker-context-check");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .arg("check")
+        .args(&args)
+        .arg("--offline")
+        .arg("--quiet")
+        .current_dir(&work)
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTC_WRAPPER")
+        .output()
+        .expect("run cargo check");
+    assert!(
+        out.status.success(),
+        "the Dockerfile's build stage does not compile from the files it copies \
+         (cargo check {args:?} in a copy of them):\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn dockerignore_keeps_build_output_and_local_state_out_and_the_image_is_not_root() {
+    let pats = ignore_patterns();
+    for p in ["target", "x/node_modules", ".sandpit", ".venv", ".git", "fuzz/target"] {
+        assert!(ignored(Path::new(p), &pats), ".dockerignore lets {p} in");
+    }
+    // Nothing the build stage copies is excluded.
+    for (srcs, _) in build_stage(&read("docker/Dockerfile")).copies {
+        for s in srcs {
+            assert!(!ignored(Path::new(&s), &pats), ".dockerignore drops {s}");
+        }
+    }
+    // The final stage runs as the unprivileged user the Dockerfile creates.
+    let df = read("docker/Dockerfile");
+    let last_stage = df.rsplit("\nFROM ").next().expect("stages");
+    let users: Vec<&str> = last_stage
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("USER "))
+        .collect();
+    assert_eq!(users, ["sandpit"], "{users:?}");
+    assert!(last_stage.contains("useradd --system --uid 10001"));
+}
