@@ -1,10 +1,14 @@
-//! The container files under docker/ cannot be built here (no Docker engine on the test
-//! machines), so this checks what can be checked without one: every config file they use
-//! loads and validates as `sandpit serve` would load it, every path they reference exists
-//! in the repository, and every flag they pass is one the binary accepts.
+//! The container files under docker/: every config file they use loads and validates as
+//! `sandpit serve` would load it, every path they reference exists, every flag they pass is
+//! one the binary accepts, the Dockerfile's build stage compiles from exactly what it copies,
+//! and, where a container engine and the base images are on the machine, the image builds and
+//! runs the quick start.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "support/require.rs"]
+mod require;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -349,7 +353,14 @@ fn dockerfile_build_stage_compiles_from_what_it_copies() {
 #[test]
 fn dockerignore_keeps_build_output_and_local_state_out_and_the_image_is_not_root() {
     let pats = ignore_patterns();
-    for p in ["target", "x/node_modules", ".sandpit", ".venv", ".git", "fuzz/target"] {
+    for p in [
+        "target",
+        "x/node_modules",
+        ".sandpit",
+        ".venv",
+        ".git",
+        "fuzz/target",
+    ] {
         assert!(ignored(Path::new(p), &pats), ".dockerignore lets {p} in");
     }
     // Nothing the build stage copies is excluded.
@@ -367,4 +378,180 @@ fn dockerignore_keeps_build_output_and_local_state_out_and_the_image_is_not_root
         .collect();
     assert_eq!(users, ["sandpit"], "{users:?}");
     assert!(last_stage.contains("useradd --system --uid 10001"));
+}
+
+/// The containers of a pod spec: (name, the text of its entry), from `containers:` on.
+fn containers(yaml: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut inside = None;
+    for l in yaml.lines() {
+        let indent = l.len() - l.trim_start().len();
+        if l.trim() == "containers:" {
+            inside = Some(indent);
+            continue;
+        }
+        let Some(base) = inside else { continue };
+        if !l.trim().is_empty() && indent <= base {
+            break;
+        }
+        if let Some(name) = l
+            .trim()
+            .strip_prefix("- name: ")
+            .filter(|_| indent == base + 2)
+        {
+            out.push((name.to_string(), String::new()));
+        } else if let Some((_, text)) = out.last_mut() {
+            text.push_str(l);
+            text.push('\n');
+        }
+    }
+    out
+}
+
+#[test]
+fn sidecar_gives_the_admin_key_to_the_harness_never_to_the_agent() {
+    let s = read("docker/kubernetes/sidecar.yaml");
+    let cs = containers(&s);
+    let names: Vec<&str> = cs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["harness", "agent", "sandpit"], "{names:?}");
+    let with_key: Vec<&str> = cs
+        .iter()
+        .filter(|(_, t)| t.contains("SANDPIT_ADMIN_KEY") || t.contains("sandpit-admin"))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(
+        with_key,
+        ["harness", "sandpit"],
+        "admin key in {with_key:?}"
+    );
+    let agent = &cs[1].1;
+    assert!(
+        !agent.contains("6433"),
+        "the agent has the control API:\n{agent}"
+    );
+    // The DSN reaches the agent through the volume the harness writes, read-only for it.
+    assert!(agent.contains("mountPath: /run/task") && agent.contains("readOnly: true"));
+    assert!(cs[0].1.contains("mountPath: /run/task"));
+}
+
+/// A container engine that can build here without a registry: its name and whether it can
+/// also run containers (buildah builds only).
+fn engine_with_base_images(bases: &[String]) -> Option<(&'static str, bool)> {
+    let ok = |cmd: &str, args: &[&str]| {
+        Command::new(cmd)
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    for (engine, runs) in [("podman", true), ("docker", true), ("buildah", false)] {
+        let has_all = bases.iter().all(|b| match engine {
+            "buildah" => ok(engine, &["inspect", "--type", "image", b]),
+            _ => ok(engine, &["image", "inspect", b]),
+        });
+        if has_all {
+            return Some((engine, runs));
+        }
+    }
+    None
+}
+
+/// The real image build, then the README's quick start inside a container of it. An optional
+/// capability even under CI=true: the CI machines have no container engine and no registry
+/// to pull the base images from, so this cannot be promised there; the build-stage check
+/// above is what CI relies on.
+#[test]
+fn image_builds_and_runs_the_quick_start_where_an_engine_is_present() {
+    let df = read("docker/Dockerfile");
+    let bases: Vec<String> = df
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("FROM "))
+        .filter_map(|f| f.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let found = engine_with_base_images(&bases);
+    if !require::optional(
+        found.is_some(),
+        "a container engine with the base images",
+        &format!("no podman/docker/buildah holding {bases:?} locally"),
+    ) {
+        return;
+    }
+    let (engine, runs) = found.expect("checked");
+    let tag = format!("sandpit-test:{}", std::process::id());
+    let build_args: &[&str] = match engine {
+        "buildah" => &["bud", "--pull-never"],
+        _ => &["build", "--pull=never"],
+    };
+    let out = Command::new(engine)
+        .args(build_args)
+        .args(["-f", "docker/Dockerfile", "-t", &tag, "."])
+        .current_dir(ROOT)
+        .output()
+        .expect("run the image build");
+    assert!(
+        out.status.success(),
+        "{engine} build failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !require::optional(
+        runs,
+        "a container runtime",
+        "buildah builds but does not run",
+    ) {
+        return;
+    }
+    let name = format!("sandpit-test-{}", std::process::id());
+    let run = |args: &[&str]| {
+        Command::new(engine)
+            .args(args)
+            .output()
+            .expect("run the container engine")
+    };
+    let started = run(&["run", "-d", "--rm", "--name", &name, &tag]);
+    assert!(started.status.success(), "{started:?}");
+    // Removed however the checks below end.
+    struct Stop<'a>(&'a str, &'a str);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new(self.0).args(["rm", "-f", self.1]).output();
+        }
+    }
+    let _stop = Stop(engine, &name);
+    let exec = |cmd: &[&str]| {
+        let mut a = vec!["exec", name.as_str()];
+        a.extend_from_slice(cmd);
+        run(&a)
+    };
+    // The first start builds the demo golden (the Dockerfile's health check allows 180 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while !exec(&["curl", "-fsS", "http://127.0.0.1:6433/healthz"])
+        .status
+        .success()
+    {
+        assert!(std::time::Instant::now() < deadline, "never healthy");
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+    let conf = "/etc/sandpit/sandpit.toml";
+    let issued = exec(&[
+        "sandpit", "token", "issue", "--config", conf, "--task", "t", "--ttl", "15m",
+    ]);
+    assert!(issued.status.success(), "{issued:?}");
+    // The DSN names the compose service (public_host); inside the container it is loopback.
+    let dsn = String::from_utf8_lossy(&issued.stdout)
+        .trim()
+        .replace("@sandpit:", "@127.0.0.1:");
+    let del = exec(&[
+        "psql",
+        &dsn,
+        "-c",
+        "DELETE FROM orders WHERE status = 'pending' OR TRUE",
+    ]);
+    assert!(del.status.success(), "{del:?}");
+    assert!(
+        String::from_utf8_lossy(&del.stdout).contains("DELETE "),
+        "{del:?}"
+    );
+    let revoked = exec(&["sandpit", "token", "revoke", "--config", conf, &dsn]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    let _ = run(&["rmi", &tag]);
 }

@@ -2,10 +2,15 @@
 //! Chromium, fallocate, a container engine): under `CI=true` a missing capability fails the
 //! test, so CI cannot go green by checking nothing; elsewhere the test is skipped and says why.
 
+#![allow(dead_code)]
+
 /// True when this run is CI (`CI=true` or `CI=1`, as most CI systems set it).
 pub fn in_ci() -> bool {
     matches!(
-        std::env::var("CI").as_deref().map(str::to_ascii_lowercase).as_deref(),
+        std::env::var("CI")
+            .as_deref()
+            .map(str::to_ascii_lowercase)
+            .as_deref(),
         Ok("true") | Ok("1")
     )
 }
