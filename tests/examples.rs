@@ -1,5 +1,5 @@
 //! The harness examples in `examples/` run against a real gateway: Python (psycopg + urllib)
-//! and JavaScript (node-postgres + fetch). `.ci/run` installs psycopg and runs `npm ci` in
+//! and JavaScript (node-postgres + fetch). `scripts/setup-dev.sh` installs psycopg and runs `npm ci` in
 //! `examples/node` first.
 
 mod common;
@@ -71,7 +71,7 @@ fn python_and_node_harness_examples_run_green() {
         &g,
         "python3",
         "examples/python/harness.py",
-        "needs psycopg 3: pip install 'psycopg[binary]' (bash .ci/run does)",
+        "needs psycopg 3: pip install 'psycopg[binary]' (bash scripts/setup-dev.sh does)",
     );
     assert_transcript(&py, "python");
     assert_all_cleaned(&g, "py-example-");
@@ -79,7 +79,7 @@ fn python_and_node_harness_examples_run_green() {
         &g,
         "node",
         "examples/node/harness.mjs",
-        "needs node and `npm ci` in examples/node (bash .ci/run does)",
+        "needs node and `npm ci` in examples/node (bash scripts/setup-dev.sh does)",
     );
     assert_transcript(&node, "node");
     assert_all_cleaned(&g, "node-example-");
