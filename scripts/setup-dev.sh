@@ -9,12 +9,13 @@
 #
 # Idempotent: every step checks first and does nothing when its part is already there, so a
 # second run changes nothing. Side effects beyond installing packages, all named here:
+# - When it installs postgresql, Debian's "main" cluster is not created (createcluster.d).
 # - bookworm-backports is added to apt's sources (one file, only when no source names it and
 #   QEMU >= 10 is missing). Backports are never upgraded to by default (apt pins them at 100);
 #   only the package asked for with -t comes from there.
-# - Debian's pgbouncer package starts a PgBouncer service on 127.0.0.1:6432 (the gateway's
-#   default port). When this script installed it in this run, that service is stopped and
-#   its start at boot disabled; a pgbouncer that was there before is left alone.
+# - Debian's pgbouncer package would start a PgBouncer service on 127.0.0.1:6432 (the
+#   gateway's default port). When this script installs it, the package is kept from starting
+#   it and its start at boot is disabled; a pgbouncer that was there before is left alone.
 # - Python packages go into the `python3` the tests run (PATH; tests/clients.rs also honours
 #   SANDPIT_PYTHON), with --break-system-packages where PEP 668 refuses otherwise.
 set -euo pipefail
@@ -83,19 +84,43 @@ command -v mkfs.xfs >/dev/null 2>&1 || debs+=(xfsprogs)
 command -v mkfs.ext4 >/dev/null 2>&1 || debs+=(e2fsprogs)
 command -v debootstrap >/dev/null 2>&1 || debs+=(debootstrap)
 command -v qemu-img >/dev/null 2>&1 || debs+=(qemu-utils)
+install_debs() {
+  # Debian's postgresql would create and start a "main" cluster on port 5432; the tests and
+  # the gateway start servers of their own. Only when the package is installed now.
+  if [[ " $* " == *" postgresql "* ]] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+    as_root mkdir -p /etc/postgresql-common/createcluster.d
+    echo 'create_main_cluster = false' |
+      as_root tee /etc/postgresql-common/createcluster.d/sandpit.conf >/dev/null
+  fi
+  apt_install "$@"
+}
 if [ "${#debs[@]}" -gt 0 ]; then
-  need "Debian packages: ${debs[*]}" apt_install "${debs[@]}"
+  need "Debian packages: ${debs[*]}" install_debs "${debs[@]}"
 fi
 
-# PgBouncer: install it without leaving Debian's service on the gateway's port.
+# PgBouncer: install it without leaving Debian's service on the gateway's port. A policy-rc.d
+# (only if none exists) keeps the package from starting it at all; its start at boot is
+# disabled. Both only here, for the pgbouncer installed now: one that was there is left alone.
 install_pgbouncer() {
-  apt_install pgbouncer
-  # Installed just now, so the service running (if any) is the one the package started.
+  local policy=/usr/sbin/policy-rc.d made=false rc=0
+  if [ ! -e "$policy" ]; then
+    printf '%s\n' '#!/bin/sh' '# scripts/setup-dev.sh: pgbouncer is not started while it installs' \
+      'for a in "$@"; do [ "$a" = pgbouncer ] && exit 101; done' 'exit 0' |
+      as_root tee "$policy" >/dev/null
+    as_root chmod 755 "$policy"
+    made=true
+  fi
+  apt_install pgbouncer || rc=$?
+  if $made; then as_root rm -f "$policy"; fi
+  [ "$rc" = 0 ] || return "$rc"
   if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
     as_root systemctl disable --now pgbouncer >/dev/null 2>&1 || true
   else
-    as_root service pgbouncer stop >/dev/null 2>&1 || true
+    # A policy-rc.d that was there before may have let it start.
+    $made || as_root service pgbouncer stop >/dev/null 2>&1 || true
     as_root update-rc.d pgbouncer disable >/dev/null 2>&1 || true
+    # The unit the package enabled, for a later boot with systemd.
+    as_root systemctl disable pgbouncer >/dev/null 2>&1 || true
   fi
 }
 command -v pgbouncer >/dev/null 2>&1 || need "pgbouncer" install_pgbouncer
