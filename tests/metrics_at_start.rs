@@ -111,3 +111,48 @@ fn every_documented_metric_is_exported_from_start() {
     let text = scrape(&g);
     assert_eq!(missing(&text, &documented), Vec::<String>::new(), "{text}");
 }
+
+/// Every `"key" => "literal"` label the code records is one of the zero series the table
+/// (control::METRICS) creates at start, so a new label value cannot be left out of it.
+#[test]
+fn every_literal_label_value_in_the_code_is_created_at_start() {
+    fn walk(dir: &Path, out: &mut Vec<(String, String, String)>) {
+        for e in std::fs::read_dir(dir).expect("read src").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let src = std::fs::read_to_string(&p).expect("read source");
+                for mac in ["counter!(", "gauge!(", "histogram!("] {
+                    for (i, _) in src.match_indices(mac) {
+                        let call = &src[i + mac.len()..];
+                        let call = &call[..call.find(')').unwrap_or(call.len())];
+                        let parts: Vec<&str> = call.split('"').collect();
+                        // name, `, `, key, ` => `, value: all literals.
+                        if parts.len() >= 6 && parts[4].trim() == "=>" {
+                            out.push((parts[1].into(), parts[3].into(), parts[5].into()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let mut used = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut used,
+    );
+    // Values computed at run time (a statement kind, an auth error's reason) are not seen here;
+    // the table lists those from their enums.
+    assert!(used.len() >= 5, "{used:?}");
+    for (name, key, value) in used {
+        let (_, _, _, zeros) = sandpit::control::METRICS
+            .iter()
+            .find(|m| m.0 == name)
+            .unwrap_or_else(|| panic!("{name} not in control::METRICS"));
+        assert!(
+            zeros.iter().any(|l| l == &[(key.as_str(), value.as_str())]),
+            "{name}{{{key}=\"{value}\"}} is recorded but not created at start"
+        );
+    }
+}
