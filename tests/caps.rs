@@ -345,11 +345,12 @@ fn statements_of_a_busy_session_killed_mid_stream_are_in_the_log_after_restart()
     let probe = std::fs::File::create(tmp.path().join("fallocate-probe")).expect("probe");
     // SAFETY: a plain syscall on a descriptor we own.
     let fallocate = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&probe), 0, 0, 4096) };
-    if fallocate != 0 {
-        eprintln!(
-            "skipped: no fallocate here ({})",
-            std::io::Error::last_os_error()
-        );
+    let why = std::io::Error::last_os_error().to_string();
+    if !common::require(
+        fallocate == 0,
+        "fallocate on the temp dir's filesystem",
+        &why,
+    ) {
         return;
     }
     let mut g = Gateway::start_in(tmp.path(), Some(GOLDEN), None);

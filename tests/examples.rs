@@ -1,6 +1,6 @@
 //! The harness examples in `examples/` run against a real gateway, each on its SDK: Python on
 //! clients/python (from its source; psycopg from the system), JavaScript on clients/typescript
-//! (built here; linked into `examples/node` by its package-lock). `.ci/run` installs psycopg
+//! (built here; linked into `examples/node` by its package-lock). `scripts/setup-dev.sh` installs psycopg
 //! and runs `npm ci` in clients/typescript and `examples/node` first.
 
 mod common;
@@ -90,7 +90,7 @@ fn python_and_node_harness_examples_run_green() {
         &g,
         "python3",
         "examples/python/harness.py",
-        "needs psycopg 3: pip install 'psycopg[binary]' (bash .ci/run does)",
+        "needs psycopg 3: pip install 'psycopg[binary]' (bash scripts/setup-dev.sh does)",
     );
     assert_transcript(&py, "python");
     assert_all_cleaned(&g, "py-example-");
@@ -99,7 +99,7 @@ fn python_and_node_harness_examples_run_green() {
         &g,
         "node",
         "examples/node/harness.mjs",
-        "needs node and `npm ci` in clients/typescript and examples/node (bash .ci/run does)",
+        "needs node and `npm ci` in clients/typescript and examples/node (bash scripts/setup-dev.sh does)",
     );
     assert_transcript(&node, "node");
     assert_all_cleaned(&g, "node-example-");

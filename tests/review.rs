@@ -515,7 +515,11 @@ fn statement_summary_and_html_page_render_in_chromium() {
             .map(|o| o.status.success())
             .unwrap_or(false)
     }) else {
-        eprintln!("SKIPPED chromium rendering: no chromium binary on this machine (install the Debian package `chromium`)");
+        let _ = common::require(
+            false,
+            "chromium",
+            "the Debian package `chromium` renders the page",
+        );
         return;
     };
     let profile = common::tempdir();

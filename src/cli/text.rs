@@ -3,28 +3,42 @@
 
 use serde_json::Value;
 
-/// The header line of `token list`, aligned with [`token_line`].
-pub fn token_list_header() -> String {
-    token_columns("ID", "STATE", "TASK", "EXPIRES", "SESSIONS")
-}
-
-fn token_columns(id: &str, state: &str, task: &str, expires: &str, sessions: &str) -> String {
-    format!("{id:<23}  {state:<8} {task:<24} {expires:<25} {sessions}")
-}
-
-/// One line per token for `token list`.
-pub fn token_line(v: &Value) -> String {
-    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
-    token_columns(
-        &s("id"),
-        &s("state"),
-        &s("task"),
-        &s("expires_at"),
-        &v.get("sessions")
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-            .to_string(),
-    )
+/// `token list` without `--json`: a header and one line per token, each column as wide as
+/// its widest cell (task names and ids have no fixed length), two spaces between columns.
+pub fn token_table(tokens: &[Value]) -> String {
+    const HEADER: [&str; 5] = ["ID", "STATE", "TASK", "EXPIRES", "SESSIONS"];
+    let rows: Vec<[String; 5]> = tokens
+        .iter()
+        .map(|v| {
+            let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+            let sessions = v.get("sessions").and_then(Value::as_u64).unwrap_or(0);
+            [
+                s("id"),
+                s("state"),
+                s("task"),
+                s("expires_at"),
+                sessions.to_string(),
+            ]
+        })
+        .collect();
+    let mut width = HEADER.map(|h| h.chars().count());
+    for r in &rows {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    std::iter::once(HEADER.map(str::to_string))
+        .chain(rows)
+        .map(|r| {
+            let line: Vec<String> = r
+                .iter()
+                .zip(width)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            line.join("  ").trim_end().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `token show` without `--json`: one `key: value` line per field, in the API's order.
