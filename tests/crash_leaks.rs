@@ -52,14 +52,20 @@ fn killed_with_a_running_server(config: Option<&str>) -> (Gateway, Value, i32) {
     let t = g.issue("left-running", 3600);
     let (ok, _, err) = psql(
         t["dsn"].as_str().expect("dsn"),
-        &["-c", "create table kept(x int); insert into kept values (7)"],
+        &[
+            "-c",
+            "create table kept(x int); insert into kept values (7)",
+        ],
     );
     assert!(ok, "{err}");
     let (pid, _) = postmaster(&g, &id(&t)).expect("postmaster.pid");
     assert!(pid_alive(pid));
     g.kill();
     // What the next start has to deal with: the server outlives the gateway.
-    assert!(pid_alive(pid), "the scratch server should outlive a SIGKILL");
+    assert!(
+        pid_alive(pid),
+        "the scratch server should outlive a SIGKILL"
+    );
     (g, t, pid)
 }
 
@@ -88,10 +94,7 @@ fn a_server_adopted_after_a_crash_and_never_used_is_stopped_by_sigterm() {
         .rev()
         .find(|l| l.contains("stopped: "))
         .unwrap_or_else(|| panic!("no summary after shutting down:\n{log}"));
-    assert!(
-        stopped.contains("1 scratch server(s) stopped"),
-        "{stopped}"
-    );
+    assert!(stopped.contains("1 scratch server(s) stopped"), "{stopped}");
     // Its data stays for the token's next session.
     let g = Gateway::start_in(&dir, Some(SMALL_GOLDEN), None);
     let (ok, out, err) = psql(&redial(&t, &g), &["-At", "-c", "select x from kept"]);
@@ -128,7 +131,10 @@ fn a_backend_left_busy_by_a_killed_gateway_is_ended_at_the_next_start() {
     let t = g.issue("busy", 3600);
     let dsn = t["dsn"].as_str().expect("dsn").to_string();
     let (backend, _busy) = rt.block_on(async {
-        let c = connect(&dsn).await.map_err(|e| sqlstate(&e)).expect("connect");
+        let c = connect(&dsn)
+            .await
+            .map_err(|e| sqlstate(&e))
+            .expect("connect");
         let pid: i32 = c
             .query_one("select pg_backend_pid()", &[])
             .await
@@ -147,7 +153,10 @@ fn a_backend_left_busy_by_a_killed_gateway_is_ended_at_the_next_start() {
     g.kill();
     // Its client (the gateway) is gone, yet the backend sleeps on: the leak to close.
     std::thread::sleep(Duration::from_millis(500));
-    assert!(pid_alive(backend), "precondition: the cut session's backend runs on");
+    assert!(
+        pid_alive(backend),
+        "precondition: the cut session's backend runs on"
+    );
     let dir = g.data_dir.clone();
     let g2 = Gateway::start_in(&dir, Some(SMALL_GOLDEN), None);
     assert!(
@@ -157,7 +166,10 @@ fn a_backend_left_busy_by_a_killed_gateway_is_ended_at_the_next_start() {
     );
     assert!(pid_alive(postmaster_pid), "the server itself was adopted");
     let got = rt.block_on(query_one(&redial(&t, &g2), "select count(*) from items"));
-    assert_eq!(got.map_err(|e| sqlstate(&e)).unwrap().as_deref(), Some("1000"));
+    assert_eq!(
+        got.map_err(|e| sqlstate(&e)).unwrap().as_deref(),
+        Some("1000")
+    );
     drop(g2);
     drop(g);
 }
@@ -172,7 +184,13 @@ fn spawn_gateway(dir: &Path, golden: &str) -> Child {
         .open(dir.join("gateway.log"))
         .expect("log");
     Command::new(env!("CARGO_BIN_EXE_sandpit"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--api-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--api-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(dir)
         .arg("--golden-sql")
@@ -223,12 +241,22 @@ fn a_golden_build_killed_midway_leaves_no_staging_server_after_the_restart() {
     let _ = child.kill();
     let _ = child.wait();
     std::thread::sleep(Duration::from_millis(500));
-    assert!(pid_alive(pid), "precondition: the staging server outlives the gateway");
+    assert!(
+        pid_alive(pid),
+        "precondition: the staging server outlives the gateway"
+    );
 
     let g = Gateway::start_in(&dir, Some(SMALL_GOLDEN), None);
-    assert!(!pid_alive(pid), "staging postmaster {pid} still runs:\n{}", g.log());
+    assert!(
+        !pid_alive(pid),
+        "staging postmaster {pid} still runs:\n{}",
+        g.log()
+    );
     assert!(!stage_dir.exists(), "staging dir left");
-    assert!(processes_in(&stage_dir).is_empty(), "a process still works in {stage_dir:?}");
+    assert!(
+        processes_in(&stage_dir).is_empty(),
+        "a process still works in {stage_dir:?}"
+    );
     // Only the new gateway's own servers run under the data dir (none yet: no token used).
     let left = postgres_under(&dir.join("pg"));
     assert!(left.is_empty(), "postgres processes left: {left:?}");
@@ -261,5 +289,9 @@ fn sigterm_during_a_golden_build_stops_the_build_and_exits() {
     assert!(!pid_alive(pid), "staging postmaster {pid} left running");
     let left = postgres_under(&dir.join("pg"));
     assert!(left.is_empty(), "postgres processes left: {left:?}");
-    assert!(log_of(&dir).contains("stopped before ready"), "{}", log_of(&dir));
+    assert!(
+        log_of(&dir).contains("stopped before ready"),
+        "{}",
+        log_of(&dir)
+    );
 }

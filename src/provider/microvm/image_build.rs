@@ -181,8 +181,14 @@ mod tests {
             .expect("pid");
         // The mounts exist in the build's namespace only.
         let theirs = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).expect("mounts");
-        assert!(theirs.contains(&*work.join("root/proc").to_string_lossy()), "{theirs}");
-        assert!(!mounted_here(&work), "a build mount leaked into the host namespace");
+        assert!(
+            theirs.contains(&*work.join("root/proc").to_string_lossy()),
+            "{theirs}"
+        );
+        assert!(
+            !mounted_here(&work),
+            "a build mount leaked into the host namespace"
+        );
         assert!(process::pid_alive(daemon));
         assert!(in_namespace(&ns).len() >= 3, "script, sleep, daemon");
 
