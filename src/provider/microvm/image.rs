@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use super::image_build::BuildChild;
+use super::image_build::{self, BuildChild};
 use super::qemu::Image;
 use crate::provider::ProviderError;
 
@@ -107,6 +107,8 @@ fn remove_interrupted(out: &Path) {
 }
 
 async fn build(out: &Path) -> Result<(), ProviderError> {
+    let pid_file = out.with_extension("build.pid");
+    image_build::end_leftover(&pid_file, "microvm-image.sh").await;
     remove_interrupted(out);
     let recipe = out.with_extension(format!("recipe.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&recipe);
@@ -122,9 +124,13 @@ async fn build(out: &Path) -> Result<(), ProviderError> {
     // Own mount namespace and process group; dropped (gateway shutdown, timeout), the build
     // ends with every process it started and the mounts it made.
     let mut child = BuildChild::spawn(&script, &[out], &log_path)?;
+    if let Err(e) = child.record(&pid_file) {
+        tracing::warn!(error = %e, "recording the image build's pid failed");
+    }
     tracing::debug!(pid = child.pid(), log = %log_path.display(), "image build started");
     let status = child.wait(BUILD_TIMEOUT).await;
     drop(child);
+    let _ = std::fs::remove_file(&pid_file);
     let tail = || {
         let t = std::fs::read_to_string(&log_path).unwrap_or_default();
         crate::provider::golden::tail(&t)

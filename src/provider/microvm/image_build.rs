@@ -76,6 +76,12 @@ impl BuildChild {
         self.pid
     }
 
+    /// Writes the script's pid to `file`: a gateway killed during the build cannot end it
+    /// (no drop runs), so the next start finds it there ([`end_leftover`]).
+    pub(super) fn record(&self, file: &Path) -> std::io::Result<()> {
+        std::fs::write(file, format!("{}\n", self.pid))
+    }
+
     /// The build's mount namespace (`mnt:[inode]`), if it got its own.
     #[cfg(test)]
     pub(super) fn mount_ns(&self) -> Option<&Path> {
@@ -103,6 +109,45 @@ impl Drop for BuildChild {
             }
         }
     }
+}
+
+/// How long the processes of a leftover build get to go after SIGKILL.
+const LEFTOVER_GRACE: Duration = Duration::from_secs(30);
+
+/// Ends the build a killed gateway left running, named by `pid_file` (see
+/// [`BuildChild::record`]): only if that pid still runs a command line naming `script_name`
+/// (a pid is reused). Every process in its mount namespace (when not ours) and its process
+/// group is killed, and waited for (bounded). Returns how many processes were signalled.
+pub(super) async fn end_leftover(pid_file: &Path, script_name: &str) -> usize {
+    let pid = std::fs::read_to_string(pid_file)
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok());
+    let _ = std::fs::remove_file(pid_file);
+    let Some(pid) = pid.filter(|&p| process::pid_alive(p)) else {
+        return 0;
+    };
+    let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if !String::from_utf8_lossy(&cmd).contains(script_name) {
+        return 0;
+    }
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();
+    let theirs = ns(&pid.to_string()).filter(|n| Some(n) != ns("self").as_ref());
+    let mut victims = theirs.as_deref().map(in_namespace).unwrap_or_default();
+    victims.push(pid);
+    tracing::warn!(
+        pid,
+        processes = victims.len(),
+        "ending a guest image build a killed gateway left running"
+    );
+    process::signal_group(pid, Signal::SIGKILL);
+    for p in &victims {
+        process::signal(*p, Signal::SIGKILL);
+    }
+    let deadline = std::time::Instant::now() + LEFTOVER_GRACE;
+    while victims.iter().any(|&p| process::pid_alive(p)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    victims.len()
 }
 
 /// Pids of the processes whose mount namespace is `ns`.
@@ -206,5 +251,42 @@ mod tests {
         // Nothing was ever mounted here, so removing the work dir touches only its own files.
         assert!(!mounted_here(&work));
         std::fs::remove_dir_all(&work).expect("rm -rf the build's work dir");
+    }
+
+    #[tokio::test]
+    async fn a_build_left_by_a_killed_gateway_is_ended_by_the_next_start() {
+        if !root_or_skip() {
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).expect("mkdir");
+        let script = dir.path().join("microvm-image.sh");
+        std::fs::write(&script, SCRIPT).expect("script");
+        let child =
+            BuildChild::spawn(&script, &[&work], &dir.path().join("build.log")).expect("spawn");
+        let pid_file = dir.path().join("build.pid");
+        child.record(&pid_file).expect("record");
+        let ns = child
+            .mount_ns()
+            .map(Path::to_path_buf)
+            .expect("own namespace");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !work.join("mounted").exists() {
+            assert!(std::time::Instant::now() < deadline, "script did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A SIGKILLed gateway runs no drop: the build goes on without it.
+        std::mem::forget(child);
+        assert!(!in_namespace(&ns).is_empty());
+        // A pid file naming something else is not acted on.
+        let other = dir.path().join("other.pid");
+        std::fs::write(&other, format!("{}\n", std::process::id())).expect("write");
+        assert_eq!(end_leftover(&other, "microvm-image.sh").await, 0);
+
+        assert!(end_leftover(&pid_file, "microvm-image.sh").await >= 3);
+        assert!(in_namespace(&ns).is_empty(), "{:?}", in_namespace(&ns));
+        assert!(!pid_file.exists());
+        assert!(!mounted_here(&work));
     }
 }
