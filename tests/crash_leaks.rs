@@ -5,14 +5,17 @@
 //! Postgres, real clients.
 
 mod common;
+#[allow(dead_code)]
+#[path = "support/shared_pg.rs"]
+mod shared_pg;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    connect, pid_alive, postmaster, processes_in, psql, query_one, redial, sqlstate, tempdir,
-    wait_exit, wait_until, Gateway, SMALL_GOLDEN,
+    connect, http, pid_alive, postmaster, processes_in, psql, query_one, redial, sqlstate, tempdir,
+    wait_exit, wait_until, Body, Gateway, SMALL_GOLDEN,
 };
 use serde_json::Value;
 
@@ -205,10 +208,14 @@ fn spawn_gateway(dir: &Path, golden: &str) -> Child {
 
 /// The staging dir and postmaster pid of a golden build in progress under `dir`.
 fn staging_server(dir: &Path) -> Option<(PathBuf, i32)> {
-    let root = dir.join("pg").canonicalize().ok()?;
-    std::fs::read_dir(&root).ok()?.flatten().find_map(|e| {
+    staging_in(&dir.join("pg").canonicalize().ok()?)
+}
+
+/// The staging dir (named `*.building*`) directly under `root` with a ready server, and its pid.
+fn staging_in(root: &Path) -> Option<(PathBuf, i32)> {
+    std::fs::read_dir(root).ok()?.flatten().find_map(|e| {
         let name = e.file_name().to_string_lossy().to_string();
-        if !name.contains(".building-") {
+        if !name.contains(".building") {
             return None;
         }
         let text = std::fs::read_to_string(e.path().join("data/postmaster.pid")).ok()?;
@@ -294,4 +301,69 @@ fn sigterm_during_a_golden_build_stops_the_build_and_exits() {
         "{}",
         log_of(&dir)
     );
+}
+
+#[test]
+fn a_live_golden_build_killed_midway_leaves_no_staging_server_after_the_restart() {
+    let rt = rt();
+    let src = rt.block_on(shared_pg::SharedPg::start());
+    // The dump waits for this lock (pg_dump locks every table it reads): the build is held
+    // with its staging server up and loading.
+    let locker = rt.block_on(async {
+        let admin = src.admin("postgres").await;
+        admin
+            .batch_execute(
+                "CREATE TABLE held(x int); BEGIN; LOCK TABLE held IN ACCESS EXCLUSIVE MODE",
+            )
+            .await
+            .expect("lock");
+        admin
+    });
+    let mut g = Gateway::start(Some(SMALL_GOLDEN), None);
+    let (url, key, dsn) = (
+        format!("{}/v1/goldens", g.api),
+        g.admin_key.clone(),
+        src.admin_dsn(),
+    );
+    // Blocks until the build ends, which it never does here: answered (cut) by the kill.
+    let build = std::thread::spawn(move || {
+        http(
+            "POST",
+            &url,
+            Some(&key),
+            Body::Json(serde_json::json!({ "from_dsn": dsn })),
+        )
+    });
+    let versions = g.data_dir.join("pg").join("versions");
+    let mut staging = None;
+    assert!(
+        wait_until(Duration::from_secs(120), || {
+            staging = versions.canonicalize().ok().and_then(|v| staging_in(&v));
+            staging.is_some()
+        }),
+        "no live build in progress:\n{}",
+        g.log()
+    );
+    let (stage_dir, pid) = staging.expect("staging");
+    g.kill();
+    let _ = build.join();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        pid_alive(pid),
+        "precondition: the staging server outlives the gateway"
+    );
+
+    let dir = g.data_dir.clone();
+    let g2 = Gateway::start_in(&dir, Some(SMALL_GOLDEN), None);
+    assert!(
+        !pid_alive(pid),
+        "staging postmaster {pid} still runs:\n{}",
+        g2.log()
+    );
+    assert!(!stage_dir.exists(), "staging dir left");
+    let left = postgres_under(&dir.join("pg"));
+    assert!(left.is_empty(), "postgres processes left: {left:?}");
+    drop(locker);
+    drop(g2);
+    drop(g);
 }
