@@ -223,6 +223,32 @@ async fn bind(
     Ok((l, local))
 }
 
+/// The provider, or None if a stop came while it was prepared (a golden or image build
+/// takes minutes). Dropping the preparation ends its children (the image build's process
+/// group and mount namespace); a golden build's staging server is stopped here and its
+/// directory removed at the next start.
+async fn provider_unless_stopped(
+    cfg: &Config,
+    data_dir: &Path,
+    shared_key: Option<String>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<Arc<dyn Provider>>, ServeError> {
+    tokio::select! {
+        p = build_provider(cfg, data_dir, shared_key) => p.map(Some),
+        () = stop_requested(stop) => {
+            tracing::info!("shutting down");
+            let grace = std::time::Duration::from_secs(5);
+            let (servers, _) = stop_now::stop_local_servers_now(data_dir, grace).await;
+            tracing::info!(
+                staging_servers = servers,
+                "stopped before ready: the provider's preparation was interrupted, \
+                 {servers} staging server(s) stopped"
+            );
+            Ok(None)
+        }
+    }
+}
+
 /// Resolves once `stop` turns true (never if its sender is gone without saying so).
 async fn stop_requested(stop: &mut watch::Receiver<bool>) {
     while !*stop.borrow_and_update() {
@@ -303,23 +329,9 @@ pub async fn run(
         api = %api_addr,
         "ports bound; preparing the provider (a golden build can take a minute; ready follows)"
     );
-    // A stop while the provider is prepared (a golden or image build takes minutes) is
-    // honoured now: dropping the preparation ends its children (the image build's process
-    // group and mount namespace); a golden build's staging server is stopped here and its
-    // directory removed at the next start.
-    let provider = tokio::select! {
-        p = build_provider(&cfg, &data_dir, shared_key) => p?,
-        () = stop_requested(&mut stop) => {
-            tracing::info!("shutting down");
-            let (servers, _) =
-                stop_now::stop_local_servers_now(&data_dir, std::time::Duration::from_secs(5)).await;
-            tracing::info!(
-                staging_servers = servers,
-                "stopped before ready: the provider's preparation was interrupted, \
-                 {servers} staging server(s) stopped"
-            );
-            return Ok(());
-        }
+    let Some(provider) = provider_unless_stopped(&cfg, &data_dir, shared_key, &mut stop).await?
+    else {
+        return Ok(());
     };
     let tls = tls::acceptor(
         &cfg.tls,
