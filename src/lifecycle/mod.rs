@@ -1,6 +1,7 @@
 //! The life of a token: issue, lazy single-flight fork, TTL expiry, revoke. Ending a token
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
+mod adopt;
 mod faults;
 mod issue;
 mod issue_check;
@@ -23,6 +24,7 @@ use crate::provider::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::registry::{Registry, RegistryError, TokenRecord, TokenState};
 use crate::rfc3339::format as rfc3339;
 
+pub use adopt::Adopted;
 pub use issue::{IssueRequest, TokenView};
 
 /// Why a token stopped being usable.
