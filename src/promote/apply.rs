@@ -5,11 +5,12 @@
 //! by the golden's values and required to touch exactly the rows it names. A dry run does
 //! all of it and rolls back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::names;
 use super::plan::{Plan, Row, TableChange, Want};
+use crate::review::diff::data_order::{self, Step};
 use crate::pgconn::BackendTarget;
 use crate::review::catalog::{self, Catalog, Table};
 use crate::review::conn::{literal, ConnError, Side, Timeouts};
@@ -112,6 +113,11 @@ fn definition(cat: &Catalog, kind: &str, object: &str) -> Option<String> {
                 .find(|c| c.name == col.quoted)
                 .map(|c| c.definition())
         }
+        "sequence" => cat
+            .sequences
+            .values()
+            .find(|s| s.qname() == object)
+            .map(|s| s.params.clone()),
         "index" => cat
             .indexes
             .values()
@@ -151,41 +157,55 @@ fn schema_conflicts(plan: &Plan, cat: &Catalog) -> Vec<String> {
     out
 }
 
-/// Tables in parents-before-children order of the target's foreign keys.
-fn fk_order<'a>(cat: &Catalog, tables: &'a [TableChange]) -> Vec<&'a TableChange> {
-    let by_name = tables_by_name(cat);
-    let oid_of = |t: &TableChange| by_name.get(&t.table).map(|(o, _)| *o).unwrap_or(0);
-    let mut parents: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for k in cat.constraints.values().filter(|k| k.flag == "f") {
-        if let Ok(p) = k.extra.parse::<u32>() {
-            if p != k.table {
-                parents.entry(k.table).or_default().push(p);
-            }
+/// The row changes in the order the review's patch uses ([`data_order`]: re-pointing
+/// updates before the deletes they unblock, parents' inserts before children's), over the
+/// target's foreign keys as they are once the DDL before the data ran.
+struct RowOrder<'p, 'c> {
+    steps: Vec<(&'p TableChange, &'c Table, Step)>,
+    /// Keys on a cycle of tables, made deferrable while the rows change, and set back.
+    before: Vec<String>,
+    after: Vec<String>,
+    /// Tables with changes that the target does not have.
+    missing: Vec<&'p TableChange>,
+}
+
+fn row_order<'p, 'c>(cat: &'c Catalog, plan: &'p Plan) -> RowOrder<'p, 'c> {
+    let tables = tables_by_name(cat);
+    let mut present: BTreeMap<u32, Vec<Step>> = BTreeMap::new();
+    let mut by_oid: BTreeMap<u32, &TableChange> = BTreeMap::new();
+    let mut missing = Vec::new();
+    // A dropped table's rows go with it (its DROP ran before the data).
+    for tc in plan.tables.iter().filter(|t| !t.dropped) {
+        let Some((oid, _)) = tables.get(&tc.table) else {
+            missing.push(tc);
+            continue;
+        };
+        let steps: Vec<Step> = [
+            (Step::Delete, tc.deletes.is_empty()),
+            (Step::Update, tc.updates.is_empty()),
+            (Step::Insert, tc.inserts.is_empty()),
+        ]
+        .iter()
+        .filter(|(_, empty)| !empty)
+        .map(|(s, _)| *s)
+        .collect();
+        if !steps.is_empty() {
+            present.insert(*oid, steps);
+            by_oid.insert(*oid, tc);
         }
     }
-    fn visit(
-        t: u32,
-        parents: &BTreeMap<u32, Vec<u32>>,
-        seen: &mut BTreeSet<u32>,
-        out: &mut Vec<u32>,
-    ) {
-        if !seen.insert(t) {
-            return;
-        }
-        for p in parents.get(&t).into_iter().flatten() {
-            visit(*p, parents, seen, out);
-        }
-        out.push(t);
+    let o = data_order::order(cat, cat, &present);
+    let steps = o
+        .steps
+        .iter()
+        .filter_map(|(oid, step)| Some((*by_oid.get(oid)?, cat.tables.get(oid)?, *step)))
+        .collect();
+    RowOrder {
+        steps,
+        before: o.before,
+        after: o.after,
+        missing,
     }
-    let mut seen = BTreeSet::new();
-    let mut order = Vec::new();
-    for t in tables {
-        visit(oid_of(t), &parents, &mut seen, &mut order);
-    }
-    let pos = |t: &TableChange| order.iter().position(|o| *o == oid_of(t)).unwrap_or(0);
-    let mut v: Vec<&TableChange> = tables.iter().collect();
-    v.sort_by_key(|t| pos(t));
-    v
 }
 
 struct Run<'a> {
@@ -249,6 +269,19 @@ impl Run<'_> {
                         ));
                     }
                 }
+            }
+        }
+        if tc.dropped {
+            // Every row it holds goes with it: none may have been added since the golden.
+            let q = format!("SELECT count(*)::text FROM ONLY {}", tc.table);
+            let n = self.side.rows(&q).await?;
+            let n = n.first().and_then(|r| r[0].clone()).unwrap_or_default();
+            if n != tc.deletes.len().to_string() {
+                self.conflict(format!(
+                    "table {}: holds {n} rows in the target, the golden {} (the task drops it)",
+                    tc.table,
+                    tc.deletes.len()
+                ));
             }
         }
         for row in &tc.inserts {
@@ -464,22 +497,27 @@ async fn run(
         .await?;
     let cat = catalog::snapshot(side).await?;
     side.exec("SET LOCAL search_path TO DEFAULT").await?;
-    let tables = tables_by_name(&cat);
-    let order = fk_order(&cat, &plan.tables);
-    let table = |tc: &TableChange| tables.get(&tc.table).map(|(_, t)| *t);
-    for tc in order.iter().rev() {
-        run.deletes(tc, table(tc)).await?;
+    let order = row_order(&cat, plan);
+    for s in &order.before {
+        side.exec(s).await?;
     }
-    for tc in &order {
-        run.updates(tc, table(tc)).await?;
+    for (tc, t, step) in &order.steps {
+        match step {
+            Step::Delete => run.deletes(tc, Some(t)).await?,
+            Step::Update => run.updates(tc, Some(t)).await?,
+            Step::Insert => run.inserts(tc, Some(t)).await?,
+        }
     }
-    for tc in &order {
-        run.inserts(tc, table(tc)).await?;
+    for tc in &order.missing {
+        run.conflict(format!("table {}: missing from the target", tc.table));
     }
     if run.total > 0 {
         return Ok(Applied::Conflicts(run.conflicts, run.total));
     }
-    for s in &plan.after_data {
+    // Deferred foreign keys are checked before the keys the row order deferred are set
+    // back, and before the constraints added after the data.
+    side.exec("SET CONSTRAINTS ALL IMMEDIATE").await?;
+    for s in order.after.iter().chain(&plan.after_data) {
         side.exec(s).await?;
     }
     // setval is not undone by a rollback: it runs last, after deferred constraints have

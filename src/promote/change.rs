@@ -14,6 +14,7 @@ use crate::provider::Provider;
 use crate::registry::TokenRecord;
 use crate::review::diff::{self, DiffOptions};
 use crate::review::model::Review;
+use crate::review::store::Format;
 
 /// A captured change.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -22,6 +23,9 @@ pub struct Change {
     pub masked: Vec<String>,
     /// The diff, every changed row in its samples (when complete).
     pub review: Review,
+    /// Why it cannot be promoted, found when the token ended ([`super::promotable`]).
+    #[serde(default)]
+    pub refusals: Vec<String>,
 }
 
 /// Path of a token's captured change.
@@ -51,6 +55,27 @@ pub async fn masked_columns(provider: &dyn Provider, golden: Option<&str>) -> Ve
             a.iter()
                 .filter_map(|x| x.as_str())
                 .map(|s| s.split_once(": ").map(|x| x.0).unwrap_or(s).to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every value golden version `golden`'s masking produced, from its build report.
+pub async fn masked_values(provider: &dyn Provider, golden: Option<&str>) -> Vec<String> {
+    let Some(g) = golden else {
+        return Vec::new();
+    };
+    let Ok(all) = provider.goldens().await else {
+        return Vec::new();
+    };
+    all.iter()
+        .find(|v| v.id == g)
+        .and_then(|v| v.report.get("masked_values"))
+        .and_then(|m| m.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str())
+                .map(str::to_string)
                 .collect()
         })
         .unwrap_or_default()
@@ -112,7 +137,28 @@ pub async fn capture(
     } else {
         info.complete = true;
     }
-    let change = Change { masked, review };
+    let stored = crate::review::store::load(dir, &rec.task, &rec.id, Format::Json)
+        .and_then(|j| serde_json::from_str::<Review>(&j).ok());
+    let values = masked_values(provider, rec.golden.as_deref()).await;
+    let refusals = if info.complete {
+        super::promotable::refusals(
+            &review,
+            stored.as_ref(),
+            &masked,
+            &values,
+            scratch,
+            cfg.review.statement_timeout,
+        )
+        .await
+    } else {
+        Vec::new()
+    };
+    info.refusals = refusals.clone();
+    let change = Change {
+        masked,
+        review,
+        refusals,
+    };
     let p = path(dir, &rec.task, &rec.id);
     let bytes = serde_json::to_vec(&change).unwrap_or_default();
     if let Err(e) = write_private(dir, &rec.task, &p, &bytes) {

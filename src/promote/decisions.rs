@@ -69,6 +69,9 @@ pub struct CaptureInfo {
     pub schema_changes: usize,
     /// Masked columns of the golden (`schema.table.column`).
     pub masked: Vec<String>,
+    /// Why the change cannot be promoted, found when the token ended (blocks approval).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<String>,
 }
 
 /// One promotion attempt.

@@ -7,9 +7,12 @@
 pub mod apply;
 pub mod change;
 pub mod decisions;
+pub mod leaks;
 pub mod names;
 pub mod plan;
+pub mod promotable;
 pub mod resolve;
+pub mod safety;
 pub mod target;
 pub mod validators;
 
@@ -162,6 +165,13 @@ pub fn decide(
             ));
         }
         if d == Decision::Approve {
+            // Known when the token ended: a change that cannot be promoted is not approved.
+            if let Some(why) = r.capture.as_ref().filter(|c| !c.refusals.is_empty()) {
+                return Err(PromoteError::State(format!(
+                    "the change cannot be promoted (approval is blocked): {}",
+                    why.refusals.join("; ")
+                )));
+            }
             let failed = r.failed_validators();
             if !failed.is_empty() {
                 let names: Vec<&str> = failed.iter().map(|v| v.name.as_str()).collect();
@@ -278,6 +288,11 @@ pub async fn promote(
                     .push(format!("the captured change is incomplete: {reason}"));
             }
             report.refusals.extend(p.refusals.iter().cloned());
+            for r in &ch.refusals {
+                if !report.refusals.contains(r) {
+                    report.refusals.push(r.clone());
+                }
+            }
             if !report.refusals.is_empty() {
                 report.outcome = "refused".into();
             } else {
