@@ -146,7 +146,8 @@ fn roots(c: &SchemaChange) -> Vec<String> {
     let attrdef = |rel: &str, col_filter: &str| {
         format!(
             "SELECT 'default of column ' || {lbl} || '.' || pg_catalog.quote_ident(a.attname) || ': ' || \
-             pg_catalog.pg_get_expr(d.adbin, d.adrelid), 'pg_catalog.pg_attrdef'::pg_catalog.regclass, d.oid \
+             pg_catalog.pg_get_expr(d.adbin, d.adrelid), 'pg_catalog.pg_attrdef'::pg_catalog.regclass, d.oid, \
+             d.adbin::pg_catalog.text \
              FROM pg_catalog.pg_attrdef d JOIN pg_catalog.pg_attribute a ON a.attrelid = d.adrelid \
              AND a.attnum = d.adnum WHERE d.adrelid = pg_catalog.to_regclass({rel}){col_filter}",
             lbl = literal(&names::plain(rel)),
@@ -156,7 +157,9 @@ fn roots(c: &SchemaChange) -> Vec<String> {
     let constraint = |rel: &str, filter: &str| {
         format!(
             "SELECT 'constraint ' || {lbl} || '.' || pg_catalog.quote_ident(k.conname) || ': ' || \
-             pg_catalog.pg_get_constraintdef(k.oid), 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid \
+             pg_catalog.pg_get_constraintdef(k.oid), 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid, \
+             COALESCE(k.conbin::pg_catalog.text, '') || ' :opnos (o ' || \
+             pg_catalog.array_to_string(COALESCE(k.conexclop, '{{}}'), ' ') || ')' \
              FROM pg_catalog.pg_constraint k WHERE k.conrelid = pg_catalog.to_regclass({rel}){filter}",
             lbl = literal(&names::plain(rel)),
             rel = literal(rel)
@@ -165,13 +168,15 @@ fn roots(c: &SchemaChange) -> Vec<String> {
     let index = |filter: &str| {
         format!(
             "SELECT 'index ' || pg_catalog.pg_get_indexdef(i.indexrelid), 'pg_catalog.pg_class'::pg_catalog.regclass, \
-             i.indexrelid FROM pg_catalog.pg_index i WHERE {filter}"
+             i.indexrelid, COALESCE(i.indexprs::pg_catalog.text, '') || ' ' || COALESCE(i.indpred::pg_catalog.text, '') \
+             FROM pg_catalog.pg_index i WHERE {filter}"
         )
     };
     let domains = |rel: &str, col_filter: &str| {
         format!(
             "SELECT 'check of domain ' || pg_catalog.format_type(t.oid, NULL) || ': ' || \
-             pg_catalog.pg_get_constraintdef(k.oid), 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid \
+             pg_catalog.pg_get_constraintdef(k.oid), 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid, \
+             COALESCE(k.conbin::pg_catalog.text, '') \
              FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
              JOIN pg_catalog.pg_constraint k ON k.contypid = t.oid \
              WHERE a.attrelid = pg_catalog.to_regclass({rel}) AND a.attnum > 0 AND NOT a.attisdropped{col_filter}",
@@ -213,16 +218,89 @@ fn roots(c: &SchemaChange) -> Vec<String> {
     }
 }
 
+/// OIDs of the functions and operators a stored expression tree (`pg_node_tree` text)
+/// calls: `pg_depend` records no dependency on the server's own (pinned) objects, so
+/// built-ins are found here, in every field that names one.
+pub fn tree_oids(tree: &str) -> (Vec<u32>, Vec<u32>) {
+    const FUNCS: &[&str] = &[
+        ":funcid ",
+        ":opfuncid ",
+        ":hashfuncid ",
+        ":negfuncid ",
+        ":aggfnoid ",
+        ":winfnoid ",
+    ];
+    let number = |rest: &str| -> Option<u32> {
+        let d: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+        d.parse().ok().filter(|n| *n != 0)
+    };
+    let mut funcs = Vec::new();
+    let mut ops = Vec::new();
+    for f in FUNCS {
+        funcs.extend(tree.match_indices(f).filter_map(|(i, _)| number(&tree[i + f.len()..])));
+    }
+    ops.extend(
+        tree.match_indices(":opno ")
+            .filter_map(|(i, _)| number(&tree[i + 6..])),
+    );
+    // Lists of operators (row comparisons, exclusion constraints): `:opnos (o 96 97)`.
+    for (i, _) in tree.match_indices(":opnos (o") {
+        let rest = &tree[i + 9..];
+        let list = rest.split(')').next().unwrap_or("");
+        ops.extend(list.split_whitespace().filter_map(number));
+    }
+    funcs.sort_unstable();
+    funcs.dedup();
+    ops.sort_unstable();
+    ops.dedup();
+    (funcs, ops)
+}
+
+fn oid_array(v: &[u32]) -> String {
+    let s: Vec<String> = v.iter().map(u32::to_string).collect();
+    format!("'{{{}}}'::pg_catalog.oid[]", s.join(","))
+}
+
 /// The dependencies of every expression of `review`'s added objects, read from the scratch
-/// database through `side`.
+/// database through `side`: what `pg_depend` records (user objects, sequences named by a
+/// constant, operator classes) and the built-ins named in the expression trees.
 pub async fn dependencies(side: &Side, review: &Review) -> Result<Vec<Dep>, ConnError> {
     let parts: Vec<String> = review.schema.iter().flat_map(roots).collect();
     if parts.is_empty() {
         return Ok(Vec::new());
     }
+    let roots = format!("WITH roots(label, classid, objid, tree) AS ({})", parts.join(" UNION ALL "));
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    let trees = side.rows(&format!("{roots} SELECT label, tree FROM roots")).await?;
+    for t in &trees {
+        let (funcs, ops) = tree_oids(&text(&t[1]));
+        let q = format!(
+            "SELECT 'function', p.oid::pg_catalog.int8::pg_catalog.text, p.oid::pg_catalog.regprocedure::pg_catalog.text, \
+               p.provolatile::pg_catalog.text, p.proname::pg_catalog.text, '0' \
+             FROM pg_catalog.pg_proc p WHERE p.oid = ANY({f}) \
+             UNION ALL SELECT 'operator', o.oid::pg_catalog.int8::pg_catalog.text, o.oid::pg_catalog.regoperator::pg_catalog.text, \
+               COALESCE(p.provolatile::pg_catalog.text, ''), COALESCE(p.proname::pg_catalog.text, ''), \
+               o.oprcode::pg_catalog.oid::pg_catalog.int8::pg_catalog.text \
+             FROM pg_catalog.pg_operator o LEFT JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode \
+             WHERE o.oid = ANY({o})",
+            f = oid_array(&funcs),
+            o = oid_array(&ops)
+        );
+        for r in side.rows(&q).await? {
+            out.push(Dep {
+                expression: text(&t[0]),
+                kind: text(&r[0]),
+                oid: text(&r[1]).parse().unwrap_or(u32::MAX),
+                name: text(&r[2]),
+                volatility: text(&r[3]),
+                proname: text(&r[4]),
+                code_oid: text(&r[5]).parse().unwrap_or(u32::MAX),
+            });
+        }
+    }
     let q = format!(
-        "WITH roots(label, classid, objid) AS ({}) \
-         SELECT r.label, CASE d.refclassid \
+        "{roots} SELECT r.label, CASE d.refclassid \
              WHEN 'pg_catalog.pg_proc'::pg_catalog.regclass THEN 'function' \
              WHEN 'pg_catalog.pg_operator'::pg_catalog.regclass THEN 'operator' \
              WHEN 'pg_catalog.pg_opclass'::pg_catalog.regclass THEN 'operator class' \
@@ -241,14 +319,10 @@ pub async fn dependencies(side: &Side, review: &Review) -> Result<Vec<Dep>, Conn
          LEFT JOIN pg_catalog.pg_proc op ON op.oid = o.oprcode \
          LEFT JOIN pg_catalog.pg_opclass oc ON d.refclassid = 'pg_catalog.pg_opclass'::pg_catalog.regclass AND oc.oid = d.refobjid \
          LEFT JOIN pg_catalog.pg_class s ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND s.oid = d.refobjid \
-         ORDER BY 1, 2, 3",
-        parts.join(" UNION ALL ")
+         ORDER BY 1, 2, 3"
     );
-    let rows = side.rows(&q).await?;
-    let text = |v: &Option<String>| v.clone().unwrap_or_default();
-    Ok(rows
-        .iter()
-        .map(|r| Dep {
+    for r in side.rows(&q).await? {
+        out.push(Dep {
             expression: text(&r[0]),
             kind: text(&r[1]),
             oid: text(&r[2]).parse().unwrap_or(u32::MAX),
@@ -256,8 +330,9 @@ pub async fn dependencies(side: &Side, review: &Review) -> Result<Vec<Dep>, Conn
             volatility: text(&r[4]),
             proname: text(&r[5]),
             code_oid: text(&r[6]).parse().unwrap_or(u32::MAX),
-        })
-        .collect())
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -274,6 +349,17 @@ mod tests {
             proname: proname.into(),
             code_oid: 0,
         }
+    }
+
+    #[test]
+    fn tree_oids_finds_functions_and_operators_in_every_field() {
+        let tree = "{OPEXPR :opno 96 :opfuncid 65 :opresulttype 16 :args ({FUNCEXPR :funcid 3036 \
+                    :funcresulttype 2278 :args <>} {CONST :consttype 23})} \
+                    {ROWCOMPAREEXPR :opnos (o 97 521) :opfamilies (o 1976)} :opnos (o )";
+        let (f, o) = tree_oids(tree);
+        assert_eq!(f, vec![65, 3036]);
+        assert_eq!(o, vec![96, 97, 521]);
+        assert_eq!(tree_oids(""), (vec![], vec![]));
     }
 
     #[test]
