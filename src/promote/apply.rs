@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::guards::{self, Mismatch};
 use super::names;
 use super::plan::{Plan, Row, TableChange, Want};
 use crate::review::diff::data_order::{self, Step};
@@ -29,16 +30,6 @@ pub enum Applied {
     Conflicts(Vec<String>, usize),
 }
 
-fn matches(col: &str, v: &Option<String>) -> String {
-    match v {
-        None => format!("{col} IS NULL"),
-        Some(s) => format!(
-            "({col} IS NOT NULL AND pg_catalog.format('%s', {col}) OPERATOR(pg_catalog.=) {})",
-            literal(s)
-        ),
-    }
-}
-
 /// A value for `col` of `table` in the target's catalog, cast to its type when known.
 fn value(table: Option<&Table>, col: &str, v: &Option<String>) -> String {
     match v {
@@ -48,32 +39,6 @@ fn value(table: Option<&Table>, col: &str, v: &Option<String>) -> String {
             None => literal(s),
         },
     }
-}
-
-fn key_where(tc: &TableChange, table: Option<&Table>, row: &Row) -> String {
-    tc.key
-        .iter()
-        .map(|&i| {
-            let c = &tc.columns[i];
-            match &row[i] {
-                None => format!("{c} IS NULL"),
-                Some(_) => format!("{c} OPERATOR(pg_catalog.=) {}", value(table, c, &row[i])),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ")
-}
-
-fn guard_where(tc: &TableChange, row: &Row) -> String {
-    let mut g: Vec<String> = tc
-        .guard
-        .iter()
-        .map(|&i| matches(&tc.columns[i], &row[i]))
-        .collect();
-    if g.is_empty() {
-        g.push("true".into());
-    }
-    g.join(" AND ")
 }
 
 fn describe_key(tc: &TableChange, row: &Row) -> String {
@@ -212,6 +177,8 @@ struct Run<'a> {
     side: &'a Side,
     conflicts: Vec<String>,
     total: usize,
+    /// Rows of each table change, loaded in the target (by table).
+    loaded: BTreeMap<String, guards::Loaded>,
 }
 
 impl Run<'_> {
@@ -222,55 +189,33 @@ impl Run<'_> {
         }
     }
 
-    /// Guards of the rows of `tc` (before anything is applied).
+    /// Guards of the rows of `tc` (before anything is applied): loaded into a temporary
+    /// table, locked and compared in one go ([`guards`]).
     async fn check_rows(&mut self, tc: &TableChange, cat: &Catalog) -> Result<(), ConnError> {
         let tables = tables_by_name(cat);
         let Some((_, t)) = tables.get(&tc.table) else {
             self.conflict(format!("table {}: missing from the target", tc.table));
             return Ok(());
         };
-        let guarded = tc
-            .deletes
-            .iter()
-            .map(|r| (r, "deleted"))
-            .chain(tc.updates.iter().map(|(b, _, _)| (b, "updated")));
-        for (row, what) in guarded {
-            let cols: Vec<String> = tc
-                .guard
-                .iter()
-                .map(|&i| matches(&tc.columns[i], &row[i]))
-                .chain(std::iter::once("true".into()))
-                .collect();
-            let q = format!(
-                "SELECT {} FROM ONLY {} WHERE {} FOR UPDATE",
-                cols.join(", "),
-                tc.table,
-                key_where(tc, Some(t), row)
-            );
-            let rows = self.side.rows(&q).await?;
-            match rows.first() {
-                None => self.conflict(format!(
+        let l = guards::load(self.side, tc, self.loaded.len()).await?;
+        for m in guards::check(self.side, tc, t, &l).await? {
+            self.conflict(match m {
+                Mismatch::Gone(row, what) => format!(
                     "{}: gone from the target (the task {what} it)",
                     describe_key(tc, row)
-                )),
-                Some(r) => {
-                    let differ: Vec<&str> = tc
-                        .guard
-                        .iter()
-                        .enumerate()
-                        .filter(|(j, _)| r[*j].as_deref() != Some("t"))
-                        .map(|(_, &i)| tc.columns[i].as_str())
-                        .collect();
-                    if !differ.is_empty() {
-                        self.conflict(format!(
-                            "{}: changed in the target since the golden ({}), the task {what} it",
-                            describe_key(tc, row),
-                            differ.join(", ")
-                        ));
-                    }
-                }
-            }
+                ),
+                Mismatch::Changed(row, what, differ) => format!(
+                    "{}: changed in the target since the golden ({}), the task {what} it",
+                    describe_key(tc, row),
+                    differ.join(", ")
+                ),
+                Mismatch::Present(row) => format!(
+                    "{}: already in the target, the task inserted it",
+                    describe_key(tc, row)
+                ),
+            });
         }
+        self.loaded.insert(tc.table.clone(), l);
         if tc.dropped {
             // Every row it holds goes with it: none may have been added since the golden.
             let q = format!("SELECT count(*)::text FROM ONLY {}", tc.table);
@@ -284,20 +229,16 @@ impl Run<'_> {
                 ));
             }
         }
-        for row in &tc.inserts {
-            let q = format!(
-                "SELECT 1 FROM ONLY {} WHERE {}",
-                tc.table,
-                key_where(tc, Some(t), row)
-            );
-            if !self.side.rows(&q).await?.is_empty() {
-                self.conflict(format!(
-                    "{}: already in the target, the task inserted it",
-                    describe_key(tc, row)
-                ));
-            }
-        }
         Ok(())
+    }
+
+    fn touched(&mut self, tc: &TableChange, what: &str, got: usize, want: usize) {
+        if got != want {
+            self.conflict(format!(
+                "{} {what}: touched {got} rows in the target, {want} expected",
+                tc.table
+            ));
+        }
     }
 
     /// Runs `sql` (ending in RETURNING 1) and checks it touched `want` rows.
@@ -317,46 +258,21 @@ impl Run<'_> {
         Ok(())
     }
 
-    async fn deletes(&mut self, tc: &TableChange, t: Option<&Table>) -> Result<(), ConnError> {
-        for row in &tc.deletes {
-            let sql = format!(
-                "DELETE FROM ONLY {} WHERE {} AND {} RETURNING 1",
-                tc.table,
-                key_where(tc, t, row),
-                guard_where(tc, row)
-            );
-            self.exact(&sql, 1, || describe_key(tc, row)).await?;
-        }
+    async fn deletes(&mut self, tc: &TableChange, t: &Table) -> Result<(), ConnError> {
+        let Some(l) = self.loaded.get(&tc.table) else {
+            return Ok(());
+        };
+        let got = guards::delete(self.side, tc, t, l).await?;
+        self.touched(tc, "deletes", got, tc.deletes.len());
         Ok(())
     }
 
-    async fn updates(&mut self, tc: &TableChange, t: Option<&Table>) -> Result<(), ConnError> {
-        for (before, after, changed) in &tc.updates {
-            let sets: Vec<String> = changed
-                .iter()
-                .filter(|&&i| {
-                    let c = t.and_then(|t| t.columns.iter().find(|c| c.name == tc.columns[i]));
-                    c.is_none_or(|c| c.generated != "s" && c.identity != "a")
-                })
-                .map(|&i| {
-                    format!(
-                        "{} = {}",
-                        tc.columns[i],
-                        value(t, &tc.columns[i], &after[i])
-                    )
-                })
-                .collect();
-            if sets.is_empty() {
-                continue;
-            }
-            let sql = format!(
-                "UPDATE ONLY {} SET {} WHERE {} AND {} RETURNING 1",
-                tc.table,
-                sets.join(", "),
-                key_where(tc, t, before),
-                guard_where(tc, before)
-            );
-            self.exact(&sql, 1, || describe_key(tc, before)).await?;
+    async fn updates(&mut self, tc: &TableChange, t: &Table) -> Result<(), ConnError> {
+        let Some(l) = self.loaded.get(&tc.table) else {
+            return Ok(());
+        };
+        for (got, want) in guards::update(self.side, tc, t, l).await? {
+            self.touched(tc, "updates", got, want);
         }
         Ok(())
     }
@@ -448,6 +364,7 @@ async fn run(
         side,
         conflicts: schema_conflicts(plan, &cat),
         total: 0,
+        loaded: BTreeMap::new(),
     };
     run.total = run.conflicts.len();
     for (seq, want) in &plan.sequence_guards {
@@ -503,8 +420,8 @@ async fn run(
     }
     for (tc, t, step) in &order.steps {
         match step {
-            Step::Delete => run.deletes(tc, Some(t)).await?,
-            Step::Update => run.updates(tc, Some(t)).await?,
+            Step::Delete => run.deletes(tc, t).await?,
+            Step::Update => run.updates(tc, t).await?,
             Step::Insert => run.inserts(tc, Some(t)).await?,
         }
     }

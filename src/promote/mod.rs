@@ -7,6 +7,7 @@
 pub mod apply;
 pub mod change;
 pub mod decisions;
+pub mod guards;
 pub mod leaks;
 pub mod names;
 pub mod plan;
