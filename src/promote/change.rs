@@ -94,6 +94,7 @@ pub async fn capture(
     let masked = masked_columns(provider, rec.golden.as_deref()).await;
     let mut info = CaptureInfo {
         masked: masked.clone(),
+        source_conninfo: super::resolve::golden_source(provider, rec.golden.as_deref()).await,
         ..Default::default()
     };
     let reference = match provider.reference(rec.golden.as_deref()).await {

@@ -212,6 +212,40 @@ pub fn decide(
     Ok(r)
 }
 
+/// At start: every record a killed gateway left with a promotion under way gets its
+/// `promote-interrupted` entry.
+pub fn recover_interrupted(dir: &std::path::Path) {
+    let Ok(tasks) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for task in tasks.flatten().filter(|e| e.path().is_dir()) {
+        let Ok(files) = std::fs::read_dir(task.path()) else {
+            continue;
+        };
+        let task_name = task.file_name().to_string_lossy().to_string();
+        for f in files.flatten() {
+            let name = f.file_name().to_string_lossy().to_string();
+            let Some(token) = name.strip_suffix(".promote.json") else {
+                continue;
+            };
+            let Ok(Some(r)) = decisions::load(dir, &task_name, token) else {
+                continue;
+            };
+            if r.promoting.is_none() {
+                continue;
+            }
+            let golden = r.golden.clone();
+            let done = decisions::update::<_, PromoteError>(dir, &task_name, token, golden, |r| {
+                Ok(r.settle_interrupted())
+            });
+            match done {
+                Ok(_) => tracing::warn!(token, "a promotion was interrupted by a gateway stop"),
+                Err(e) => tracing::warn!(token, error = %e, "recording an interrupted promotion failed"),
+            }
+        }
+    }
+}
+
 /// Where to promote to: a DSN, a target named in the config, or (neither) the default —
 /// see [`resolve`].
 #[derive(Debug, Clone, Default)]
@@ -237,12 +271,23 @@ pub async fn promote(
     who: &Who,
 ) -> Result<(PromoteReport, ReviewRecord), PromoteError> {
     let cfg = &gw.config.promote;
+    let kept = record(gw, rec)?
+        .capture
+        .and_then(|c| c.source_conninfo);
     let resolve::Resolved {
         target,
         shown,
         role,
         ..
-    } = resolve::resolve(cfg, gw.provider.as_ref(), rec.golden.as_deref(), req, who).await?;
+    } = resolve::resolve(
+        cfg,
+        gw.provider.as_ref(),
+        rec.golden.as_deref(),
+        kept.as_deref(),
+        req,
+        who,
+    )
+    .await?;
     if let Who::Reviewer(_) = who {
         if !cfg.reviewers_may_promote {
             return Err(PromoteError::Forbidden(
@@ -259,6 +304,18 @@ pub async fn promote(
             current.state.words()
         )));
     }
+    // Marked under way first: a gateway killed from here on leaves an "interrupted" entry.
+    let started = Event {
+        at: decisions::now(),
+        by: who.label(),
+        action: "promote-started".into(),
+        comment: shown.clone(),
+    };
+    decisions::update::<_, PromoteError>(&dir, &rec.task, &rec.id, rec.golden.clone(), |r| {
+        r.settle_interrupted();
+        r.promoting = Some(started);
+        Ok(())
+    })?;
     let mut report = PromoteReport {
         outcome: String::new(),
         target: shown,
@@ -358,6 +415,7 @@ pub async fn promote(
     let stored = report.clone();
     let ((), r) =
         decisions::update::<_, PromoteError>(&dir, &rec.task, &rec.id, rec.golden.clone(), |r| {
+            r.promoting = None;
             if stored.outcome == "applied" {
                 r.state = ReviewState::Promoted;
             }

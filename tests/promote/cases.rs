@@ -5,7 +5,9 @@
 //! written back (derived, `CREATE TABLE AS`, concatenated, upper-cased) and changes the
 //! review does not model are refused when the token ends, so approval is refused with the
 //! reason, and nothing reaches the target (a LISTEN session hears nothing, no large object
-//! appears, dump and hashes unchanged).
+//! appears, dump and hashes unchanged). A promotion killed mid-way leaves an "interrupted"
+//! entry and the target untouched; after the golden version is replaced, the default target
+//! (the source) is still known.
 
 use std::time::Duration;
 
@@ -163,7 +165,8 @@ fn unsafe_changes_are_refused_before_approval_and_common_ones_promote_exactly() 
             src.socket_dir.display(),
             src.port
         );
-        let g = Gateway::start_with(Some(crate::common::SMALL_GOLDEN), Some(&config), &[], &[]);
+        let env = [("SANDPIT_PROMOTE_PASSWORD", password.as_str())];
+        let g = Gateway::start_with(Some(crate::common::SMALL_GOLDEN), Some(&config), &[], &env);
         let (s, v) = g.raw_call(
             "POST",
             "/v1/goldens",
@@ -233,18 +236,60 @@ fn unsafe_changes_are_refused_before_approval_and_common_ones_promote_exactly() 
         assert_eq!(s, 409, "{v}");
         assert_eq!((dump(&src, "shop_target"), content(&target).await), target_before);
 
-        // Common changes promote exactly.
+        // Common changes: approved; a promotion killed mid-way (the target holds a lock the
+        // promotion waits for) leaves an "interrupted" entry and the target untouched.
         let (c_id, r) = task(&g, "promote-common", COMMON_SQL).await;
         assert_eq!(refusals(&r), "null", "{r}");
         let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{c_id}/approve"), Some(json!({"comment": "ok"})));
         assert_eq!(s, 200, "{v}");
-        let (s, rep) = g.raw_call("POST", &format!("/v1/tokens/{c_id}/promote"), Some(json!({"target": "default"})));
+        let blocker = src.admin("shop_target").await;
+        exec(&blocker, "BEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE").await;
+        let (api, key, path) = (g.api.clone(), g.admin_key.clone(), format!("/v1/tokens/{c_id}/promote"));
+        let pending = std::thread::spawn(move || {
+            let _ = std::process::Command::new("curl")
+                .args(["-sS", "-m", "30", "-X", "POST", "-H", &format!("Authorization: Bearer {key}"),
+                       "-H", "content-type: application/json", "-d", r#"{"target": "default"}"#])
+                .arg(format!("{api}{path}"))
+                .output();
+        });
+        let mut under_way = false;
+        for _ in 0..100 {
+            if !record(&g, &c_id)["promoting"].is_null() {
+                under_way = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(under_way, "the promotion never showed as under way: {}", record(&g, &c_id));
+        let mut g = g;
+        g.kill();
+        exec(&blocker, "ROLLBACK").await;
+        let _ = pending.join();
+        let g = Gateway::start_in_with(&g.data_dir.clone(), Some(crate::common::SMALL_GOLDEN), Some(&config), &[], &env);
+        let r = record(&g, &c_id);
+        let last = r["trail"].as_array().and_then(|t| t.last()).cloned().unwrap_or_default();
+        assert_eq!(last["action"], "promote-interrupted", "{r}");
+        assert!(r["promoting"].is_null(), "{r}");
+        assert_eq!(r["state"], "approved", "{r}");
+        assert_eq!((dump(&src, "shop_target"), content(&target).await), target_before);
+
+        // A new golden version replaces the first (removed: nothing uses it); the default
+        // target, the source the golden was built from, is still known. Exactly the change.
+        let (s, v2) = g.raw_call("POST", "/v1/goldens", Some(json!({"from_dsn": source_dsn, "activate": true,
+                        "mask": "[columns]\n\"customers.email\" = \"email\"\n"})));
+        assert_eq!(s, 201, "{v2}");
+        let (_, list) = g.raw_call("GET", "/v1/goldens", None);
+        assert!(!list.to_string().contains(r["golden"].as_str().unwrap_or("?")), "the first version is still listed: {list}");
+        let (s, rep) = g.raw_call("POST", &format!("/v1/tokens/{c_id}/promote"), Some(json!({})));
         assert_eq!(s, 200, "{rep}");
         assert_eq!(rep["outcome"], "applied", "{rep}");
+        assert_eq!(rep["target"], format!("postgresql://{OWNER}@127.0.0.1:{}/shop", src.port), "{rep}");
         let expected = src.admin("shop_expected").await;
         exec(&expected, &format!("SET ROLE {OWNER}; {COMMON_SQL}")).await;
-        assert_eq!(dump(&src, "shop_target"), dump(&src, "shop_expected"));
-        assert_eq!(content(&target).await, content(&expected).await);
+        let source = src.admin("shop").await;
+        assert_eq!(dump(&src, "shop"), dump(&src, "shop_expected"));
+        assert_eq!(content(&source).await, content(&expected).await);
+        assert_eq!((dump(&src, "shop_target"), content(&target).await), target_before);
         assert!(heard.try_recv().is_err());
     });
 }
