@@ -11,10 +11,10 @@ use std::time::Duration;
 use super::guards::{self, Mismatch};
 use super::names;
 use super::plan::{Plan, Row, TableChange, Want};
-use crate::review::diff::data_order::{self, Step};
 use crate::pgconn::BackendTarget;
 use crate::review::catalog::{self, Catalog, Table};
 use crate::review::conn::{literal, ConnError, Side, Timeouts};
+use crate::review::diff::data_order::{self, Step};
 
 /// Rows per INSERT statement.
 const INSERT_BATCH: usize = 100;

@@ -38,7 +38,9 @@ fn cast(t: &Table, col: &str, e: &str) -> String {
 }
 
 fn lit(v: &Option<String>) -> String {
-    v.as_ref().map(|s| literal(s)).unwrap_or_else(|| "NULL".into())
+    v.as_ref()
+        .map(|s| literal(s))
+        .unwrap_or_else(|| "NULL".into())
 }
 
 /// `t`'s key equal to the loaded row's `e`.
@@ -192,7 +194,11 @@ pub async fn check<'a>(
 }
 
 async fn count(side: &Side, sql: &str) -> Result<usize, ConnError> {
-    let r = side.rows(&format!("WITH c AS ({sql} RETURNING 1) SELECT count(*) FROM c")).await?;
+    let r = side
+        .rows(&format!(
+            "WITH c AS ({sql} RETURNING 1) SELECT count(*) FROM c"
+        ))
+        .await?;
     Ok(r.first()
         .and_then(|r| r[0].as_deref())
         .and_then(|s| s.parse().ok())
@@ -200,7 +206,12 @@ async fn count(side: &Side, sql: &str) -> Result<usize, ConnError> {
 }
 
 /// Delete the loaded rows; the number deleted (want `tc.deletes.len()`).
-pub async fn delete(side: &Side, tc: &TableChange, t: &Table, l: &Loaded) -> Result<usize, ConnError> {
+pub async fn delete(
+    side: &Side,
+    tc: &TableChange,
+    t: &Table,
+    l: &Loaded,
+) -> Result<usize, ConnError> {
     count(
         side,
         &format!(
@@ -231,7 +242,13 @@ pub async fn update(
                 let c = t.columns.iter().find(|c| c.name == tc.columns[i]);
                 c.is_none_or(|c| c.generated != "s" && c.identity != "a")
             })
-            .map(|&i| format!("{} = {}", tc.columns[i], cast(t, &tc.columns[i], &format!("e.a{i}"))))
+            .map(|&i| {
+                format!(
+                    "{} = {}",
+                    tc.columns[i],
+                    cast(t, &tc.columns[i], &format!("e.a{i}"))
+                )
+            })
             .collect();
         let meant = tc.updates.iter().filter(|(_, _, c)| c == changed).count();
         if sets.is_empty() {

@@ -240,7 +240,9 @@ pub fn recover_interrupted(dir: &std::path::Path) {
             });
             match done {
                 Ok(_) => tracing::warn!(token, "a promotion was interrupted by a gateway stop"),
-                Err(e) => tracing::warn!(token, error = %e, "recording an interrupted promotion failed"),
+                Err(e) => {
+                    tracing::warn!(token, error = %e, "recording an interrupted promotion failed")
+                }
             }
         }
     }
@@ -271,9 +273,7 @@ pub async fn promote(
     who: &Who,
 ) -> Result<(PromoteReport, ReviewRecord), PromoteError> {
     let cfg = &gw.config.promote;
-    let kept = record(gw, rec)?
-        .capture
-        .and_then(|c| c.source_conninfo);
+    let kept = record(gw, rec)?.capture.and_then(|c| c.source_conninfo);
     let resolve::Resolved {
         target,
         shown,

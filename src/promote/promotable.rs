@@ -27,7 +27,10 @@ pub async fn refusals(
 ) -> Vec<String> {
     let masked: plan::Masked = masked_columns.iter().cloned().collect();
     let mut out = plan::build(review, &masked).refusals;
-    out.extend(leaks::scan(review, &leaks::MaskedValues::new(masked_values)));
+    out.extend(leaks::scan(
+        review,
+        &leaks::MaskedValues::new(masked_values),
+    ));
     let t = Timeouts {
         statement: timeout,
         lock: timeout,

@@ -237,7 +237,10 @@ pub fn tree_oids(tree: &str) -> (Vec<u32>, Vec<u32>) {
     let mut funcs = Vec::new();
     let mut ops = Vec::new();
     for f in FUNCS {
-        funcs.extend(tree.match_indices(f).filter_map(|(i, _)| number(&tree[i + f.len()..])));
+        funcs.extend(
+            tree.match_indices(f)
+                .filter_map(|(i, _)| number(&tree[i + f.len()..])),
+        );
     }
     ops.extend(
         tree.match_indices(":opno ")
@@ -269,10 +272,15 @@ pub async fn dependencies(side: &Side, review: &Review) -> Result<Vec<Dep>, Conn
     if parts.is_empty() {
         return Ok(Vec::new());
     }
-    let roots = format!("WITH roots(label, classid, objid, tree) AS ({})", parts.join(" UNION ALL "));
+    let roots = format!(
+        "WITH roots(label, classid, objid, tree) AS ({})",
+        parts.join(" UNION ALL ")
+    );
     let text = |v: &Option<String>| v.clone().unwrap_or_default();
     let mut out = Vec::new();
-    let trees = side.rows(&format!("{roots} SELECT label, tree FROM roots")).await?;
+    let trees = side
+        .rows(&format!("{roots} SELECT label, tree FROM roots"))
+        .await?;
     for t in &trees {
         let (funcs, ops) = tree_oids(&text(&t[1]));
         let q = format!(
@@ -415,10 +423,7 @@ mod tests {
                 ],
                 None,
             ),
-            (
-                vec![dep("function", 5, "clock_timestamp", "v")],
-                None,
-            ),
+            (vec![dep("function", 5, "clock_timestamp", "v")], None),
             (
                 vec![dep("function", 6, "pg_backend_pid", "v")],
                 Some("volatile"),
@@ -433,7 +438,9 @@ mod tests {
             match want {
                 None => assert!(got.is_empty(), "{deps:?}: {got:?}"),
                 Some(w) => assert!(
-                    got.len() == 1 && got[0].contains(w) && got[0].contains("constraint public.t.k"),
+                    got.len() == 1
+                        && got[0].contains(w)
+                        && got[0].contains("constraint public.t.k"),
                     "{deps:?}: {got:?}"
                 ),
             }

@@ -15,8 +15,8 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio_postgres::AsyncMessage;
 
-use crate::{content, dump, exec, record, shared_pg, OWNER};
 use crate::common::{connect, Gateway};
+use crate::{content, dump, exec, record, shared_pg, OWNER};
 
 const SOURCE_SQL: &str = "
 CREATE TABLE customers(id int PRIMARY KEY, email text NOT NULL, city text NOT NULL);
