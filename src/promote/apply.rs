@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::guards::{self, Mismatch};
 use super::names;
 use super::plan::{Plan, Row, TableChange, Want};
+use super::rebase;
 use crate::pgconn::BackendTarget;
 use crate::review::catalog::{self, Catalog, Table};
 use crate::review::conn::{literal, ConnError, Side, Timeouts};
@@ -360,6 +361,12 @@ async fn run(
             .await?;
     }
     let cat = catalog::snapshot(side).await?;
+    let mut plan = plan.clone();
+    let (taken, rebased) = rebase::rebase(side, &cat, &mut plan).await?;
+    for r in &rebased {
+        tracing::info!(rebase = %r, "promotion onto a moving target");
+    }
+    let plan = &plan;
     let mut run = Run {
         side,
         conflicts: schema_conflicts(plan, &cat),
@@ -388,6 +395,11 @@ async fn run(
     }
     for tc in plan.tables.iter().filter(|t| !t.new_table) {
         run.check_rows(tc, &cat).await?;
+    }
+    if run.total == 0 && !dry_run {
+        if let Some(c) = rebase::consume(side, &taken).await? {
+            run.conflict(c);
+        }
     }
     if run.total > 0 {
         return Ok(Applied::Conflicts(run.conflicts, run.total));

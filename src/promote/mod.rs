@@ -12,6 +12,7 @@ pub mod leaks;
 pub mod names;
 pub mod plan;
 pub mod promotable;
+pub mod rebase;
 pub mod resolve;
 pub mod safety;
 pub mod target;

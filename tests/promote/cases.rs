@@ -7,7 +7,8 @@
 //! reason, and nothing reaches the target (a LISTEN session hears nothing, no large object
 //! appears, dump and hashes unchanged). A promotion killed mid-way leaves an "interrupted"
 //! entry and the target untouched; after the golden version is replaced, the default target
-//! (the source) is still known.
+//! (the source) is still known. Onto a target whose sequence moved, inserted rows get fresh
+//! keys and their children follow.
 
 use std::time::Duration;
 
@@ -26,7 +27,19 @@ CREATE TABLE notes(id serial PRIMARY KEY, body text NOT NULL);
 INSERT INTO customers SELECT g, 'cust' || g || '@real.test', 'city-' || g FROM generate_series(1, 20) g;
 INSERT INTO orders SELECT g, 1 + g % 20, 'open' FROM generate_series(1, 60) g;
 INSERT INTO notes(body) SELECT 'note ' || g FROM generate_series(1, 5) g;
+CREATE TABLE events(id serial PRIMARY KEY, name text NOT NULL);
+CREATE TABLE event_items(id int PRIMARY KEY, event_id int NOT NULL REFERENCES events(id),
+  what text NOT NULL);
+INSERT INTO events(name) VALUES ('a'), ('b');
 ";
+
+/// Rows with sequence-generated keys and a child pointing at one, onto a target whose
+/// sequence moved since the golden (`CONCURRENT_SQL` ran there first).
+const REBASE_SQL: &str = "
+INSERT INTO events(name) VALUES ('launch');
+INSERT INTO event_items VALUES (1, currval('events_id_seq'), 'cake');
+";
+const CONCURRENT_SQL: &str = "INSERT INTO events(name) VALUES ('other');";
 
 /// Common changes that failed before: a serial table (sequence before table, its DEFAULT
 /// nextval allowed), a dropped table with rows, children moved before their parent goes.
@@ -151,7 +164,7 @@ fn unsafe_changes_are_refused_before_approval_and_common_ones_promote_exactly() 
         let shop = src.admin("shop").await;
         exec(&shop, &format!("SET ROLE {OWNER}; {SOURCE_SQL}")).await;
         drop(shop);
-        for db in ["shop_target", "shop_expected"] {
+        for db in ["shop_target", "shop_expected", "shop_moving", "shop_moving_expected"] {
             exec(&admin, &format!("CREATE DATABASE {db} TEMPLATE shop OWNER {OWNER}")).await;
         }
         let source_dsn = format!(
@@ -235,6 +248,26 @@ fn unsafe_changes_are_refused_before_approval_and_common_ones_promote_exactly() 
         let (s, v) = approve_or_promote(&g, &u_id);
         assert_eq!(s, 409, "{v}");
         assert_eq!((dump(&src, "shop_target"), content(&target).await), target_before);
+
+        // A target that moved: the task's generated keys are taken afresh from the target's
+        // sequence and the child row follows; the same as running the task's SQL there.
+        let moving = src.admin("shop_moving").await;
+        let moving_expected = src.admin("shop_moving_expected").await;
+        exec(&moving, CONCURRENT_SQL).await;
+        exec(&moving_expected, &format!("SET ROLE {OWNER}; {CONCURRENT_SQL} {REBASE_SQL}")).await;
+        let (m_id, r) = task(&g, "promote-rebase", REBASE_SQL).await;
+        assert_eq!(refusals(&r), "null", "{r}");
+        let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{m_id}/approve"), Some(json!({"comment": "ok"})));
+        assert_eq!(s, 200, "{v}");
+        let moving_dsn = source_dsn.replace("/shop?", "/shop_moving?");
+        let moving_before = (dump(&src, "shop_moving"), content(&moving).await);
+        let (s, rep) = g.raw_call("POST", &format!("/v1/tokens/{m_id}/promote"), Some(json!({"dsn": moving_dsn, "dry_run": true})));
+        assert_eq!(rep["outcome"], "dry_run", "{s} {rep}");
+        assert_eq!((dump(&src, "shop_moving"), content(&moving).await), moving_before, "a dry run moved the target");
+        let (s, rep) = g.raw_call("POST", &format!("/v1/tokens/{m_id}/promote"), Some(json!({"dsn": moving_dsn})));
+        assert_eq!(rep["outcome"], "applied", "{s} {rep}");
+        assert_eq!(dump(&src, "shop_moving"), dump(&src, "shop_moving_expected"));
+        assert_eq!(content(&moving).await, content(&moving_expected).await);
 
         // Common changes: approved; a promotion killed mid-way (the target holds a lock the
         // promotion waits for) leaves an "interrupted" entry and the target untouched.
