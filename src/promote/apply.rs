@@ -393,6 +393,23 @@ async fn run(
             ));
         }
     }
+    for (table, col, golden) in &plan.column_guards {
+        // A column already gone is the schema guard's conflict; this one must not abort.
+        side.exec("SAVEPOINT sandpit_column").await?;
+        let now = match side.rows(&super::plan::column_hash_sql(table, col)).await {
+            Ok(r) => r.first().and_then(|r| r[0].clone()),
+            Err(_) => {
+                side.exec("ROLLBACK TO SAVEPOINT sandpit_column").await?;
+                continue;
+            }
+        };
+        side.exec("RELEASE SAVEPOINT sandpit_column").await?;
+        if now.as_deref() != Some(golden.as_str()) {
+            run.conflict(format!(
+                "column {table}.{col}: its values changed in the target since the golden (the task drops it)"
+            ));
+        }
+    }
     for tc in plan.tables.iter().filter(|t| !t.new_table) {
         run.check_rows(tc, &cat).await?;
     }

@@ -26,6 +26,45 @@ pub struct Change {
     /// Why it cannot be promoted, found when the token ended ([`super::promotable`]).
     #[serde(default)]
     pub refusals: Vec<String>,
+    /// Columns it drops (table, column) and the hash of their values in the golden
+    /// ([`super::plan::column_hash_sql`]).
+    #[serde(default)]
+    pub dropped_columns: Vec<(String, String, String)>,
+}
+
+/// The hash of every column `review` drops, read from the golden's reference.
+async fn dropped_column_hashes(
+    reference: &BackendTarget,
+    review: &Review,
+    timeout: std::time::Duration,
+) -> Result<Vec<(String, String, String)>, String> {
+    use crate::review::model::Action;
+    let dropped: Vec<(String, String)> = review
+        .schema
+        .iter()
+        .filter(|c| c.kind == "column" && c.action == Action::Dropped)
+        .filter_map(|c| super::names::parent_and_last(&c.object).map(|(t, k)| (t, k.quoted)))
+        .collect();
+    if dropped.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = crate::review::conn::Timeouts {
+        statement: timeout,
+        lock: timeout,
+    };
+    let side = crate::review::conn::Side::connect("golden", reference, t)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (table, col) in dropped {
+        let r = side
+            .rows(&super::plan::column_hash_sql(&table, &col))
+            .await
+            .map_err(|e| e.to_string())?;
+        let h = r.first().and_then(|r| r[0].clone()).unwrap_or_default();
+        out.push((table, col, h));
+    }
+    Ok(out)
 }
 
 /// Path of a token's captured change.
@@ -154,11 +193,22 @@ pub async fn capture(
     } else {
         Vec::new()
     };
+    let dropped_columns =
+        match dropped_column_hashes(&reference.target, &review, cfg.review.statement_timeout).await
+        {
+            Ok(d) => d,
+            Err(e) => {
+                info.complete = false;
+                info.reason = Some(format!("reading the golden's dropped columns: {e}"));
+                Vec::new()
+            }
+        };
     info.refusals = refusals.clone();
     let change = Change {
         masked,
         review,
         refusals,
+        dropped_columns,
     };
     let p = path(dir, &rec.task, &rec.id);
     let bytes = serde_json::to_vec(&change).unwrap_or_default();

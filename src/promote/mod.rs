@@ -339,7 +339,8 @@ pub async fn promote(
         }
         Some(ch) => {
             let masked: plan::Masked = ch.masked.iter().cloned().collect();
-            let p = plan::build(&ch.review, &masked);
+            let mut p = plan::build(&ch.review, &masked);
+            p.column_guards = ch.dropped_columns.clone();
             report.counts = p.counts();
             if let Some(reason) = current.capture.as_ref().and_then(|c| c.reason.clone()) {
                 report

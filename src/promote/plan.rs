@@ -65,6 +65,9 @@ pub struct Plan {
     pub refusals: Vec<String>,
     /// Schema objects to check first.
     pub schema_guards: Vec<SchemaGuard>,
+    /// Columns the change drops, with a hash of their values in the golden
+    /// ([`column_hash_sql`]): a concurrent edit to one is a conflict.
+    pub column_guards: Vec<(String, String, String)>,
     /// Sequences whose position must still be the golden's.
     pub sequence_guards: Vec<(String, SeqState)>,
     /// DDL before the row changes, in order.
@@ -111,6 +114,17 @@ impl Plan {
             sequences: self.setvals.len(),
         }
     }
+}
+
+/// A query giving a hash of the values of `col` of `table` (a multiset: the row count and
+/// an md5 of the sorted text values), the same in the golden and in a target that did not
+/// change them.
+pub fn column_hash_sql(table: &str, col: &str) -> String {
+    format!(
+        "SELECT pg_catalog.count(*)::pg_catalog.text || ':' || COALESCE(pg_catalog.md5(\
+         pg_catalog.string_agg(COALESCE(pg_catalog.format('%L', {col}), 'NULL'), ',' \
+         ORDER BY pg_catalog.format('%L', {col}) COLLATE \"C\")), '') FROM ONLY {table}"
+    )
 }
 
 /// Whether `owner` (`OWNED BY schema.table.column`) goes with a table or column the

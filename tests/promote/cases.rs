@@ -8,7 +8,7 @@
 //! appears, dump and hashes unchanged). A promotion killed mid-way leaves an "interrupted"
 //! entry and the target untouched; after the golden version is replaced, the default target
 //! (the source) is still known. Onto a target whose sequence moved, inserted rows get fresh
-//! keys and their children follow.
+//! keys and their children follow; a concurrent edit to a column the task drops conflicts.
 
 use std::time::Duration;
 
@@ -268,6 +268,18 @@ fn unsafe_changes_are_refused_before_approval_and_common_ones_promote_exactly() 
         assert_eq!(rep["outcome"], "applied", "{s} {rep}");
         assert_eq!(dump(&src, "shop_moving"), dump(&src, "shop_moving_expected"));
         assert_eq!(content(&moving).await, content(&moving_expected).await);
+
+        // A concurrent edit to a column the task drops is a conflict; without one, it applies.
+        let (d_id, r) = task(&g, "promote-drop-column", "ALTER TABLE customers DROP COLUMN city").await;
+        assert_eq!(refusals(&r), "null", "{r}");
+        let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{d_id}/approve"), Some(json!({"comment": "ok"})));
+        assert_eq!(s, 200, "{v}");
+        let (_, rep) = g.raw_call("POST", &format!("/v1/tokens/{d_id}/promote"), Some(json!({"dsn": moving_dsn, "dry_run": true})));
+        assert_eq!(rep["outcome"], "dry_run", "{rep}");
+        exec(&moving, "UPDATE customers SET city = 'Elsewhere' WHERE id = 5").await;
+        let (_, rep) = g.raw_call("POST", &format!("/v1/tokens/{d_id}/promote"), Some(json!({"dsn": moving_dsn})));
+        assert_eq!(rep["outcome"], "conflicts", "{rep}");
+        assert!(rep["conflicts"].to_string().contains("column public.customers.city: its values changed"), "{rep}");
 
         // Common changes: approved; a promotion killed mid-way (the target holds a lock the
         // promotion waits for) leaves an "interrupted" entry and the target untouched.
