@@ -190,6 +190,59 @@ impl Run<'_> {
         }
     }
 
+    /// Every sequence the change moves must be at its golden position.
+    async fn check_sequences(&mut self, plan: &Plan, cat: &Catalog) -> Result<(), ConnError> {
+        for (seq, want) in &plan.sequence_guards {
+            if !cat.sequences.values().any(|s| s.qname() == *seq) {
+                self.conflict(format!("sequence {seq}: missing from the target"));
+                continue;
+            }
+            let r = self
+                .side
+                .rows(&format!("SELECT last_value::text, is_called FROM {seq}"))
+                .await?;
+            let now = r
+                .first()
+                .map(|r| (r[0].clone(), r[1].as_deref() == Some("t")));
+            if now != Some((Some(want.last_value.clone()), want.is_called)) {
+                self.conflict(format!(
+                    "sequence {seq}: moved in the target since the golden (golden last_value {}, target {})",
+                    want.last_value,
+                    now.and_then(|n| n.0).unwrap_or_default()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every column the change drops must hold its golden values.
+    async fn check_columns(&mut self, plan: &Plan) -> Result<(), ConnError> {
+        for (table, col, golden) in &plan.column_guards {
+            // A column already gone is the schema guard's conflict; this one must not abort.
+            self.side.exec("SAVEPOINT sandpit_column").await?;
+            let now = match self
+                .side
+                .rows(&super::plan::column_hash_sql(table, col))
+                .await
+            {
+                Ok(r) => r.first().and_then(|r| r[0].clone()),
+                Err(_) => {
+                    self.side
+                        .exec("ROLLBACK TO SAVEPOINT sandpit_column")
+                        .await?;
+                    continue;
+                }
+            };
+            self.side.exec("RELEASE SAVEPOINT sandpit_column").await?;
+            if now.as_deref() != Some(golden.as_str()) {
+                self.conflict(format!(
+                    "column {table}.{col}: its values changed in the target since the golden (the task drops it)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Guards of the rows of `tc` (before anything is applied): loaded into a temporary
     /// table, locked and compared in one go ([`guards`]).
     async fn check_rows(&mut self, tc: &TableChange, cat: &Catalog) -> Result<(), ConnError> {
@@ -374,42 +427,8 @@ async fn run(
         loaded: BTreeMap::new(),
     };
     run.total = run.conflicts.len();
-    for (seq, want) in &plan.sequence_guards {
-        if !cat.sequences.values().any(|s| s.qname() == *seq) {
-            run.conflict(format!("sequence {seq}: missing from the target"));
-            continue;
-        }
-        let r = side
-            .rows(&format!("SELECT last_value::text, is_called FROM {seq}"))
-            .await?;
-        let now = r
-            .first()
-            .map(|r| (r[0].clone(), r[1].as_deref() == Some("t")));
-        if now != Some((Some(want.last_value.clone()), want.is_called)) {
-            run.conflict(format!(
-                "sequence {seq}: moved in the target since the golden (golden last_value {}, target {})",
-                want.last_value,
-                now.and_then(|n| n.0).unwrap_or_default()
-            ));
-        }
-    }
-    for (table, col, golden) in &plan.column_guards {
-        // A column already gone is the schema guard's conflict; this one must not abort.
-        side.exec("SAVEPOINT sandpit_column").await?;
-        let now = match side.rows(&super::plan::column_hash_sql(table, col)).await {
-            Ok(r) => r.first().and_then(|r| r[0].clone()),
-            Err(_) => {
-                side.exec("ROLLBACK TO SAVEPOINT sandpit_column").await?;
-                continue;
-            }
-        };
-        side.exec("RELEASE SAVEPOINT sandpit_column").await?;
-        if now.as_deref() != Some(golden.as_str()) {
-            run.conflict(format!(
-                "column {table}.{col}: its values changed in the target since the golden (the task drops it)"
-            ));
-        }
-    }
+    run.check_sequences(plan, &cat).await?;
+    run.check_columns(plan).await?;
     for tc in plan.tables.iter().filter(|t| !t.new_table) {
         run.check_rows(tc, &cat).await?;
     }
@@ -421,6 +440,16 @@ async fn run(
     if run.total > 0 {
         return Ok(Applied::Conflicts(run.conflicts, run.total));
     }
+    changes(side, plan, &mut run, dry_run).await
+}
+
+/// The DDL and row changes of `plan`, once every guard passed.
+async fn changes(
+    side: &Side,
+    plan: &Plan,
+    run: &mut Run<'_>,
+    dry_run: bool,
+) -> Result<Applied, ConnError> {
     // The target's usual search path for the changes (its triggers expect it); every name
     // below is qualified.
     side.exec("SET LOCAL search_path TO DEFAULT; SET CONSTRAINTS ALL DEFERRED")
@@ -458,7 +487,10 @@ async fn run(
         run.conflict(format!("table {}: missing from the target", tc.table));
     }
     if run.total > 0 {
-        return Ok(Applied::Conflicts(run.conflicts, run.total));
+        return Ok(Applied::Conflicts(
+            std::mem::take(&mut run.conflicts),
+            run.total,
+        ));
     }
     // Deferred foreign keys are checked before the keys the row order deferred are set
     // back, and before the constraints added after the data.
