@@ -1,6 +1,7 @@
 //! Masked data never leaves: every value a change writes (inserted rows, created tables'
 //! rows, the new values of updated cells) is searched for every value the golden's masking
-//! produced — kept with the golden when it was built — equal or as a part, ignoring ASCII
+//! produced (and every definition it adds: a default holding one writes it into future
+//! rows) — kept with the golden when it was built — equal or as a part, ignoring ASCII
 //! case (an Aho-Corasick automaton over the kept set). A match refuses the promotion with
 //! the table, row and column named: however the agent derived it (copied from a masked
 //! column, `CREATE TABLE … AS`, concatenated, upper-cased), a masked value is a fake that
@@ -73,6 +74,17 @@ pub fn scan(review: &Review, masked: &MaskedValues) -> Vec<String> {
     let mut out = Vec::new();
     if masked.is_empty() {
         return out;
+    }
+    // Definitions too: a default or constraint holding one writes it into future rows.
+    for c in &review.schema {
+        if let Some(m) = c.after.as_deref().and_then(|d| masked.find(d)) {
+            out.push(format!(
+                "{} {} {}: its definition holds {m:?}, a value the golden's masking produced",
+                c.kind,
+                c.object,
+                c.action.word()
+            ));
+        }
     }
     for t in &review.data {
         let mut found: Vec<String> = Vec::new();
@@ -159,5 +171,23 @@ mod tests {
             "{r:?}"
         );
         assert!(scan(&review, &MaskedValues::new(&[])).is_empty());
+        let mut with_default = review.clone();
+        with_default
+            .schema
+            .push(crate::review::model::SchemaChange {
+                kind: "column".into(),
+                action: crate::review::model::Action::Added,
+                object: "public.orders.contact".into(),
+                detail: String::new(),
+                before: None,
+                after: Some(
+                    "contact text DEFAULT 'user-0a1b2c3d4e5f@example.invalid'::text".into(),
+                ),
+            });
+        let r = scan(&with_default, &m);
+        assert!(
+            r.len() == 2 && r[0].starts_with("column public.orders.contact added: its definition"),
+            "{r:?}"
+        );
     }
 }
