@@ -1,7 +1,7 @@
 //! Masked data never leaves: every value a change writes (inserted rows, created tables'
-//! rows, the new values of updated cells) is searched for every value the golden's masking
-//! produced (and every definition it adds: a default holding one writes it into future
-//! rows) — kept with the golden when it was built — equal or as a part, ignoring ASCII
+//! rows, the new values of updated cells) and every definition it adds (a default holding
+//! one would write it into future rows) is searched for every value the golden's masking
+//! produced — kept with the golden when it was built — equal or as a part, ignoring ASCII
 //! case (an Aho-Corasick automaton over the kept set). A match refuses the promotion with
 //! the table, row and column named: however the agent derived it (copied from a masked
 //! column, `CREATE TABLE … AS`, concatenated, upper-cased), a masked value is a fake that
