@@ -424,6 +424,19 @@ mod tests {
                 None,
             ),
             (vec![dep("function", 5, "clock_timestamp", "v")], None),
+            // dblink is an extension (OID past the built-ins), and denied by name besides.
+            (
+                vec![dep("function", 7, "dblink_exec", "v")],
+                Some("side effects"),
+            ),
+            (
+                vec![dep("function", 8, "pg_sleep", "v")],
+                Some("side effects"),
+            ),
+            (
+                vec![dep("function", 9, "query_to_xml", "s")],
+                Some("side effects"),
+            ),
             (
                 vec![dep("function", 6, "pg_backend_pid", "v")],
                 Some("volatile"),
