@@ -386,6 +386,8 @@ pub async fn run(
         .set_max_bytes_per_token(gw.config.log.max_bytes_per_token);
     let follower = gw.follow_replicas();
     gw.resume().await;
+    // A promotion an earlier (killed) run left unfinished gets its audit entry.
+    crate::promote::recover_interrupted(&crate::review::store::reviews_dir(&gw.config));
     // Before `ready`: whatever an earlier (killed) run left behind is settled first.
     match janitor::run_pass(&gw, false).await {
         Ok(r) => tracing::info!(

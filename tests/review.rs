@@ -225,7 +225,9 @@ fn scenario(
                     d.action == Action::Dropped
                         && d.kind == a.kind
                         && d.object == a.object
-                        && d.before == a.after
+                        // A sequence's before/after say what owns or makes it, not its
+                        // definition (its parameters are the detail).
+                        && (d.before == a.after || (a.kind == "sequence" && d.detail.is_empty()))
                 })
         }) {
             let a = left.remove(i);
