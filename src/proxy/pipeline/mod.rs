@@ -14,6 +14,7 @@ mod fifo;
 mod log;
 mod names;
 mod outbox;
+mod owned;
 mod policy;
 mod responses;
 #[cfg(test)]
@@ -22,6 +23,7 @@ mod tests;
 use fifo::Fifo;
 use names::{Names, Weight};
 use outbox::Outbox;
+use owned::BackendNames;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -196,6 +198,8 @@ struct Prepared {
     /// again at every Execute of it).
     kind: Kind,
     may_read_catalogs: bool,
+    /// The backend's name for it (see [`owned`]; 0: the unnamed statement).
+    backend: u64,
 }
 
 impl Weight for Prepared {
@@ -228,6 +232,8 @@ struct Portal {
     /// Its statement's `Prepared::kind` and `Prepared::may_read_catalogs`.
     kind: Kind,
     may_read_catalogs: bool,
+    /// The backend's name for it (see [`owned`]; 0: the unnamed portal).
+    backend: u64,
 }
 
 impl Weight for Portal {
@@ -259,6 +265,8 @@ pub struct Pipeline {
     spare_ranges: Vec<std::ops::Range<usize>>,
     prepared: Names<Prepared>,
     portals: Names<Portal>,
+    /// The backend's names for the client's named statements and portals.
+    backend_names: BackendNames,
     /// Client Syncs, Queries and FunctionCalls so far: the group a message belongs to.
     group: u64,
     /// Client messages waiting for an answer they depend on (see `names`), in order.
@@ -307,6 +315,7 @@ impl Pipeline {
             spare_ranges: Vec::new(),
             prepared: Names::new(),
             portals: Names::new(),
+            backend_names: BackendNames::new(),
             group: 0,
             held: VecDeque::new(),
             stmt_dirty: false,
