@@ -110,6 +110,12 @@ struct Stmt {
     function: bool,
     /// Its statement record could not be written: it must not run.
     unlogged: bool,
+    /// The strongest kind its results' command tags told so far (see `tag_kind`).
+    told: Option<Kind>,
+    /// A result's tag did not tell a kind: the text's kind stays a guess.
+    untold: bool,
+    /// The result arriving now was described (a RowDescription): a read's `SELECT n`.
+    described: bool,
 }
 
 impl Stmt {
