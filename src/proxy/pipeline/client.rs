@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::log::text_of;
 use super::names::Lookup;
 use super::outbox::put_message;
-use super::owned::{Role, Target};
+use super::owned::{pick, Role, Target};
 use super::policy::DENY_SQL;
 use super::*;
 use crate::journal::classify;
@@ -270,10 +270,11 @@ impl Pipeline {
             return self.push(f.raw, [pending]);
         }
         let rest = &f.body()[b.portal.len() + b.statement.len() + 2..];
-        let portal = self.backend_names.render(portal_target);
+        let portal_buf = self.backend_names.render(portal_target);
+        let portal = pick(portal_target, &portal_buf, b.portal);
         let statement = self.backend_names.render(stmt_target);
         self.outbox.push_built(|out| {
-            let names: [&[u8]; 5] = [portal.as_bytes(), b"\0", statement.as_bytes(), b"\0", rest];
+            let names: [&[u8]; 5] = [portal, b"\0", statement.as_bytes(), b"\0", rest];
             put_message(out, b'B', &names);
             [pending]
         });
@@ -310,8 +311,7 @@ impl Pipeline {
             portal_key,
             statement,
         };
-        let unnamed = name.is_empty();
-        self.push_target(f, kind, unnamed, target, pending);
+        self.push_target(f, kind, target, pending);
     }
 
     fn on_close(&mut self, f: Frame) {
@@ -342,13 +342,13 @@ impl Pipeline {
             swallow: false,
             change: Some(change),
         };
-        let unnamed = name.is_empty();
-        self.push_target(f, kind, unnamed, target, pending);
+        self.push_target(f, kind, target, pending);
     }
 
     /// A Describe or Close as read (the unnamed entry) or naming the backend's `target`.
-    fn push_target(&mut self, f: Frame, kind: u8, unnamed: bool, target: Target, p: Pending) {
-        if unnamed {
+    fn push_target(&mut self, f: Frame, kind: u8, target: Target, p: Pending) {
+        if target.0 == 0 {
+            // The unnamed entry, or an SQL cursor's own name: the message as read.
             return self.push(f.raw, [p]);
         }
         let name = self.backend_names.render(target);
@@ -537,12 +537,14 @@ impl Pipeline {
                 if !portal.is_empty() {
                     self.portals.propose(&portal, None, self.group);
                 }
-                let backend = self.backend_names.render(target);
+                let buf = self.backend_names.render(target);
+                let own = (target.1 == Role::Client).then(|| portal.clone());
+                let backend = own.as_deref().unwrap_or(buf.as_bytes());
                 self.outbox.push_built(|out| {
-                    put_message(out, b'E', &[backend.as_bytes(), b"\0", &max.to_be_bytes()]);
+                    put_message(out, b'E', &[backend, b"\0", &max.to_be_bytes()]);
                     // A cut portal is finished as far as the client knows: close it.
                     let close = (!portal.is_empty()).then(|| {
-                        put_message(out, b'C', &[b"P", backend.as_bytes(), b"\0"]);
+                        put_message(out, b'C', &[b"P", backend, b"\0"]);
                         Pending::Close {
                             swallow: true,
                             change: Some(Change::Portal(portal)),
@@ -557,7 +559,8 @@ impl Pipeline {
                     stmt,
                     barrier: false,
                 };
-                if portal.is_empty() {
+                if target.0 == 0 {
+                    // The unnamed portal, or an SQL cursor's own name: as read.
                     return self.push(f.raw, [pending]);
                 }
                 let backend = self.backend_names.render(target);

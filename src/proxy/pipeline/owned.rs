@@ -16,6 +16,11 @@
 //!   does not exist, in its place in the pipeline; a statement the client made by SQL
 //!   `PREPARE` under the same name is never reached through the protocol.
 //!
+//! One exception: a portal name the gateway has no mapping for, and that does not carry the
+//! session's prefix, is passed on as the client's own. SQL `DECLARE` makes portals (cursors)
+//! that drivers then describe and execute through the protocol (psycopg's server-side
+//! cursors); such a cursor can only be a query, and its text is logged with the `DECLARE`.
+//!
 //! The unnamed statement and portal stay unnamed (SQL cannot name them).
 
 use super::names::Lookup;
@@ -32,6 +37,8 @@ pub(super) enum Role {
     Portal,
     /// A name never defined: the server answers that it does not exist.
     Missing,
+    /// The client's own name (an unmapped portal: an SQL cursor), passed on as it is.
+    Client,
 }
 
 /// The session's backend names: a prefix drawn at random per session (so a name cannot be
@@ -84,7 +91,7 @@ impl BackendNames {
             buf: [0; NAME_MAX],
             len: 0,
         };
-        if t.0 == 0 {
+        if t.0 == 0 || t.1 == Role::Client {
             return out;
         }
         out.buf[..self.prefix.len()].copy_from_slice(&self.prefix);
@@ -92,6 +99,7 @@ impl BackendNames {
             Role::Statement => b's',
             Role::Portal => b'p',
             Role::Missing => b'x',
+            Role::Client => b'c',
         };
         let mut digits = [0u8; 20];
         let mut n = t.0;
@@ -137,8 +145,21 @@ impl BackendNames {
         match lookup {
             _ if name.is_empty() => Target(0, role),
             Lookup::Defined(v) => Target(backend_of(v), role),
+            _ if role == Role::Portal && !name.starts_with(&self.prefix[..2 + 8]) => {
+                Target(0, Role::Client)
+            }
             _ => Target(self.fresh(), Role::Missing),
         }
+    }
+}
+
+/// The bytes a message carries for `t`: the backend name written in `buf`, or the client's
+/// own `name` for [`Role::Client`].
+pub(super) fn pick<'a>(t: Target, buf: &'a NameBuf, name: &'a [u8]) -> &'a [u8] {
+    if t.1 == Role::Client {
+        name
+    } else {
+        buf.as_bytes()
     }
 }
 
@@ -241,6 +262,20 @@ mod tests {
         ]);
         // Names never parsed (made by SQL PREPARE, say) are never passed through.
         run(&[Use(b"made_by_sql", None)]);
+        // An unmapped portal (an SQL cursor) is passed on as it is, unless it carries the
+        // session's prefix (a gateway portal another client name maps to).
+        let mut names = BackendNames::new();
+        let l: Lookup<'_, V> = Lookup::Undefined;
+        let t = names.refer(b"cur", &l, |v| v.1, Role::Portal);
+        assert_eq!(t.1, Role::Client);
+        assert_eq!(pick(t, &names.render(t), b"cur"), b"cur");
+        let ours = names.render(Target(1, Role::Portal));
+        let t = names.refer(ours.as_bytes(), &l, |v| v.1, Role::Portal);
+        assert_eq!(t.1, Role::Missing);
+        assert_ne!(pick(t, &names.render(t), ours.as_bytes()), ours.as_bytes());
+        // Statements are never passed through.
+        let t = names.refer(b"cur", &l, |v| v.1, Role::Statement);
+        assert_eq!(t.1, Role::Missing);
         // The unnamed statement stays unnamed.
         let mut names = BackendNames::new();
         let l: Lookup<'_, V> = Lookup::Undefined;
