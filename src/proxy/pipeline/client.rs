@@ -187,13 +187,7 @@ impl Pipeline {
     fn on_bind(&mut self, f: Frame) {
         self.binds += 1;
         let Some(b) = frontend::bind(f.body()) else {
-            return self.push(
-                f.raw,
-                [Pending::Bind {
-                    swallow: false,
-                    change: None,
-                }],
-            );
+            return self.on_unreadable_bind(f);
         };
         if self.stmt_dirty && b.statement.is_empty() {
             // The client's unnamed statement is gone on a real server after a Query; ours
@@ -276,6 +270,37 @@ impl Pipeline {
         self.outbox.push_built(|out| {
             let names: [&[u8]; 5] = [portal, b"\0", statement.as_bytes(), b"\0", rest];
             put_message(out, b'B', &names);
+            [pending]
+        });
+    }
+
+    /// A Bind whose values cannot be read: the server refuses it (08P01) and binds
+    /// nothing, but only if it reaches the statement the client named, under its backend
+    /// name (else the server would answer that the statement does not exist).
+    fn on_unreadable_bind(&mut self, f: Frame) {
+        let pending = Pending::Bind {
+            swallow: false,
+            change: None,
+        };
+        let body = f.body();
+        let names = body.iter().position(|&c| c == 0).and_then(|p| {
+            let s = body[p + 1..].iter().position(|&c| c == 0)?;
+            Some((&body[..p], &body[p + 1..p + 1 + s]))
+        });
+        let Some((portal, statement)) = names.filter(|(p, s)| !p.is_empty() || !s.is_empty())
+        else {
+            return self.push(f.raw, [pending]);
+        };
+        let g = self.group;
+        let n = &mut self.backend_names;
+        let st = n.refer(statement, &self.prepared.lookup(statement, g), |p| p.backend, Role::Statement);
+        let pt = n.refer(portal, &self.portals.lookup(portal, g), |p| p.backend, Role::Portal);
+        let rest = &body[portal.len() + statement.len() + 2..];
+        let (st_buf, pt_buf) = (n.render(st), n.render(pt));
+        let portal = pick(pt, &pt_buf, portal);
+        self.outbox.push_built(|out| {
+            let parts: [&[u8]; 5] = [portal, b"\0", st_buf.as_bytes(), b"\0", rest];
+            put_message(out, b'B', &parts);
             [pending]
         });
     }
