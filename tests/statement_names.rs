@@ -72,7 +72,11 @@ fn codes(msgs: &[Msg]) -> Vec<String> {
 /// `t.a` of row `id`, read on its own session.
 fn counter(secret: &str, id: i32) -> i64 {
     let mut raw = Raw::login(gw().pg_port, secret);
-    let msgs = flight(&mut raw, &[query(&format!("select a from t where id = {id}"))], 1);
+    let msgs = flight(
+        &mut raw,
+        &[query(&format!("select a from t where id = {id}"))],
+        1,
+    );
     let row = msgs.iter().find(|(t, _)| *t == b'D').expect("row");
     first_column(&row.1).expect("value").parse().expect("int")
 }
@@ -147,7 +151,12 @@ fn a_forgotten_name_parsed_again_is_logged_with_the_text_that_ran() {
             if forget.ends_with("ALL") {
                 // The server forgot every statement: the second Parse is accepted and the
                 // Execute runs the UPDATE.
-                assert!(ran, "{forget} {mode:?}: {:?} {:?}", tags(&msgs), codes(&msgs));
+                assert!(
+                    ran,
+                    "{forget} {mode:?}: {:?} {:?}",
+                    tags(&msgs),
+                    codes(&msgs)
+                );
             } else {
                 // The server never held the client's name `s8` (the gateway's name for it
                 // differs): DEALLOCATE fails, the second Parse is refused as a duplicate, and
@@ -266,7 +275,11 @@ fn kinds_follow_the_servers_tags() {
             "GRANT" => "privilege",
             "SELECT" => {
                 // A text that brought a SELECT and a DELETE result is as strong as the DELETE.
-                if s["text"].as_str().unwrap_or("").contains("DELETE FROM t WHERE id = 10") {
+                if s["text"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("DELETE FROM t WHERE id = 10")
+                {
                     "write"
                 } else {
                     "read"
@@ -284,7 +297,10 @@ fn kinds_follow_the_servers_tags() {
         log.iter().any(|s| s["outcome"]["tag"]
             .as_str()
             .is_some_and(|t| t.starts_with("DELETE"))
-            || s["text"].as_str().unwrap_or("").contains("DELETE FROM t WHERE id = 10")
+            || s["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains("DELETE FROM t WHERE id = 10")
                 && s["kind"] == "write"),
         "{log:#?}"
     );

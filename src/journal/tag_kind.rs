@@ -82,7 +82,12 @@ mod tests {
             ("GRANT", false, false, Some(Kind::Privilege)),
             ("CREATE ROLE", false, false, Some(Kind::Privilege)),
             ("ALTER ROLE", false, false, Some(Kind::Privilege)),
-            ("ALTER DEFAULT PRIVILEGES", false, false, Some(Kind::Privilege)),
+            (
+                "ALTER DEFAULT PRIVILEGES",
+                false,
+                false,
+                Some(Kind::Privilege),
+            ),
             ("CREATE TABLE", false, false, Some(Kind::Ddl)),
             ("DROP FUNCTION", false, false, Some(Kind::Ddl)),
             ("DISCARD ALL", false, false, Some(Kind::Utility)),

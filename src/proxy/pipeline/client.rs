@@ -293,8 +293,18 @@ impl Pipeline {
         };
         let g = self.group;
         let n = &mut self.backend_names;
-        let st = n.refer(statement, &self.prepared.lookup(statement, g), |p| p.backend, Role::Statement);
-        let pt = n.refer(portal, &self.portals.lookup(portal, g), |p| p.backend, Role::Portal);
+        let st = n.refer(
+            statement,
+            &self.prepared.lookup(statement, g),
+            |p| p.backend,
+            Role::Statement,
+        );
+        let pt = n.refer(
+            portal,
+            &self.portals.lookup(portal, g),
+            |p| p.backend,
+            Role::Portal,
+        );
         let rest = &body[portal.len() + statement.len() + 2..];
         let (st_buf, pt_buf) = (n.render(st), n.render(pt));
         let portal = pick(pt, &pt_buf, portal);

@@ -10,8 +10,8 @@ use metrics::Counter;
 
 use super::{Pipeline, Stmt};
 use crate::journal::classify::{self, Kind};
-use crate::journal::tag_kind;
 use crate::journal::log::{OutcomeRef, StatementRef};
+use crate::journal::tag_kind;
 use crate::proxy::caps::ResultCount;
 use crate::wire::messages;
 

@@ -29,10 +29,7 @@ fn a_second_parse_of_a_name_never_replaces_the_text_the_server_kept() {
     let (seen, sent) = backend(&mut pl, [error("42P05"), ready(b'I')]);
     assert_eq!(tags(&seen), "EZ");
     assert_eq!(tags(&sent), "BES");
-    let (seen, _) = backend(
-        &mut pl,
-        [empty(b'2'), complete("DELETE 3"), ready(b'I')],
-    );
+    let (seen, _) = backend(&mut pl, [empty(b'2'), complete("DELETE 3"), ready(b'I')]);
     assert_eq!(tags(&seen), "2CZ");
     let log = logged(&pl, &dir);
     let last = log.last().unwrap();
@@ -116,10 +113,7 @@ fn a_name_the_server_forgot_and_accepted_again_holds_the_new_text() {
     backend(&mut pl, [empty(b'1'), ready(b'I')]);
     let sent = client(&mut pl, [bind("", "s8"), execute("", 0), sync()]);
     assert_eq!(tags(&sent), "BES");
-    backend(
-        &mut pl,
-        [empty(b'2'), complete("UPDATE 1"), ready(b'I')],
-    );
+    backend(&mut pl, [empty(b'2'), complete("UPDATE 1"), ready(b'I')]);
     let log = logged(&pl, &dir);
     let last = log.last().unwrap();
     assert_eq!(last.statement.text, "UPDATE t SET a = 1");
