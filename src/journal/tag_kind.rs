@@ -8,26 +8,36 @@ use super::classify::Kind;
 /// nor a row description: `CREATE TABLE AS` and `SELECT INTO` answer `SELECT n` as well).
 /// `rows_seen`: the result sent a RowDescription or rows. `copy_out`: COPY sent data out.
 pub fn kind_of_tag(tag: &str, rows_seen: bool, copy_out: bool) -> Option<Kind> {
-    let word = tag.split(' ').next().unwrap_or("");
-    let second = tag.split(' ').nth(1).unwrap_or("");
+    // Bytes, not `str::split`: this runs for every result the relay passes on.
+    let t = tag.as_bytes();
+    let (word, rest) = match t.iter().position(|&c| c == b' ') {
+        Some(i) => (&t[..i], &t[i + 1..]),
+        None => (t, &[][..]),
+    };
+    let second = || match rest.iter().position(|&c| c == b' ') {
+        Some(i) => &rest[..i],
+        None => rest,
+    };
     Some(match word {
-        "INSERT" | "UPDATE" | "DELETE" | "MERGE" | "TRUNCATE" => Kind::Write,
-        "COPY" if copy_out => Kind::Read,
-        "COPY" => Kind::Write,
-        "SELECT" if rows_seen => Kind::Read,
-        "FETCH" | "MOVE" | "SHOW" => Kind::Read,
-        "BEGIN" | "START" | "COMMIT" | "ROLLBACK" | "SAVEPOINT" | "RELEASE" => Kind::Transaction,
-        "PREPARE" if second == "TRANSACTION" => Kind::Transaction,
-        "GRANT" | "REVOKE" => Kind::Privilege,
-        "CREATE" | "ALTER" | "DROP" if matches!(second, "ROLE" | "USER" | "GROUP") => {
+        b"SELECT" if rows_seen => Kind::Read,
+        b"INSERT" | b"UPDATE" | b"DELETE" | b"MERGE" | b"TRUNCATE" => Kind::Write,
+        b"COPY" if copy_out => Kind::Read,
+        b"COPY" => Kind::Write,
+        b"FETCH" | b"MOVE" | b"SHOW" => Kind::Read,
+        b"BEGIN" | b"START" | b"COMMIT" | b"ROLLBACK" | b"SAVEPOINT" | b"RELEASE" => {
+            Kind::Transaction
+        }
+        b"PREPARE" if second() == b"TRANSACTION" => Kind::Transaction,
+        b"GRANT" | b"REVOKE" => Kind::Privilege,
+        b"CREATE" | b"ALTER" | b"DROP" if matches!(second(), b"ROLE" | b"USER" | b"GROUP") => {
             Kind::Privilege
         }
-        "ALTER" if second == "DEFAULT" => Kind::Privilege,
-        "REFRESH" => Kind::Write,
-        "CREATE" | "ALTER" | "DROP" | "COMMENT" | "SECURITY" | "IMPORT" => Kind::Ddl,
-        "PREPARE" | "DEALLOCATE" | "DISCARD" | "LISTEN" | "UNLISTEN" | "NOTIFY" | "VACUUM"
-        | "ANALYZE" | "CHECKPOINT" | "LOAD" | "LOCK" | "DECLARE" | "CLOSE" | "CLUSTER"
-        | "REINDEX" => Kind::Utility,
+        b"ALTER" if second() == b"DEFAULT" => Kind::Privilege,
+        b"REFRESH" => Kind::Write,
+        b"CREATE" | b"ALTER" | b"DROP" | b"COMMENT" | b"SECURITY" | b"IMPORT" => Kind::Ddl,
+        b"PREPARE" | b"DEALLOCATE" | b"DISCARD" | b"LISTEN" | b"UNLISTEN" | b"NOTIFY"
+        | b"VACUUM" | b"ANALYZE" | b"CHECKPOINT" | b"LOAD" | b"LOCK" | b"DECLARE" | b"CLOSE"
+        | b"CLUSTER" | b"REINDEX" => Kind::Utility,
         _ => return None,
     })
 }

@@ -233,7 +233,14 @@ pub(super) fn outcome_line(out: &mut Vec<u8>, o: &OutcomeRef<'_>, cache: &mut Es
     }
     if let Some(k) = o.kind {
         out.extend_from_slice(b",\"kind\":");
-        put_str(out, k);
+        if k.bytes().all(|c| c.is_ascii_lowercase()) {
+            // A kind's word (the relay's case): nothing to escape.
+            out.push(b'"');
+            out.extend_from_slice(k.as_bytes());
+            out.push(b'"');
+        } else {
+            put_str(out, k);
+        }
     }
     out.extend_from_slice(b"}\n");
 }
