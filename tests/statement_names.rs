@@ -259,9 +259,32 @@ fn kinds_follow_the_servers_tags() {
             query("SELECT 'BEGIN ATOMIC'; DELETE FROM t WHERE id = 10"),
             query("SELECT 1; UPDATE t SET a = a WHERE id = 9; CREATE TABLE k(x int); BEGIN; COMMIT; GRANT SELECT ON k TO PUBLIC"),
             query("SELECT $$; DELETE FROM t WHERE id = 9; $$"),
+            query("PREPARE d AS DELETE FROM t WHERE id = 8"),
+            query("EXECUTE d"),
         ],
-        3,
+        5,
     );
+    // The lexer's guess for `EXECUTE d` (stored in the statement record) is not a write; the
+    // server's tag says it is one, and that is what readers give.
+    let file = gw()
+        .data_dir
+        .join("logs")
+        .join("names-kinds")
+        .join(format!("{id}.jsonl"));
+    let raw = std::fs::read_to_string(&file).expect("log file");
+    let stored: Value = raw
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|r| r["text"] == "EXECUTE d")
+        .expect("EXECUTE d logged");
+    assert_ne!(stored["kind"], "write", "{stored}");
+    let execute = statements(&id)
+        .into_iter()
+        .find(|s| s["text"] == "EXECUTE d")
+        .expect("EXECUTE d read back");
+    assert_eq!(execute["outcome"]["tag"], "DELETE 1", "{execute}");
+    assert_eq!(execute["kind"], "write", "{execute}");
+    assert_eq!(execute["kind_source"], "server", "{execute}");
     let log = statements(&id);
     let mut checked = 0;
     for s in &log {
@@ -273,6 +296,7 @@ fn kinds_follow_the_servers_tags() {
             "CREATE" => "ddl",
             "BEGIN" | "COMMIT" => "transaction",
             "GRANT" => "privilege",
+            "PREPARE" => "utility",
             "SELECT" => {
                 // A text that brought a SELECT and a DELETE result is as strong as the DELETE.
                 if s["text"]
@@ -293,6 +317,19 @@ fn kinds_follow_the_servers_tags() {
     }
     // Every statement of the three texts completed (however the splitter cut them).
     assert!(checked >= 3, "{log:#?}");
+    // The review counts kinds the same way (its "writes" follow the tags).
+    let (st, review) = gw().raw_call("GET", &format!("/v1/tokens/{id}/diff"), None);
+    assert_eq!(st, 200, "{review}");
+    let log = statements(&id);
+    for kind in ["read", "write", "ddl", "transaction", "privilege"] {
+        let n = log.iter().filter(|s| s["kind"] == kind).count() as u64;
+        let counted = review["statements"]["by_kind"][kind].as_u64().unwrap_or(0);
+        assert_eq!(counted, n, "{kind}: {review} vs {log:#?}");
+    }
+    assert!(
+        review["statements"]["by_kind"]["write"].as_u64() >= Some(2),
+        "{review}"
+    );
     assert!(
         log.iter().any(|s| s["outcome"]["tag"]
             .as_str()
