@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::log::text_of;
 use super::names::Lookup;
 use super::outbox::put_message;
-use super::owned::{pick, Role, Target};
+use super::owned::Role;
 use super::policy::DENY_SQL;
 use super::*;
 use crate::journal::classify;
@@ -260,137 +260,8 @@ impl Pipeline {
             swallow: false,
             change,
         };
-        if b.portal.is_empty() && b.statement.is_empty() {
-            return self.push(f.raw, [pending]);
-        }
-        let rest = &f.body()[b.portal.len() + b.statement.len() + 2..];
-        let portal_buf = self.backend_names.render(portal_target);
-        let portal = pick(portal_target, &portal_buf, b.portal);
-        let statement = self.backend_names.render(stmt_target);
-        self.outbox.push_built(|out| {
-            let names: [&[u8]; 5] = [portal, b"\0", statement.as_bytes(), b"\0", rest];
-            put_message(out, b'B', &names);
-            [pending]
-        });
-    }
-
-    /// A Bind whose values cannot be read: the server refuses it (08P01) and binds
-    /// nothing, but only if it reaches the statement the client named, under its backend
-    /// name (else the server would answer that the statement does not exist).
-    fn on_unreadable_bind(&mut self, f: Frame) {
-        let pending = Pending::Bind {
-            swallow: false,
-            change: None,
-        };
-        let body = f.body();
-        let names = body.iter().position(|&c| c == 0).and_then(|p| {
-            let s = body[p + 1..].iter().position(|&c| c == 0)?;
-            Some((&body[..p], &body[p + 1..p + 1 + s]))
-        });
-        let Some((portal, statement)) = names.filter(|(p, s)| !p.is_empty() || !s.is_empty())
-        else {
-            return self.push(f.raw, [pending]);
-        };
-        let g = self.group;
-        let n = &mut self.backend_names;
-        let st = n.refer(
-            statement,
-            &self.prepared.lookup(statement, g),
-            |p| p.backend,
-            Role::Statement,
-        );
-        let pt = n.refer(
-            portal,
-            &self.portals.lookup(portal, g),
-            |p| p.backend,
-            Role::Portal,
-        );
-        let rest = &body[portal.len() + statement.len() + 2..];
-        let (st_buf, pt_buf) = (n.render(st), n.render(pt));
-        let portal = pick(pt, &pt_buf, portal);
-        self.outbox.push_built(|out| {
-            let parts: [&[u8]; 5] = [portal, b"\0", st_buf.as_bytes(), b"\0", rest];
-            put_message(out, b'B', &parts);
-            [pending]
-        });
-    }
-
-    fn on_describe(&mut self, f: Frame) {
-        let Some((kind, name)) = frontend::target(f.body()) else {
-            let pending = Pending::Describe {
-                swallow_nodata: false,
-                portal_key: None,
-                statement: None,
-            };
-            return self.push(f.raw, [pending]);
-        };
-        let (portal_key, statement, target) = if kind == b'P' {
-            let lookup = self.portals.lookup(name, self.group);
-            let t = self
-                .backend_names
-                .refer(name, &lookup, |p| p.backend, Role::Portal);
-            (Some((name.to_vec(), self.binds)), None, t)
-        } else {
-            let lookup = self.prepared.lookup(name, self.group);
-            let t = self
-                .backend_names
-                .refer(name, &lookup, |p| p.backend, Role::Statement);
-            let id = match lookup {
-                Lookup::Defined(p) => Some(p.id),
-                _ => None,
-            };
-            (None, id.map(|id| (name.to_vec(), id)), t)
-        };
-        let pending = Pending::Describe {
-            swallow_nodata: false,
-            portal_key,
-            statement,
-        };
-        self.push_target(f, kind, target, pending);
-    }
-
-    fn on_close(&mut self, f: Frame) {
-        let Some((kind, name)) = frontend::target(f.body()) else {
-            let pending = Pending::Close {
-                swallow: false,
-                change: None,
-            };
-            return self.push(f.raw, [pending]);
-        };
-        let g = self.group;
-        let (target, change) = if kind == b'S' {
-            let lookup = self.prepared.lookup(name, g);
-            let t = self
-                .backend_names
-                .refer(name, &lookup, |p| p.backend, Role::Statement);
-            self.prepared.propose(name, None, g);
-            (t, Change::Stmt(name.to_vec()))
-        } else {
-            let lookup = self.portals.lookup(name, g);
-            let t = self
-                .backend_names
-                .refer(name, &lookup, |p| p.backend, Role::Portal);
-            self.portals.propose(name, None, g);
-            (t, Change::Portal(name.to_vec()))
-        };
-        let pending = Pending::Close {
-            swallow: false,
-            change: Some(change),
-        };
-        self.push_target(f, kind, target, pending);
-    }
-
-    /// A Describe or Close as read (the unnamed entry) or naming the backend's `target`.
-    fn push_target(&mut self, f: Frame, kind: u8, target: Target, p: Pending) {
-        if target.0 == 0 {
-            // The unnamed entry, or an SQL cursor's own name: the message as read.
-            return self.push(f.raw, [p]);
-        }
-        let name = self.backend_names.render(target);
-        self.outbox.push_built(|out| {
-            put_message(out, f.tag, &[&[kind], name.as_bytes(), b"\0"]);
-            [p]
-        });
+        let names = (b.portal.len(), b.statement.len());
+        self.push_bind(f, names, (portal_target, stmt_target), pending);
     }
 
     fn tracked_bytes(&self) -> usize {

@@ -12,6 +12,7 @@
 mod client;
 mod fifo;
 mod log;
+mod named;
 mod names;
 mod outbox;
 mod owned;
