@@ -144,3 +144,37 @@ fn a_name_never_parsed_is_never_passed_to_the_backend() {
     // An unmapped portal is an SQL cursor's name (DECLARE): passed on as the client's.
     assert!(sent[2].body().starts_with(b"cur\0"));
 }
+
+#[test]
+fn describe_and_close_wait_for_the_name_they_use_and_carry_the_gateways_name() {
+    let mut pl = pipeline(policy(10, CapMode::Truncate), None, None);
+    let sent = client(
+        &mut pl,
+        [
+            parse("s", "SELECT 1"),
+            sync(),
+            frame(frontend::build_target(b'D', b'S', b"s")),
+            frame(frontend::build_target(b'C', b'S', b"s")),
+            sync(),
+        ],
+    );
+    // Which backend name "s" has depends on the first Parse's answer.
+    assert_eq!(tags(&sent), "PS");
+    let backend_name = sent[0].body().split(|&c| c == 0).next().unwrap().to_vec();
+    assert_ne!(backend_name, b"s");
+    let (_, sent) = backend(&mut pl, [empty(b'1'), ready(b'I')]);
+    assert_eq!(tags(&sent), "DCS");
+    for f in &sent[..2] {
+        assert_eq!(
+            &f.body()[1..1 + backend_name.len()],
+            &backend_name[..],
+            "{f:?}"
+        );
+    }
+    // Closed once the server says so: a later use goes to a name never defined.
+    backend(&mut pl, [row_desc(), empty(b'3'), ready(b'I')]);
+    assert!(matches!(
+        pl.prepared.lookup(b"s", pl.group),
+        names::Lookup::Undefined
+    ));
+}
