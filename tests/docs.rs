@@ -162,6 +162,7 @@ fn statement_log_doc_covers_every_field() {
         tag: None,
         skipped: true,
         denied: true,
+        kind: Some("write".into()),
     });
     let doc = read("docs/statement-log.md");
     assert_eq!(doc_fields(&doc, "`statement`"), keys(&st));

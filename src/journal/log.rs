@@ -86,6 +86,9 @@ pub struct OutcomeRecord {
     /// Refused by the token's seatbelt policy; it never reached the backend.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub denied: bool,
+    /// The kind the server's command tags tell (`DELETE 10`: write), when they tell one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 /// The full length and digest of a statement text that was stored cut (see [`TEXT_MAX`]).
@@ -108,6 +111,33 @@ pub struct LoggedStatement {
     pub cut: Option<TextCut>,
     /// Its outcome.
     pub outcome: Option<OutcomeRecord>,
+    /// Where `kind` comes from: "server" (the command tags of its outcome) or "lexical"
+    /// (a guess from the text: it never completed, or its tags do not tell). Set by the
+    /// readers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind_source: Option<String>,
+}
+
+impl LoggedStatement {
+    /// The kind the server's answer told, in place of the lexical guess when there is one.
+    pub fn settle_kind(&mut self) {
+        let told = self.outcome.as_ref().and_then(|o| o.kind.clone());
+        self.kind_source = Some(match told {
+            Some(k) => {
+                self.statement.kind = k;
+                "server".to_string()
+            }
+            None => "lexical".to_string(),
+        });
+    }
+}
+
+/// The kind a statement is counted as: what its outcome's tags told, else the lexical guess.
+pub fn settled_kind(lexical: String, outcome: Option<&OutcomeRecord>) -> String {
+    match outcome.and_then(|o| o.kind.clone()) {
+        Some(k) => k,
+        None => lexical,
+    }
 }
 
 /// Errors writing or reading a log.

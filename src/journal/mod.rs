@@ -4,3 +4,4 @@
 
 pub mod classify;
 pub mod log;
+pub mod tag_kind;

@@ -186,23 +186,26 @@ pub fn statements(rv: &Reviewer, rec: &TokenRecord) -> Result<Vec<LoggedStatemen
 /// the text of a failed statement is read back from there (at most [`FAILED_MAX`] of them).
 pub fn summarize_log(path: &Path) -> Result<StatementSummary, log::LogError> {
     let mut s = StatementSummary::default();
-    let mut pending: std::collections::HashMap<u64, u64> = Default::default();
+    // Counted by kind once the outcome is known: the server's tags decide (see
+    // `log::settled_kind`); statements that never completed count as guessed.
+    let mut pending: std::collections::HashMap<u64, (u64, String)> = Default::default();
     let mut failed: Vec<(u64, String)> = Vec::new();
+    let count = |s: &mut StatementSummary, kind: String| match s.by_kind.get_mut(&kind) {
+        Some(n) => *n += 1,
+        None => {
+            s.by_kind.insert(kind, 1);
+        }
+    };
     log::scan(path, |e| match e {
         log::LogEntry::Statement {
             offset, statement, ..
         } => {
             s.total += 1;
-            match s.by_kind.get_mut(&statement.kind) {
-                Some(n) => *n += 1,
-                None => {
-                    s.by_kind.insert(statement.kind, 1);
-                }
-            }
-            pending.insert(statement.seq, offset);
+            pending.insert(statement.seq, (offset, statement.kind));
         }
         log::LogEntry::Outcome(o) => {
-            if let Some(offset) = pending.remove(&o.seq) {
+            if let Some((offset, lexical)) = pending.remove(&o.seq) {
+                count(&mut s, log::settled_kind(lexical, Some(&o)));
                 if let Some(code) = o.sqlstate {
                     if failed.len() < FAILED_MAX {
                         failed.push((offset, code));
@@ -212,6 +215,9 @@ pub fn summarize_log(path: &Path) -> Result<StatementSummary, log::LogError> {
         }
     })?;
     s.unfinished = pending.len() as u64;
+    for (_, (_, lexical)) in pending {
+        count(&mut s, lexical);
+    }
     for (offset, sqlstate) in failed {
         if let Some(st) = log::statement_at(path, offset)? {
             s.failed.push(FailedStatement {
@@ -410,6 +416,7 @@ mod tests {
                 kind: kind.into(),
             },
             cut: None,
+            kind_source: None,
             outcome: done.then(|| OutcomeRecord {
                 seq,
                 ts: String::new(),
@@ -420,6 +427,7 @@ mod tests {
                 tag: None,
                 skipped: false,
                 denied: false,
+                kind: None,
             }),
         }
     }

@@ -75,6 +75,8 @@ pub struct OutcomeRef<'a> {
     pub skipped: bool,
     /// Refused by the seatbelt.
     pub denied: bool,
+    /// The kind its command tags tell (None: they do not, or it never completed).
+    pub kind: Option<&'a str>,
 }
 
 /// What the last records had in common, kept formatted: the statement text escaped (a
@@ -229,6 +231,17 @@ pub(super) fn outcome_line(out: &mut Vec<u8>, o: &OutcomeRef<'_>, cache: &mut Es
     if o.denied {
         out.extend_from_slice(b",\"denied\":true");
     }
+    if let Some(k) = o.kind {
+        out.extend_from_slice(b",\"kind\":");
+        if k.bytes().all(|c| c.is_ascii_lowercase()) {
+            // A kind's word (the relay's case): nothing to escape.
+            out.push(b'"');
+            out.extend_from_slice(k.as_bytes());
+            out.push(b'"');
+        } else {
+            put_str(out, k);
+        }
+    }
     out.extend_from_slice(b"}\n");
 }
 
@@ -274,6 +287,7 @@ pub(super) fn outcome_ref(o: &super::OutcomeRecord) -> OutcomeRef<'_> {
         tag: o.tag.as_deref(),
         skipped: o.skipped,
         denied: o.denied,
+        kind: o.kind.as_deref(),
     }
 }
 
@@ -511,6 +525,7 @@ mod tests {
                 tag: Some("SELECT 1"),
                 skipped: false,
                 denied: false,
+                kind: None,
             };
             outcome_line(&mut out, &o, &mut EscapeCache::default());
             let v: serde_json::Value = serde_json::from_slice(&out).unwrap();

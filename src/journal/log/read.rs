@@ -288,6 +288,7 @@ fn page(path: &Path, after: u64, limit: usize, bytes_max: usize) -> Result<Page,
                         statement: s.statement,
                         cut: s.cut,
                         outcome: None,
+                        kind_source: None,
                     });
                     waiting += 1;
                     full = out.statements.len() >= limit || bytes >= bytes_max;
@@ -310,6 +311,9 @@ fn page(path: &Path, after: u64, limit: usize, bytes_max: usize) -> Result<Page,
     }
     if full {
         out.next_after = out.statements.last().map(|s| s.statement.seq);
+    }
+    for s in &mut out.statements {
+        s.settle_kind();
     }
     Ok(out)
 }

@@ -28,6 +28,7 @@ fn outcome(seq: u64) -> LogRecord {
         tag: Some("SELECT 1".into()),
         skipped: false,
         denied: false,
+        kind: Some("read".into()),
     })
 }
 

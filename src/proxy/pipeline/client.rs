@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::log::text_of;
 use super::names::Lookup;
 use super::outbox::put_message;
+use super::owned::Role;
 use super::policy::DENY_SQL;
 use super::*;
 use crate::journal::classify;
@@ -62,6 +63,12 @@ impl Pipeline {
                 Some((portal, _)) => self.portals.lookup(portal, g).is_wait(),
                 None => false,
             },
+            // Their backend name depends on the answer too.
+            b'D' | b'C' => match frontend::target(f.body()) {
+                Some((b'S', name)) => self.prepared.lookup(name, g).is_wait(),
+                Some((_, name)) => self.portals.lookup(name, g).is_wait(),
+                None => false,
+            },
             _ => false,
         }
     }
@@ -75,47 +82,8 @@ impl Pipeline {
             b'P' => self.on_parse(f),
             b'B' => self.on_bind(f),
             b'E' => self.on_execute(f),
-            b'D' => {
-                let (portal_key, statement) = match frontend::target(f.body()) {
-                    Some((b'P', name)) => (Some((name.to_vec(), self.binds)), None),
-                    Some((_, name)) => {
-                        let id = match self.prepared.lookup(name, self.group) {
-                            Lookup::Defined(p) => Some(p.id),
-                            _ => None,
-                        };
-                        (None, id.map(|id| (name.to_vec(), id)))
-                    }
-                    None => (None, None),
-                };
-                self.push(
-                    f.raw,
-                    [Pending::Describe {
-                        swallow_nodata: false,
-                        portal_key,
-                        statement,
-                    }],
-                );
-            }
-            b'C' => {
-                let change = match frontend::target(f.body()) {
-                    Some((b'S', name)) => {
-                        self.prepared.propose(name, None, self.group);
-                        Some(Change::Stmt(name.to_vec()))
-                    }
-                    Some((_, name)) => {
-                        self.portals.propose(name, None, self.group);
-                        Some(Change::Portal(name.to_vec()))
-                    }
-                    None => None,
-                };
-                self.push(
-                    f.raw,
-                    [Pending::Close {
-                        swallow: false,
-                        change,
-                    }],
-                );
-            }
+            b'D' => self.on_describe(f),
+            b'C' => self.on_close(f),
             b'S' => {
                 self.group += 1;
                 if self.copy_in_until == Some(self.copy_ends) {
@@ -159,19 +127,22 @@ impl Pipeline {
         if name.is_empty() {
             self.stmt_dirty = false;
         }
-        // A named statement that exists already is refused by the server: no change.
-        let exists = !name.is_empty()
-            && matches!(self.prepared.lookup(name, self.group), Lookup::Defined(_));
-        let change = if exists {
-            None
-        } else {
-            if over_limit(
-                self.prepared.len(),
-                name,
-                self.tracked_bytes() + name.len() + query.len(),
-            ) {
-                return self.refuse();
-            }
+        if over_limit(
+            self.prepared.len(),
+            name,
+            self.tracked_bytes() + name.len() + query.len(),
+        ) {
+            return self.refuse();
+        }
+        // A name with a live mapping keeps its backend name: the server refuses the Parse
+        // while it holds that statement and accepts it once it forgot it (DISCARD ALL,
+        // DEALLOCATE); either way the mapping follows its answer.
+        let target = {
+            let lookup = self.prepared.lookup(name, self.group);
+            self.backend_names
+                .define(name, &lookup, |p| p.backend, Role::Statement)
+        };
+        let change = {
             let (text, kind, may_read_catalogs) = match &self.last_parsed {
                 Some((t, k, c)) if t.as_bytes() == query => (t.clone(), *k, *c),
                 _ => {
@@ -193,29 +164,30 @@ impl Pipeline {
                 id: self.parses,
                 kind,
                 may_read_catalogs,
+                backend: target.0,
             };
             self.prepared.propose(name, Some(p), self.group);
             Some(Change::Stmt(name.to_vec()))
         };
-        self.push(
-            f.raw,
-            [Pending::Parse {
-                swallow: false,
-                change,
-            }],
-        );
+        let pending = Pending::Parse {
+            swallow: false,
+            change,
+        };
+        if name.is_empty() {
+            return self.push(f.raw, [pending]);
+        }
+        let backend = self.backend_names.render(target);
+        let rest = &f.body()[name.len() + 1..];
+        self.outbox.push_built(|out| {
+            put_message(out, b'P', &[backend.as_bytes(), b"\0", rest]);
+            [pending]
+        });
     }
 
     fn on_bind(&mut self, f: Frame) {
         self.binds += 1;
         let Some(b) = frontend::bind(f.body()) else {
-            return self.push(
-                f.raw,
-                [Pending::Bind {
-                    swallow: false,
-                    change: None,
-                }],
-            );
+            return self.on_unreadable_bind(f);
         };
         if self.stmt_dirty && b.statement.is_empty() {
             // The client's unnamed statement is gone on a real server after a Query; ours
@@ -234,17 +206,27 @@ impl Pipeline {
             // A Bind replaces the unnamed portal whatever it held.
             self.portal_dirty = false;
         }
-        let stmt = match self.prepared.lookup(b.statement, self.group) {
-            Lookup::Defined(p) => Some(p.clone()),
-            _ => None,
+        let (stmt, stmt_target) = {
+            let lookup = self.prepared.lookup(b.statement, self.group);
+            let target =
+                self.backend_names
+                    .refer(b.statement, &lookup, |p| p.backend, Role::Statement);
+            match lookup {
+                Lookup::Defined(p) => (Some(p.clone()), target),
+                _ => (None, target),
+            }
         };
-        // A named portal that exists is refused by the server, and so is a Bind of a
-        // statement that does not exist: no change either way.
-        let portal_exists = !b.portal.is_empty()
-            && matches!(
-                self.portals.lookup(b.portal, self.group),
-                Lookup::Defined(_)
-            );
+        // A statement the gateway has no mapping for fails on the server (never defined
+        // there): the portal is not made. A portal with a live mapping keeps its backend
+        // name (refused while the server holds it, as the client's own name would be).
+        let portal_target = {
+            let lookup = self.portals.lookup(b.portal, self.group);
+            let n = &mut self.backend_names;
+            match stmt {
+                Some(_) => n.define(b.portal, &lookup, |p| p.backend, Role::Portal),
+                None => n.refer(b.portal, &lookup, |p| p.backend, Role::Portal),
+            }
+        };
         let change = match stmt {
             Some(Prepared {
                 text,
@@ -252,7 +234,8 @@ impl Pipeline {
                 id,
                 kind,
                 may_read_catalogs,
-            }) if !portal_exists => {
+                ..
+            }) => {
                 let mut params = std::mem::take(&mut self.spare_params);
                 params.extend(b.params.iter().map(|(fmt, v)| param_text(fmt, v)));
                 let portal = Portal {
@@ -262,6 +245,7 @@ impl Pipeline {
                     statement_id: id,
                     kind,
                     may_read_catalogs,
+                    backend: portal_target.0,
                 };
                 let size = b.portal.len() + portal.weight();
                 if over_limit(self.portals.len(), b.portal, self.tracked_bytes() + size) {
@@ -272,13 +256,12 @@ impl Pipeline {
             }
             _ => None,
         };
-        self.push(
-            f.raw,
-            [Pending::Bind {
-                swallow: false,
-                change,
-            }],
-        );
+        let pending = Pending::Bind {
+            swallow: false,
+            change,
+        };
+        let names = (b.portal.len(), b.statement.len());
+        self.push_bind(f, names, (portal_target, stmt_target), pending);
     }
 
     fn tracked_bytes(&self) -> usize {
@@ -402,7 +385,11 @@ impl Pipeline {
         }
         // Logged with the text and parameters the portal holds (borrowed, not copied), as
         // the kind found when it was parsed.
-        let (may_read_catalogs, mut stmt) = match self.portals.lookup(&portal, self.group) {
+        let lookup = self.portals.lookup(&portal, self.group);
+        let target = self
+            .backend_names
+            .refer(&portal, &lookup, |p| p.backend, Role::Portal);
+        let (may_read_catalogs, mut stmt) = match lookup {
             Lookup::Defined(p) => {
                 let mut stmt = self.new_stmt_as("extended", &p.text, &p.params, p.kind);
                 stmt.count.catalog = p.catalog;
@@ -456,11 +443,14 @@ impl Pipeline {
                 if !portal.is_empty() {
                     self.portals.propose(&portal, None, self.group);
                 }
+                let buf = self.backend_names.render(target);
+                let own = (target.1 == Role::Client).then(|| portal.clone());
+                let backend = own.as_deref().unwrap_or(buf.as_bytes());
                 self.outbox.push_built(|out| {
-                    put_message(out, b'E', &[&portal, b"\0", &max.to_be_bytes()]);
+                    put_message(out, b'E', &[backend, b"\0", &max.to_be_bytes()]);
                     // A cut portal is finished as far as the client knows: close it.
                     let close = (!portal.is_empty()).then(|| {
-                        put_message(out, b'C', &[b"P", &portal, b"\0"]);
+                        put_message(out, b'C', &[b"P", backend, b"\0"]);
                         Pending::Close {
                             swallow: true,
                             change: Some(Change::Portal(portal)),
@@ -471,13 +461,20 @@ impl Pipeline {
             }
             None => {
                 let stmt = self.boxed(stmt);
-                self.push(
-                    f.raw,
-                    [Pending::Execute {
-                        stmt,
-                        barrier: false,
-                    }],
-                )
+                let pending = Pending::Execute {
+                    stmt,
+                    barrier: false,
+                };
+                if target.0 == 0 {
+                    // The unnamed portal, or an SQL cursor's own name: as read.
+                    return self.push(f.raw, [pending]);
+                }
+                let backend = self.backend_names.render(target);
+                self.outbox.push_built(|out| {
+                    let parts: [&[u8]; 3] = [backend.as_bytes(), b"\0", &asked.to_be_bytes()];
+                    put_message(out, b'E', &parts);
+                    [pending]
+                });
             }
         }
     }

@@ -11,6 +11,7 @@ use metrics::Counter;
 use super::{Pipeline, Stmt};
 use crate::journal::classify::{self, Kind};
 use crate::journal::log::{OutcomeRef, StatementRef};
+use crate::journal::tag_kind;
 use crate::proxy::caps::ResultCount;
 use crate::wire::messages;
 
@@ -84,7 +85,24 @@ impl Stmt {
             copy_ends_before: 0,
             function: false,
             unlogged: false,
+            told: None,
+            untold: false,
+            described: false,
         }
+    }
+
+    /// A result ended with `tag` (None: an empty query or a function's value).
+    pub(super) fn note_tag(&mut self, tag: Option<&str>, rows_seen: bool, copy_out: bool) {
+        let rows_seen = rows_seen || std::mem::take(&mut self.described);
+        match tag.and_then(|t| tag_kind::kind_of_tag(t, rows_seen, copy_out)) {
+            Some(k) => self.told = Some(self.told.map_or(k, |t| tag_kind::stronger(t, k))),
+            None => self.untold = true,
+        }
+    }
+
+    /// The kind the server's answers told, for a statement that completed.
+    fn server_kind(&self, completed: bool) -> Option<Kind> {
+        self.told.filter(|_| completed && !self.untold)
     }
 
     /// Counts a result no logged statement expected (never logged itself).
@@ -185,6 +203,9 @@ impl Pipeline {
             tag,
             skipped,
             denied: stmt.denied,
+            kind: stmt
+                .server_kind(!skipped && sqlstate.is_none())
+                .map(Kind::as_str),
         };
         // Kept for a later write even when a write of earlier ones just failed.
         self.deferred.set(true);

@@ -13,8 +13,10 @@ mod chatter;
 mod client;
 mod fifo;
 mod log;
+mod named;
 mod names;
 mod outbox;
+mod owned;
 mod policy;
 mod responses;
 #[cfg(test)]
@@ -24,6 +26,7 @@ use chatter::{Chatter, Noise};
 use fifo::Fifo;
 use names::{Names, Weight};
 use outbox::Outbox;
+use owned::BackendNames;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -110,6 +113,12 @@ struct Stmt {
     function: bool,
     /// Its statement record could not be written: it must not run.
     unlogged: bool,
+    /// The strongest kind its results' command tags told so far (see `tag_kind`).
+    told: Option<Kind>,
+    /// A result's tag did not tell a kind: the text's kind stays a guess.
+    untold: bool,
+    /// The result arriving now was described (a RowDescription): a read's `SELECT n`.
+    described: bool,
 }
 
 impl Stmt {
@@ -198,6 +207,8 @@ struct Prepared {
     /// again at every Execute of it).
     kind: Kind,
     may_read_catalogs: bool,
+    /// The backend's name for it (see [`owned`]; 0: the unnamed statement).
+    backend: u64,
 }
 
 impl Weight for Prepared {
@@ -230,6 +241,8 @@ struct Portal {
     /// Its statement's `Prepared::kind` and `Prepared::may_read_catalogs`.
     kind: Kind,
     may_read_catalogs: bool,
+    /// The backend's name for it (see [`owned`]; 0: the unnamed portal).
+    backend: u64,
 }
 
 impl Weight for Portal {
@@ -261,6 +274,8 @@ pub struct Pipeline {
     spare_ranges: Vec<std::ops::Range<usize>>,
     prepared: Names<Prepared>,
     portals: Names<Portal>,
+    /// The backend's names for the client's named statements and portals.
+    backend_names: BackendNames,
     /// Client Syncs, Queries and FunctionCalls so far: the group a message belongs to.
     group: u64,
     /// Client messages waiting for an answer they depend on (see `names`), in order.
@@ -311,6 +326,7 @@ impl Pipeline {
             spare_ranges: Vec::new(),
             prepared: Names::new(),
             portals: Names::new(),
+            backend_names: BackendNames::new(),
             group: 0,
             held: VecDeque::new(),
             stmt_dirty: false,

@@ -85,7 +85,9 @@ impl Pipeline {
                     if f.tag == b'T' {
                         // A simple query's result starts: its columns decide the row cap.
                         let catalog = messages::reads_only_catalogs(f.body());
-                        self.counting().count.catalog = catalog;
+                        let s = self.counting();
+                        s.count.catalog = catalog;
+                        s.described = true;
                     }
                     out.extend_from_slice(&f.raw);
                 }
@@ -141,6 +143,7 @@ impl Pipeline {
         if let Some(Pending::Execute { stmt, .. }) = self.fifo.front_mut() {
             if stmt.portal_key.as_ref() == Some(&key) {
                 stmt.count.catalog = catalog;
+                stmt.described = true;
             }
         }
     }
@@ -158,6 +161,7 @@ impl Pipeline {
             if let Pending::Execute { stmt, .. } = p {
                 if stmt.statement_id == Some(id) {
                     stmt.count.catalog = catalog;
+                    stmt.described = true;
                 }
             }
         }
@@ -346,6 +350,8 @@ impl Pipeline {
         let held = std::mem::take(&mut stmt.held);
         let beyond = std::mem::take(&mut stmt.beyond);
         let copy_out = std::mem::replace(&mut stmt.copy_out, false);
+        let rows_seen = count.rows > 0 || count.truncated || !beyond.is_empty() || !held.is_empty();
+        stmt.note_tag(tag, rows_seen, copy_out);
         if !beyond.is_empty() {
             if tag.is_some_and(is_write_tag) {
                 // A write's RETURNING rows: all of them (within the byte cap) are owed.

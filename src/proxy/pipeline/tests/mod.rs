@@ -254,9 +254,14 @@ fn a_lowered_execute_of_a_named_portal_is_written_as_execute_then_close() {
     to_backend.clear();
     p.on_client(execute("cur", 0));
     p.drain_outbox(&mut to_backend);
+    // Both name the backend's portal (the gateway's name for "cur"), not the client's.
+    let cur = p
+        .backend_names
+        .render(super::owned::Target(2, super::owned::Role::Portal));
     let mut want = BytesMut::new();
-    want.extend_from_slice(&frontend::build_execute(b"cur", 3));
-    want.extend_from_slice(&frontend::build_target(b'C', b'P', b"cur"));
+    want.extend_from_slice(&frontend::build_execute(cur.as_bytes(), 3));
+    want.extend_from_slice(&frontend::build_target(b'C', b'P', cur.as_bytes()));
+    assert!(!cur.as_bytes().is_empty() && cur.as_bytes() != b"cur");
     assert_eq!(to_backend.freeze(), want.freeze());
 }
 
