@@ -36,10 +36,11 @@ impl TokenHooks for ReviewHooks {
     fn forked(&self, golden: Option<String>) {
         review::prepare(&self.0, golden);
     }
-    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, ()> {
+    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            review::on_end(&self.0, rec).await;
+            review::on_end(&self.0, rec).await?;
             crate::promote::on_end(&self.1, self.0.provider.as_ref(), rec).await;
+            Ok(())
         })
     }
 }

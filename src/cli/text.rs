@@ -5,11 +5,40 @@ use serde_json::Value;
 
 /// The header line of `token list`, aligned with [`token_line`].
 pub fn token_list_header() -> String {
-    token_columns("ID", "STATE", "TASK", "EXPIRES", "SESSIONS")
+    token_columns("ID", "STATE", "TASK", "EXPIRES", "SESSIONS", "REVIEW")
 }
 
-fn token_columns(id: &str, state: &str, task: &str, expires: &str, sessions: &str) -> String {
-    format!("{id:<23}  {state:<8} {task:<24} {expires:<25} {sessions}")
+fn token_columns(
+    id: &str,
+    state: &str,
+    task: &str,
+    expires: &str,
+    sessions: &str,
+    review: &str,
+) -> String {
+    format!("{id:<23}  {state:<8} {task:<24} {expires:<25} {sessions:<8} {review}")
+}
+
+/// A token's review as a person reads it: `review failed: <reason>`, `review pending`,
+/// `review stored`, or `-` while the token is usable.
+pub fn review_words(v: &Value) -> String {
+    match v.get("review").and_then(Value::as_str) {
+        Some(r) => format!("review {}", one_line(r)),
+        None => "-".into(),
+    }
+}
+
+/// `s` on one line: control characters shown as `\u{..}` escapes.
+pub fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                format!("\\u{{{:x}}}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// One line per token for `token list`.
@@ -24,6 +53,7 @@ pub fn token_line(v: &Value) -> String {
             .and_then(Value::as_u64)
             .unwrap_or(0)
             .to_string(),
+        &review_words(v),
     )
 }
 
@@ -36,6 +66,8 @@ pub fn token_text(v: &Value) -> String {
     map.iter()
         .map(|(k, val)| {
             let shown = match val {
+                // "review failed: <reason>", as everywhere else.
+                Value::String(_) if k == "review" => review_words(v),
                 Value::String(s) => s.clone(),
                 Value::Null => "-".into(),
                 Value::Object(o) if o.is_empty() => "-".into(),

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use super::{EndReason, Gateway, LifecycleError};
 use crate::provider::pool::POOL_PREFIX;
 use crate::provider::ProviderError;
-use crate::registry::{TokenRecord, TokenState};
+use crate::registry::{end, TokenRecord, TokenState};
 
 /// Name of the file in the data dir that holds the gateway id.
 pub const GATEWAY_ID_FILE: &str = "gateway.id";
@@ -96,6 +96,11 @@ pub struct ReapReport {
     pub errors: Vec<String>,
     /// Tokens revoked because their backend's access was tampered with.
     pub tampered: Vec<String>,
+    /// Ended tokens whose end-of-token review this pass stored (their backends destroyed).
+    pub reviewed: Vec<String>,
+    /// Ended tokens whose end-of-token review failed again (their backends are kept; the
+    /// token says why).
+    pub review_failed: Vec<String>,
     /// Tokens whose server was found dead although the gateway had it running (not
     /// suspended while idle, not stopped at shutdown): restarted by this pass, unless it is
     /// a dry run or `errors` says the restart failed (then the next connection tries again).
@@ -127,6 +132,8 @@ pub fn gateway_id(data_dir: &Path) -> std::io::Result<String> {
 
 enum Verdict {
     Keep,
+    /// An ended token's backend kept for its review (not stored yet).
+    Hold,
     Reap(ReapReason),
 }
 
@@ -134,6 +141,9 @@ fn verdict(rec: Option<&TokenRecord>, handle: &str, now: OffsetDateTime) -> Verd
     let Some(r) = rec else {
         return Verdict::Reap(ReapReason::Unknown);
     };
+    if !r.state.is_usable() && !end::may_destroy(r) {
+        return Verdict::Hold;
+    }
     match r.state {
         TokenState::Expired => Verdict::Reap(ReapReason::Expired),
         TokenState::Revoked => Verdict::Reap(ReapReason::Revoked),
@@ -178,12 +188,27 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         .into_iter()
         .map(|r| (r.id.clone(), r))
         .collect();
+    let mut ends = ReapReport::default();
+    if !dry_run {
+        finish_ends(gw, records.values(), &mut ends).await;
+    }
+    let records: HashMap<String, TokenRecord> = if ends.reviewed.is_empty() {
+        records
+    } else {
+        // Their backends are gone now.
+        gw.registry
+            .list_fresh()
+            .await?
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect()
+    };
     let listed = gw.provider.list().await?;
     let now = OffsetDateTime::now_utc();
     let mut report = ReapReport {
         dry_run,
         backends: listed.len(),
-        ..ReapReport::default()
+        ..ends
     };
     let present: HashSet<String> = listed.iter().map(|(h, _)| h.clone()).collect();
 
@@ -226,7 +251,12 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             continue;
         }
         // A first look without locks; `reap_one` decides again under the token's lock.
-        if let Verdict::Keep = verdict(rec.as_ref(), handle, now) {
+        let first = verdict(rec.as_ref(), handle, now);
+        if let Verdict::Hold = first {
+            report.kept += 1;
+            continue;
+        }
+        if let Verdict::Keep = first {
             if let Err(ProviderError::Tampered(why)) = gw.provider.check_access(handle).await {
                 if !dry_run {
                     gw.end_tampered(&tag.token_id, &why).await;
@@ -304,6 +334,8 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         refresh_gauges(gw);
     }
     if report.reaped.is_empty()
+        && report.reviewed.is_empty()
+        && report.review_failed.is_empty()
         && report.vanished.is_empty()
         && report.dead.is_empty()
         && report.errors.is_empty()
@@ -319,6 +351,8 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             backends = report.backends,
             kept = report.kept,
             reaped = report.reaped.len(),
+            reviewed = report.reviewed.len(),
+            review_failed = report.review_failed.len(),
             vanished = report.vanished.len(),
             dead = report.dead.len(),
             skipped = report.skipped.len(),
@@ -331,6 +365,34 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         }
     }
     Ok(report)
+}
+
+/// Finishes the end of every ended token whose review is not stored (it failed, or a crash
+/// cut the end short): the review, then the destroy.
+async fn finish_ends<'a>(
+    gw: &Arc<Gateway>,
+    records: impl Iterator<Item = &'a TokenRecord>,
+    report: &mut ReapReport,
+) {
+    let waiting: Vec<String> = records
+        .filter(|r| end::needs_review(r))
+        .map(|r| r.id.clone())
+        .collect();
+    for id in waiting {
+        match gw.finish_end(&id).await {
+            Ok(Some(end::EndPhase::Ending)) => {
+                metrics::counter!("sandpit_janitor_review_failures_total").increment(1);
+                report.review_failed.push(id);
+            }
+            Ok(Some(_)) => {
+                tracing::info!(token = %id, "janitor: end-of-token review stored");
+                metrics::counter!("sandpit_janitor_reviews_total").increment(1);
+                report.reviewed.push(id);
+            }
+            Ok(None) => {}
+            Err(e) => report.errors.push(format!("token {id}: finishing its end: {e}")),
+        }
+    }
 }
 
 /// Destroys one backend if, checked again under the token's backend mutex (so after any fork
@@ -366,7 +428,7 @@ async fn reap_one(
     let _across = gw.registry.lock_token(token).await?;
     let rec = gw.registry.fresh(token).await?;
     let reason = match verdict(rec.as_ref(), handle, OffsetDateTime::now_utc()) {
-        Verdict::Keep => return Ok(None),
+        Verdict::Keep | Verdict::Hold => return Ok(None),
         Verdict::Reap(r) => r,
     };
     if dry_run {
@@ -520,6 +582,8 @@ mod tests {
             fork_count: 0,
             superuser: false,
             ended_at: None,
+            end: None,
+            review_error: None,
         }
     }
 

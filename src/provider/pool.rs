@@ -399,6 +399,10 @@ impl Provider for WarmPool {
         self.inner.review_target(backend)
     }
 
+    fn quiesce<'a>(&'a self, backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.quiesce(backend)
+    }
+
     fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
         self.inner.goldens()
     }

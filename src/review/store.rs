@@ -13,6 +13,7 @@ use super::{html, render};
 use crate::config::{Config, ReviewConfig};
 use crate::journal::log::{self, LoggedStatement};
 use crate::provider::Provider;
+use crate::registry::end::crash_point;
 use crate::registry::TokenRecord;
 
 /// Longest statement text kept in a failure summary.
@@ -335,7 +336,9 @@ pub fn write_all(
                 .open(&tmp)?;
             file.write_all(render(review, stmts, f).as_bytes())?;
             file.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, &path)?;
+            crash_point(&format!("review:wrote_{}", f.ext()));
+            Ok(())
         };
         write().map_err(|source| ReviewError::Write {
             path: path.clone(),
@@ -364,29 +367,55 @@ pub fn prepare(rv: &Reviewer, golden: Option<String>) {
     }
 }
 
-/// Called right before a token's backend is destroyed (a lifecycle hook set up by
-/// `server.rs`), when `review.on_end` is set: take the review and store it. Failures are
-/// logged, never block the destroy.
-pub async fn on_end(rv: &Reviewer, rec: &TokenRecord) {
+/// Called before an ended token's backend is destroyed (a lifecycle hook set up by
+/// `server.rs`), when `review.on_end` is set: end the agent's sessions and roll back its
+/// prepared transactions (nothing of the agent's may hold the review back), take the review
+/// and store it. An error says why no review was stored; the backend is then kept and the
+/// review tried again.
+pub async fn on_end(rv: &Reviewer, rec: &TokenRecord) -> Result<(), String> {
     if !rv.settings.on_end {
-        return;
+        return Ok(());
     }
     let id = &rec.id;
     // The token has ended: without this the janitor would reap its backend mid-review.
     let _hold = rec.backend.as_deref().map(crate::provider::holds::hold);
     let result = async {
+        if rec.backend.is_none() && rec.fork_count > 0 {
+            // Its scratch database existed and is gone: "no changes" would be a guess.
+            return Err(ReviewError::Backend(
+                "its scratch database is gone (the review cannot be taken)".into(),
+            ));
+        }
+        if let Some(handle) = rec.backend.as_deref() {
+            let scratch = rv
+                .provider
+                .ensure_running(handle)
+                .await
+                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            rv.provider
+                .quiesce(&scratch)
+                .await
+                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            crash_point("review:quiesced");
+        }
         let review = take_with(rv, rec, false, true, super::verify::skipped_at_end(rv)).await?;
+        crash_point("review:taken");
         let stmts = statements(rv, rec)?;
         write_all(&rv.dir, &review, &stmts)?;
+        crash_point("review:written");
         Ok::<_, ReviewError>(review)
     }
     .await;
     match result {
-        Ok(r) => tracing::info!(token = %id, schema_changes = r.schema.len(),
-            tables_changed = r.data.len(), ms = r.duration_ms as u64, "review stored"),
+        Ok(r) => {
+            tracing::info!(token = %id, schema_changes = r.schema.len(),
+                tables_changed = r.data.len(), ms = r.duration_ms as u64, "review stored");
+            Ok(())
+        }
         Err(e) => {
             metrics::counter!("sandpit_review_failures_total").increment(1);
-            tracing::warn!(token = %id, error = %e, "review at end of token failed")
+            tracing::warn!(token = %id, error = %e, "review at end of token failed");
+            Err(e.to_string())
         }
     }
 }

@@ -396,6 +396,10 @@ impl Provider for TemplateProvider {
         Box::pin(self.destroy_inner(handle))
     }
 
+    fn quiesce<'a>(&'a self, backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.quiesce_inner(&backend.handle))
+    }
+
     fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         // The server is shared and stays up; the gateway ends the sessions itself.
         Box::pin(async move { validate_handle(handle) })
