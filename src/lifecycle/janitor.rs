@@ -589,7 +589,7 @@ mod tests {
 
     fn reason(v: Verdict) -> Option<ReapReason> {
         match v {
-            Verdict::Keep => None,
+            Verdict::Keep | Verdict::Hold => None,
             Verdict::Reap(r) => Some(r),
         }
     }
@@ -616,6 +616,20 @@ mod tests {
             Some(ReapReason::Revoked)
         );
         assert_eq!(reason(verdict(None, "t1", now)), Some(ReapReason::Unknown));
+        // Ended, its review not stored: kept for the review, whatever the TTL says.
+        let mut ending = rec(TokenState::Revoked, Some("t1"), -1);
+        ending.end = Some(end::EndPhase::Ending);
+        assert!(matches!(verdict(Some(&ending), "t1", now), Verdict::Hold));
+        ending.end = Some(end::EndPhase::Reviewed);
+        assert_eq!(
+            reason(verdict(Some(&ending), "t1", now)),
+            Some(ReapReason::Revoked)
+        );
+        ending.end = Some(end::EndPhase::Discarded);
+        assert_eq!(
+            reason(verdict(Some(&ending), "t1", now)),
+            Some(ReapReason::Revoked)
+        );
     }
 
     #[test]
