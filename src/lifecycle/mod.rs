@@ -251,8 +251,14 @@ impl Gateway {
             } else if crate::registry::end::needs_review(&rec) {
                 // Its end was cut short (a crash): the janitor's pass at start finishes it.
                 tracing::info!(token = %rec.id, "token ended without a stored review; the janitor takes it");
-            } else if rec.backend.is_some() {
-                // Ended earlier but its backend outlived a crash: finish the job.
+            } else if rec.backend.is_some()
+                || matches!(
+                    rec.end,
+                    Some(crate::registry::end::EndPhase::Reviewed | crate::registry::end::EndPhase::Discarded)
+                )
+            {
+                // Ended earlier but its end outlived a crash (a backend left, a destroy not
+                // recorded): finish the job.
                 if let Err(e) = self.finish_end(&rec.id).await {
                     tracing::warn!(token = %rec.id, error = %e, "destroying leftover backend failed");
                 }
