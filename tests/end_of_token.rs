@@ -172,6 +172,9 @@ fn a_failed_review_is_said_everywhere_refuses_approval_and_is_retried() {
     let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{tid}/approve"), Some(json!({})));
     assert_eq!(s, 409, "{v}");
     assert!(v["error"].as_str().unwrap_or("").starts_with("review failed: "), "{v}");
+    let (s, body) = get_text(&g, &format!("/v1/tokens/{tid}/diff"));
+    assert_eq!(s, 404, "{body}");
+    assert!(body.contains("review failed: "), "{body}");
 
     // A janitor pass tries again and fails again: still kept.
     let (s, rep) = g.raw_call("POST", "/v1/reap", None);

@@ -359,6 +359,12 @@ async fn token_diff(
         };
         let stmts = store::statements(&reviewer, &rec).unwrap_or_default();
         store::render(&review, &stmts, f)
+    } else if let Some(why) = crate::registry::end::approval_refused(&rec) {
+        // Files left by an end a crash cut short are not its review.
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("token {id} has ended and no review was stored: {why}"),
+        );
     } else {
         match store::load(&store::reviews_dir(&s.gw.config), &rec.task, &rec.id, f) {
             Some(b) => b,
