@@ -33,6 +33,9 @@ pub mod stop_now;
 struct ReviewHooks(Reviewer, crate::config::Config);
 
 impl TokenHooks for ReviewHooks {
+    fn issued(&self, rec: &TokenRecord) {
+        review::reserve(&self.0, &rec.task, &rec.id);
+    }
     fn forked(&self, golden: Option<String>) {
         review::prepare(&self.0, golden);
     }

@@ -168,6 +168,7 @@ impl Gateway {
             review_error: None,
         };
         self.registry.insert(rec.clone()).await?;
+        self.hooks.issued(&rec);
         metrics::counter!("sandpit_tokens_issued_total").increment(1);
         self.schedule_expiry(&rec);
         let mut view = self.view(&rec);

@@ -53,6 +53,8 @@ impl EndReason {
 /// What happens around a token's life that the lifecycle does not own (the review), set up
 /// by `server.rs`: the lifecycle calls these and never imports the modules above it.
 pub trait TokenHooks: Send + Sync + 'static {
+    /// A token was just issued (its record written).
+    fn issued(&self, _rec: &TokenRecord) {}
     /// A backend was just forked for a token, from golden version `golden`.
     fn forked(&self, golden: Option<String>);
     /// A token ended; called before its backend is destroyed. An error (why the review

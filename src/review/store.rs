@@ -317,7 +317,48 @@ pub fn render(review: &Review, stmts: &[LoggedStatement], f: Format) -> String {
     }
 }
 
-/// Write all four files of a review under `dir` (mode 0600: they quote data).
+/// The file reserved at issue for one format of a token's review ([`reserve`]).
+fn reserve_path(dir: &Path, task: &str, token: &str, f: Format) -> PathBuf {
+    dir.join(task).join(format!("{token}.{}.reserve", f.ext()))
+}
+
+/// Reserves `review.reserve_bytes` on disk for a token's end-of-token review, a quarter per
+/// format, as files whose blocks are allocated now ([`write_all`] writes into them). Called
+/// when a token is issued; a failure is logged (the review is then written without a
+/// reserve).
+pub fn reserve(rv: &Reviewer, task: &str, token: &str) {
+    let per = rv.settings.reserve_bytes / 4;
+    if !rv.settings.on_end || per == 0 {
+        return;
+    }
+    let made = (|| -> std::io::Result<()> {
+        crate::datadir::private_dirs(&rv.dir, Path::new(task))?;
+        for f in [Format::Json, Format::Text, Format::Sql, Format::Html] {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(reserve_path(&rv.dir, task, token, f))?;
+            nix::fcntl::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                per as i64,
+            )
+            .map_err(std::io::Error::from)?;
+            file.sync_all()?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = made {
+        tracing::warn!(token, error = %e, "reserving disk space for the review failed");
+    }
+}
+
+/// Write all four files of a review under `dir` (mode 0600: they quote data), each into the
+/// space [`reserve`] kept for it when there is one (its blocks are overwritten, then the
+/// file is cut to the review's length and renamed), else into a new file.
 pub fn write_all(
     dir: &Path,
     review: &Review,
@@ -327,14 +368,21 @@ pub fn write_all(
         let path = review_path(dir, &review.task, &review.token, f);
         let write = || -> std::io::Result<()> {
             crate::datadir::private_dirs(dir, Path::new(&review.task))?;
-            let tmp = path.with_extension(format!("{}.tmp", f.ext()));
+            let reserved = reserve_path(dir, &review.task, &review.token, f);
+            let tmp = if reserved.exists() {
+                reserved
+            } else {
+                path.with_extension(format!("{}.tmp", f.ext()))
+            };
             let mut file = std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
-                .truncate(true)
+                .truncate(false)
                 .mode(0o600)
                 .open(&tmp)?;
-            file.write_all(render(review, stmts, f).as_bytes())?;
+            let bytes = render(review, stmts, f);
+            file.write_all(bytes.as_bytes())?;
+            file.set_len(bytes.len() as u64)?;
             file.sync_all()?;
             std::fs::rename(&tmp, &path)?;
             crash_point(&format!("review:wrote_{}", f.ext()));
