@@ -306,8 +306,13 @@ async fn the_review_is_written_into_space_reserved_at_issue() {
             assert_eq!(shown["review"], "stored", "{shown}\n{}", g.log());
             for ext in ["json", "txt", "sql", "html"] {
                 let p = reviews.join("reserved").join(format!("{tid}.{ext}"));
-                assert!(std::fs::metadata(&p).map(|m| m.len() > 0).unwrap_or(false), "{ext}");
-                let reserve = reviews.join("reserved").join(format!("{tid}.{ext}.reserve"));
+                assert!(
+                    std::fs::metadata(&p).map(|m| m.len() > 0).unwrap_or(false),
+                    "{ext}"
+                );
+                let reserve = reviews
+                    .join("reserved")
+                    .join(format!("{tid}.{ext}.reserve"));
                 assert!(!reserve.exists(), "the reserve became the review");
             }
             let text = std::fs::read_to_string(&json).expect("stored");
@@ -321,7 +326,9 @@ async fn the_review_is_written_into_space_reserved_at_issue() {
             let (s, rep) = g.raw_call("POST", "/v1/reap", None);
             assert_eq!(s, 200, "{rep}");
             assert_eq!(g.show(&tid)["review"], "stored", "{rep}");
-            assert!(std::fs::read_to_string(&json).expect("stored").contains("the change"));
+            assert!(std::fs::read_to_string(&json)
+                .expect("stored")
+                .contains("the change"));
         }
         let _ = std::fs::remove_file(reviews.join("fill"));
     }

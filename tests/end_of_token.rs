@@ -102,7 +102,11 @@ fn locks_held_in_prepared_transactions_cannot_prevent_the_review() {
     );
     run_sql(&d, "insert into notes values (1, 'the change')");
     for (gid, table, write) in [
-        ("hold-1", "items", "update items set name = 'held' where id = 1"),
+        (
+            "hold-1",
+            "items",
+            "update items set name = 'held' where id = 1",
+        ),
         ("hold-2", "other", "insert into other values (1)"),
     ] {
         let script = format!(
@@ -132,9 +136,14 @@ fn locks_held_in_prepared_transactions_cannot_prevent_the_review() {
     assert_eq!(shown["end"], "destroyed", "{shown}");
     assert_eq!(shown["backend"], false, "{shown}");
     // The committed change, and nothing of the rolled-back prepared transactions.
-    assert_eq!(data_of(&stored(&g, "prepared-locks", &tid)), one_insert("public.notes"));
+    assert_eq!(
+        data_of(&stored(&g, "prepared-locks", &tid)),
+        one_insert("public.notes")
+    );
     drop(holder);
-    assert!(g.log().contains("rolled back a prepared transaction left by the agent"));
+    assert!(g
+        .log()
+        .contains("rolled back a prepared transaction left by the agent"));
 }
 
 #[test]
@@ -163,15 +172,31 @@ fn a_failed_review_is_said_everywhere_refuses_approval_and_is_retried() {
         .iter()
         .find(|r| r["token"] == tid.as_str())
         .expect("listed");
-    assert!(mine["review"].as_str().unwrap_or("").starts_with("failed: "), "{mine}");
+    assert!(
+        mine["review"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("failed: "),
+        "{mine}"
+    );
     let listed = sandpit_cli(&g, &["token", "list"]);
     let line = listed.lines().find(|l| l.contains(&tid)).expect("line");
     assert!(line.contains("review failed: "), "{line}");
     let one = sandpit_cli(&g, &["token", "show", &tid]);
     assert!(one.contains("review failed: "), "{one}");
-    let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{tid}/approve"), Some(json!({})));
+    let (s, v) = g.raw_call(
+        "POST",
+        &format!("/v1/tokens/{tid}/approve"),
+        Some(json!({})),
+    );
     assert_eq!(s, 409, "{v}");
-    assert!(v["error"].as_str().unwrap_or("").starts_with("review failed: "), "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("review failed: "),
+        "{v}"
+    );
     let (s, body) = get_text(&g, &format!("/v1/tokens/{tid}/diff"));
     assert_eq!(s, 404, "{body}");
     assert!(body.contains("review failed: "), "{body}");
@@ -192,8 +217,15 @@ fn a_failed_review_is_said_everywhere_refuses_approval_and_is_retried() {
     assert_eq!(shown["review"], "stored", "{shown}");
     assert_eq!(shown["end"], "destroyed", "{shown}");
     assert_eq!(shown["backend"], false, "{shown}");
-    assert_eq!(data_of(&stored(&g, "review-fails", &tid)), one_insert("public.notes"));
-    let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{tid}/approve"), Some(json!({})));
+    assert_eq!(
+        data_of(&stored(&g, "review-fails", &tid)),
+        one_insert("public.notes")
+    );
+    let (s, v) = g.raw_call(
+        "POST",
+        &format!("/v1/tokens/{tid}/approve"),
+        Some(json!({})),
+    );
     assert_eq!(s, 200, "{v}");
 
     // An operator may give up instead: discarded, the failure still said, approval refused.
@@ -208,8 +240,15 @@ fn a_failed_review_is_said_everywhere_refuses_approval_and_is_retried() {
     assert_eq!(shown["end"], "destroyed", "{shown}");
     assert_eq!(shown["backend"], false, "{shown}");
     assert!(!g.instances_dir().join(&did).exists());
-    assert!(shown["review"].as_str().unwrap_or("").starts_with("failed: "));
-    let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{did}/approve"), Some(json!({})));
+    assert!(shown["review"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("failed: "));
+    let (s, v) = g.raw_call(
+        "POST",
+        &format!("/v1/tokens/{did}/approve"),
+        Some(json!({})),
+    );
     assert_eq!(s, 409, "{v}");
     let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{did}/discard"), None);
     assert_eq!(s, 409, "nothing left to discard: {v}");
@@ -277,7 +316,10 @@ fn a_gateway_killed_anywhere_in_a_revoke_stores_the_review_after_restart() {
         let r = stored(&g, &task, &tid);
         assert_eq!(data_of(&r), one_insert("public.notes"), "{point}");
         let sample = r["data"][0]["samples"]["inserted"][0].to_string();
-        assert!(sample.contains(&format!("before {point}")), "{point}: {sample}");
+        assert!(
+            sample.contains(&format!("before {point}")),
+            "{point}: {sample}"
+        );
         let (s, text) = get_text(&g, &format!("/v1/tokens/{tid}/diff?format=text"));
         assert_eq!(s, 200, "{point}: {text}");
         assert!(text.contains(&format!("before {point}")), "{point}: {text}");
@@ -297,13 +339,23 @@ fn values_cannot_forge_lines_or_reverse_text_in_text_mcp_and_html() {
     );
     let check_text = |what: &str, text: &str| {
         assert!(
-            !text.lines().any(|l| l.starts_with("Review of token FAKE")
-                || l.starts_with("  public.items")),
+            !text
+                .lines()
+                .any(|l| l.starts_with("Review of token FAKE") || l.starts_with("  public.items")),
             "{what}: a value started a line:\n{text}"
         );
-        assert!(!text.contains('\u{202e}') && !text.contains('\u{200b}'), "{what}");
-        assert!(text.contains("'ok\\u{a}Review of token FAKE\\u{a}  public.items"), "{what}:\n{text}");
-        assert!(text.contains("\\u{202e}0001$ \\u{200b}x'"), "{what}:\n{text}");
+        assert!(
+            !text.contains('\u{202e}') && !text.contains('\u{200b}'),
+            "{what}"
+        );
+        assert!(
+            text.contains("'ok\\u{a}Review of token FAKE\\u{a}  public.items"),
+            "{what}:\n{text}"
+        );
+        assert!(
+            text.contains("\\u{202e}0001$ \\u{200b}x'"),
+            "{what}:\n{text}"
+        );
     };
     let (s, text) = get_text(&g, &format!("/v1/tokens/{tid}/diff?format=text"));
     assert_eq!(s, 200, "{text}");
@@ -317,8 +369,13 @@ fn values_cannot_forge_lines_or_reverse_text_in_text_mcp_and_html() {
         .replacen(':', ".", 1);
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "review_changes", "arguments": {}}});
-    let r = common::http("POST", &format!("{}/mcp", g.api), Some(&creds), common::Body::Json(call))
-        .expect("mcp");
+    let r = common::http(
+        "POST",
+        &format!("{}/mcp", g.api),
+        Some(&creds),
+        common::Body::Json(call),
+    )
+    .expect("mcp");
     assert_eq!(r.status, 200, "{}", r.body);
     let v: Value = serde_json::from_str(&r.body).expect("json");
     let mcp = v["result"]["content"][0]["text"].as_str().expect("text");
@@ -326,7 +383,10 @@ fn values_cannot_forge_lines_or_reverse_text_in_text_mcp_and_html() {
 
     let (s, page) = get_text(&g, &format!("/v1/tokens/{tid}/diff?format=html"));
     assert_eq!(s, 200);
-    assert!(!page.contains('\u{202e}') && !page.contains('\u{200b}'), "raw override in HTML");
+    assert!(
+        !page.contains('\u{202e}') && !page.contains('\u{200b}'),
+        "raw override in HTML"
+    );
     assert!(
         page.contains("<bdi dir=\"auto\">pay <span class=\"cc\">\\u{202e}</span>0001$ <span class=\"cc\">\\u{200b}</span>x</bdi>"),
         "{page}"
@@ -341,7 +401,10 @@ fn values_cannot_forge_lines_or_reverse_text_in_text_mcp_and_html() {
     // After the end: the stored files say the same.
     g.revoke(&tid);
     let stored_text = std::fs::read_to_string(
-        g.data_dir.join("reviews").join("escaping").join(format!("{tid}.txt")),
+        g.data_dir
+            .join("reviews")
+            .join("escaping")
+            .join(format!("{tid}.txt")),
     )
     .expect("stored text");
     check_text("stored text", &stored_text);

@@ -390,7 +390,9 @@ async fn finish_ends<'a>(
                 report.reviewed.push(id);
             }
             Ok(None) => {}
-            Err(e) => report.errors.push(format!("token {id}: finishing its end: {e}")),
+            Err(e) => report
+                .errors
+                .push(format!("token {id}: finishing its end: {e}")),
         }
     }
 }

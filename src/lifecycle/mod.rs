@@ -256,7 +256,10 @@ impl Gateway {
             } else if rec.backend.is_some()
                 || matches!(
                     rec.end,
-                    Some(crate::registry::end::EndPhase::Reviewed | crate::registry::end::EndPhase::Discarded)
+                    Some(
+                        crate::registry::end::EndPhase::Reviewed
+                            | crate::registry::end::EndPhase::Discarded
+                    )
                 )
             {
                 // Ended earlier but its end outlived a crash (a backend left, a destroy not

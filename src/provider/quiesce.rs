@@ -38,7 +38,9 @@ async fn login(target: &BackendTarget) -> Result<Client, ProviderError> {
         .dbname(&target.database)
         .application_name("sandpit-quiesce")
         // The role's own settings must not time this session out.
-        .options("-c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0")
+        .options(
+            "-c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0",
+        )
         .ssl_mode(tokio_postgres::config::SslMode::Disable);
     if let Some(p) = &target.password {
         cfg.password(p.as_bytes());

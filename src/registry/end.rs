@@ -80,9 +80,10 @@ pub fn step(phase: Option<EndPhase>, event: &EndEvent) -> Result<EndPhase, EndEr
         (P::Discarded | P::Destroyed, E::ReviewStored | E::ReviewFailed(_)) => Err(
             EndError::Refused(phase.as_str(), "there is no scratch data to review"),
         ),
-        (P::Reviewed, E::ReviewStored | E::ReviewFailed(_)) => {
-            Err(EndError::Refused("reviewed", "its review is stored already"))
-        }
+        (P::Reviewed, E::ReviewStored | E::ReviewFailed(_)) => Err(EndError::Refused(
+            "reviewed",
+            "its review is stored already",
+        )),
     }
 }
 
@@ -241,9 +242,15 @@ mod tests {
     fn a_failure_is_kept_until_a_review_is_stored_and_a_discard_says_why() {
         let mut r = ended(Some(P::Ending), None);
         apply(&mut r, &E::ReviewFailed("boom".into())).unwrap();
-        assert_eq!((r.end, r.review_error.as_deref()), (Some(P::Ending), Some("boom")));
+        assert_eq!(
+            (r.end, r.review_error.as_deref()),
+            (Some(P::Ending), Some("boom"))
+        );
         apply(&mut r, &E::ReviewStored).unwrap();
-        assert_eq!((r.end, r.review_error.as_deref()), (Some(P::Reviewed), None));
+        assert_eq!(
+            (r.end, r.review_error.as_deref()),
+            (Some(P::Reviewed), None)
+        );
         let mut d = ended(Some(P::Ending), None);
         apply(&mut d, &E::Discard).unwrap();
         assert!(d.review_error.unwrap().contains("discarded"));
