@@ -219,7 +219,7 @@ fn table(out: &mut String, t: &TableDiff) {
             out,
             "<p class=\"muted showing\">{}: {} (counts are exact)</p>",
             esc(kind),
-            show(s)
+            esc(s)
         );
     }
     if t.samples.inserted.is_empty() && t.samples.deleted.is_empty() && t.samples.updated.is_empty()
