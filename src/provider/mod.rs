@@ -186,6 +186,15 @@ pub trait Provider: Send + Sync + 'static {
     fn review_target(&self, backend: &Backend) -> BackendTarget {
         backend.target.clone()
     }
+    /// The backend of an ended token, started if need be, for its end-of-token review. A
+    /// provider that refuses a tampered backend's sessions ([`ProviderError::Tampered`]:
+    /// access already put back) still hands it out here, as no session can reach it.
+    fn ended_backend<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        self.ensure_running(handle)
+    }
     /// Before the end-of-token review of an ended token: end every agent session on the
     /// backend (the gateway's or not) and roll back every prepared transaction it left, as
     /// a role allowed to, so no lock of the agent's can hold the review back. Providers

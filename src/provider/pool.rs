@@ -403,6 +403,13 @@ impl Provider for WarmPool {
         self.inner.quiesce(backend)
     }
 
+    fn ended_backend<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        self.inner.ended_backend(handle)
+    }
+
     fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
         self.inner.goldens()
     }

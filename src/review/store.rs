@@ -276,11 +276,12 @@ async fn take_with(
             ..Default::default()
         },
         Some(handle) => {
-            let scratch = rv
-                .provider
-                .ensure_running(handle)
-                .await
-                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            let scratch = if end_sessions {
+                rv.provider.ended_backend(handle).await
+            } else {
+                rv.provider.ensure_running(handle).await
+            }
+            .map_err(|e| ReviewError::Backend(e.to_string()))?;
             let reference = rv
                 .provider
                 .reference(rec.golden.as_deref())
@@ -437,7 +438,7 @@ pub async fn on_end(rv: &Reviewer, rec: &TokenRecord) -> Result<(), String> {
         if let Some(handle) = rec.backend.as_deref() {
             let scratch = rv
                 .provider
-                .ensure_running(handle)
+                .ended_backend(handle)
                 .await
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
             rv.provider

@@ -101,6 +101,20 @@ impl TemplateProvider {
         )
         .await
         .map_err(|e| pg_err("ending the task's sessions before the review", e))?;
+        let db = c
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&h])
+            .await
+            .map_err(|e| pg_err("looking up the scratch database", e))?
+            .is_some();
+        if db {
+            // Flags that would shut the review (and the rollbacks below) out, as at destroy.
+            c.batch_execute(&format!(
+                "ALTER DATABASE {} IS_TEMPLATE false ALLOW_CONNECTIONS true",
+                quote_ident(h)
+            ))
+            .await
+            .map_err(|e| pg_err("clearing the scratch database's flags", e))?;
+        }
         self.rollback_prepared(&c, h).await
     }
 
