@@ -3,9 +3,12 @@
 //! right away, and again by the janitor for a token whose review failed or whose end a
 //! crash cut short; an operator may discard the scratch data of a review that keeps failing.
 
+use std::sync::Arc;
+
 use crate::registry::end::{self, crash_point, EndEvent, EndPhase};
 use crate::registry::TokenRecord;
 
+use super::janitor::ReapReport;
 use super::{Gateway, LifecycleError};
 
 /// Removes a token from the ends running in this process when dropped.
@@ -95,5 +98,35 @@ impl Gateway {
             return Err(LifecycleError::Unknown(id.into()));
         }
         res.map_err(LifecycleError::End)
+    }
+}
+
+/// Finishes the end of every ended token whose review is not stored (it failed, or a crash
+/// cut the end short): the review, then the destroy.
+pub(super) async fn finish_ends<'a>(
+    gw: &Arc<Gateway>,
+    records: impl Iterator<Item = &'a TokenRecord>,
+    report: &mut ReapReport,
+) {
+    let waiting: Vec<String> = records
+        .filter(|r| end::needs_review(r))
+        .map(|r| r.id.clone())
+        .collect();
+    for id in waiting {
+        match gw.finish_end(&id).await {
+            Ok(Some(end::EndPhase::Ending)) => {
+                metrics::counter!("sandpit_janitor_review_failures_total").increment(1);
+                report.review_failed.push(id);
+            }
+            Ok(Some(_)) => {
+                tracing::info!(token = %id, "janitor: end-of-token review stored");
+                metrics::counter!("sandpit_janitor_reviews_total").increment(1);
+                report.reviewed.push(id);
+            }
+            Ok(None) => {}
+            Err(e) => report
+                .errors
+                .push(format!("token {id}: finishing its end: {e}")),
+        }
     }
 }

@@ -190,7 +190,7 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         .collect();
     let mut ends = ReapReport::default();
     if !dry_run {
-        finish_ends(gw, records.values(), &mut ends).await;
+        super::ending::finish_ends(gw, records.values(), &mut ends).await;
     }
     let records: HashMap<String, TokenRecord> = if ends.reviewed.is_empty() {
         records
@@ -367,36 +367,6 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
     Ok(report)
 }
 
-/// Finishes the end of every ended token whose review is not stored (it failed, or a crash
-/// cut the end short): the review, then the destroy.
-async fn finish_ends<'a>(
-    gw: &Arc<Gateway>,
-    records: impl Iterator<Item = &'a TokenRecord>,
-    report: &mut ReapReport,
-) {
-    let waiting: Vec<String> = records
-        .filter(|r| end::needs_review(r))
-        .map(|r| r.id.clone())
-        .collect();
-    for id in waiting {
-        match gw.finish_end(&id).await {
-            Ok(Some(end::EndPhase::Ending)) => {
-                metrics::counter!("sandpit_janitor_review_failures_total").increment(1);
-                report.review_failed.push(id);
-            }
-            Ok(Some(_)) => {
-                tracing::info!(token = %id, "janitor: end-of-token review stored");
-                metrics::counter!("sandpit_janitor_reviews_total").increment(1);
-                report.reviewed.push(id);
-            }
-            Ok(None) => {}
-            Err(e) => report
-                .errors
-                .push(format!("token {id}: finishing its end: {e}")),
-        }
-    }
-}
-
 /// Destroys one backend if, checked again under the token's backend mutex (so after any fork
 /// in progress has recorded its handle), it still is not a valid token's recorded backend.
 /// Returns the reason, or None when it turned out to be kept. A dry run changes nothing.
@@ -557,36 +527,13 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Verifier;
-    use crate::registry::Caps;
 
     fn rec(state: TokenState, backend: Option<&str>, expires_in: i64) -> TokenRecord {
-        let now = OffsetDateTime::now_utc();
-        TokenRecord {
-            id: "t1".into(),
-            task: "task".into(),
-            metadata: Default::default(),
-            created_at: now,
-            expires_at: now + time::Duration::seconds(expires_in),
-            caps: Caps {
-                max_rows: 1,
-                max_bytes: 1,
-                max_connections: 1,
-                cap_mode: Default::default(),
-                allow: None,
-                statement_timeout_ms: 0,
-                idle_in_transaction_timeout_ms: 0,
-            },
-            state,
-            verifier: Verifier::from_secret("s"),
-            backend: backend.map(str::to_string),
-            golden: None,
-            fork_count: 0,
-            superuser: false,
-            ended_at: None,
-            end: None,
-            review_error: None,
-        }
+        let mut r = TokenRecord::for_tests("t1");
+        r.expires_at = OffsetDateTime::now_utc() + time::Duration::seconds(expires_in);
+        r.state = state;
+        r.backend = backend.map(str::to_string);
+        r
     }
 
     fn reason(v: Verdict) -> Option<ReapReason> {
