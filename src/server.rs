@@ -36,6 +36,9 @@ impl TokenHooks for ReviewHooks {
     fn issued(&self, rec: &TokenRecord) {
         review::reserve(&self.0, &rec.task, &rec.id);
     }
+    fn discarded(&self, rec: &TokenRecord) {
+        review::release_reserve(&self.0, &rec.task, &rec.id);
+    }
     fn forked(&self, golden: Option<String>) {
         review::prepare(&self.0, golden);
     }

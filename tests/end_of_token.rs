@@ -240,6 +240,10 @@ fn a_failed_review_is_said_everywhere_refuses_approval_and_is_retried() {
     assert_eq!(shown["end"], "destroyed", "{shown}");
     assert_eq!(shown["backend"], false, "{shown}");
     assert!(!g.instances_dir().join(&did).exists());
+    let left: Vec<_> = std::fs::read_dir(g.data_dir.join("reviews").join("review-discarded"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "no review and no reserve left: {left:?}");
     assert!(shown["review"]
         .as_str()
         .unwrap_or("")

@@ -81,10 +81,13 @@ impl Gateway {
         tracing::warn!(token = %id, "scratch data discarded without a stored review");
         metrics::counter!("sandpit_reviews_discarded_total").increment(1);
         self.finish_end(id).await?;
-        self.registry
+        let rec = self
+            .registry
             .fresh(id)
             .await?
-            .ok_or_else(|| LifecycleError::Unknown(id.into()))
+            .ok_or_else(|| LifecycleError::Unknown(id.into()))?;
+        self.hooks.discarded(&rec);
+        Ok(rec)
     }
 
     /// Records one step of a token's end; refused steps are errors and change nothing.

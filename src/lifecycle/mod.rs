@@ -55,6 +55,8 @@ impl EndReason {
 pub trait TokenHooks: Send + Sync + 'static {
     /// A token was just issued (its record written).
     fn issued(&self, _rec: &TokenRecord) {}
+    /// An ended token's scratch data was discarded without a stored review.
+    fn discarded(&self, _rec: &TokenRecord) {}
     /// A backend was just forked for a token, from golden version `golden`.
     fn forked(&self, golden: Option<String>);
     /// A token ended; called before its backend is destroyed. An error (why the review

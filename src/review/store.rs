@@ -357,6 +357,19 @@ pub fn reserve(rv: &Reviewer, task: &str, token: &str) {
     }
 }
 
+/// Removes the space [`reserve`] kept for a review that will never be written (the token's
+/// scratch data was discarded).
+pub fn release_reserve(rv: &Reviewer, task: &str, token: &str) {
+    for f in [Format::Json, Format::Text, Format::Sql, Format::Html] {
+        match std::fs::remove_file(reserve_path(&rv.dir, task, token, f)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(token, error = %e, "removing a review reserve failed")
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Write all four files of a review under `dir` (mode 0600: they quote data), each into the
 /// space [`reserve`] kept for it when there is one (its blocks are overwritten, then the
 /// file is cut to the review's length and renamed), else into a new file.
