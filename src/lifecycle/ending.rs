@@ -29,6 +29,9 @@ impl Gateway {
             return Ok(None);
         }
         let _running = Running(self, id);
+        // And one at a time across replicas sharing a registry (taken before a token's own
+        // lock, as the janitor's is before this one); the record is read under it.
+        let _across = self.registry.lock(&format!("end:{id}")).await?;
         let rec = self
             .registry
             .fresh(id)
