@@ -28,17 +28,43 @@ fn client(cfg: &Config, api: &ApiArgs) -> Result<ApiClient> {
     Ok(ApiClient::new(&base, key)?)
 }
 
+/// Standard output was closed under the CLI (`sandpit log … | head`): it ends quietly, 0.
+#[derive(Debug)]
+struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
+/// Writes to standard output. `println!` panics when the reader has gone (Rust ignores
+/// SIGPIPE, so a write fails with EPIPE); here that is [`StdoutClosed`].
+fn out(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    match o.write_all(text.as_bytes()).and_then(|()| o.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(StdoutClosed.into()),
+        r => Ok(r.context("writing to standard output")?),
+    }
+}
+
+fn outln(text: &str) -> Result<()> {
+    out(&format!("{text}\n"))
+}
+
 fn print(
     v: &serde_json::Value,
     json: bool,
     text: impl FnOnce(&serde_json::Value) -> String,
 ) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(v)?);
+        outln(&serde_json::to_string_pretty(v)?)
     } else {
-        println!("{}", text(v));
+        outln(&text(v))
     }
-    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
@@ -49,18 +75,22 @@ fn main() -> std::process::ExitCode {
             let text = cli::redact(&e.render().to_string(), &cli::secrets_of_invocation());
             if e.use_stderr() {
                 eprint!("{text}");
-            } else {
-                print!("{text}");
+            } else if out(&text).is_err() {
+                // --help into a closed pipe: nothing more to say.
+                return std::process::ExitCode::SUCCESS;
             }
             return std::process::ExitCode::from(e.exit_code().clamp(0, 255) as u8);
         }
     };
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) if e.downcast_ref::<StdoutClosed>().is_some() => std::process::ExitCode::SUCCESS,
         Err(e) => {
+            // `{:#}`: the causes on one line. Debug formatting would add a backtrace whenever
+            // RUST_BACKTRACE is set, which says nothing to an operator.
             eprintln!(
                 "Error: {}",
-                cli::redact(&format!("{e:?}"), &cli::secrets_of_invocation())
+                cli::redact(&format!("{e:#}"), &cli::secrets_of_invocation())
             );
             std::process::ExitCode::FAILURE
         }
@@ -101,16 +131,26 @@ fn run(cli: Cli) -> Result<()> {
                 anyhow::bail!("no token or task named {target:?}");
             }
             // Page by page: a long log is never held whole.
+            let mut written = Ok(());
             for id in ids {
                 c.each_statement(&id, |v| {
-                    if api.json {
-                        println!("{v}");
+                    written = if api.json {
+                        outln(&v.to_string())
                     } else {
-                        println!("{}", cli::statement_line(v));
+                        outln(&cli::statement_line(v))
+                    };
+                    // A closed stdout stops the paging too.
+                    if written.is_ok() {
+                        std::ops::ControlFlow::Continue(())
+                    } else {
+                        std::ops::ControlFlow::Break(())
                     }
                 })?;
+                if written.is_err() {
+                    break;
+                }
             }
-            Ok(())
+            written
         }
         Cmd::Review {
             decide:
@@ -179,11 +219,11 @@ fn run(cli: Cli) -> Result<()> {
             };
             let id = cli::token_id_arg(id.as_deref().unwrap_or_default())?;
             let body = client(&cfg, &api)?.review(&id, format, *full_scan, *verify)?;
-            print!("{body}");
-            if !body.ends_with('\n') {
-                println!();
+            if body.ends_with('\n') {
+                out(&body)
+            } else {
+                outln(&body)
             }
-            Ok(())
         }
         Cmd::Token { cmd } => match cmd {
             TokenCmd::Issue {
@@ -230,10 +270,7 @@ fn run(cli: Cli) -> Result<()> {
             TokenCmd::List { api } => {
                 let v = client(&cfg, api)?.list()?;
                 print(&v, api.json, |v| {
-                    std::iter::once(cli::token_list_header())
-                        .chain(v.as_array().into_iter().flatten().map(cli::token_line))
-                        .collect::<Vec<_>>()
-                        .join("\n")
+                    cli::token_table(v.as_array().map(Vec::as_slice).unwrap_or_default())
                 })
             }
             TokenCmd::Show { id, api } => {
@@ -368,7 +405,7 @@ fn check_config(mut cfg: Config, args: &ServeArgs) -> Result<()> {
     cfg.validate()?;
     let env_key = std::env::var("SANDPIT_ADMIN_KEY").ok();
     cfg.preflight(env_key.as_deref())?;
-    println!("config ok");
+    outln("config ok")?;
     Ok(())
 }
 

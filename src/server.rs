@@ -230,6 +230,41 @@ async fn bind(
     Ok((l, local))
 }
 
+/// The provider, or None if a stop came while it was prepared (a golden or image build
+/// takes minutes). Dropping the preparation ends its children (the image build's process
+/// group and mount namespace); a golden build's staging server is stopped here and its
+/// directory removed at the next start.
+async fn provider_unless_stopped(
+    cfg: &Config,
+    data_dir: &Path,
+    shared_key: Option<String>,
+    stop: &mut watch::Receiver<bool>,
+) -> Result<Option<Arc<dyn Provider>>, ServeError> {
+    tokio::select! {
+        p = build_provider(cfg, data_dir, shared_key) => p.map(Some),
+        () = stop_requested(stop) => {
+            tracing::info!("shutting down");
+            let grace = std::time::Duration::from_secs(5);
+            let (servers, _) = stop_now::stop_local_servers_now(data_dir, grace).await;
+            tracing::info!(
+                staging_servers = servers,
+                "stopped before ready: the provider's preparation was interrupted, \
+                 {servers} staging server(s) stopped"
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Resolves once `stop` turns true (never if its sender is gone without saying so).
+async fn stop_requested(stop: &mut watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// Run the gateway until `stop` turns true; then end sessions and stop backends.
 /// `ready` is called once both listeners are bound, with their addresses.
 pub async fn run(
@@ -301,7 +336,10 @@ pub async fn run(
         api = %api_addr,
         "ports bound; preparing the provider (a golden build can take a minute; ready follows)"
     );
-    let provider = build_provider(&cfg, &data_dir, shared_key).await?;
+    let Some(provider) = provider_unless_stopped(&cfg, &data_dir, shared_key, &mut stop).await?
+    else {
+        return Ok(());
+    };
     let tls = tls::acceptor(
         &cfg.tls,
         &data_dir,
@@ -355,6 +393,8 @@ pub async fn run(
         .set_max_bytes_per_token(gw.config.log.max_bytes_per_token);
     let follower = gw.follow_replicas();
     gw.resume().await;
+    // A promotion an earlier (killed) run left unfinished gets its audit entry.
+    crate::promote::recover_interrupted(&crate::review::store::reviews_dir(&gw.config));
     // Before `ready`: whatever an earlier (killed) run left behind is settled first.
     match janitor::run_pass(&gw, false).await {
         Ok(r) => tracing::info!(
@@ -365,6 +405,16 @@ pub async fn run(
             "janitor pass at start"
         ),
         Err(e) => tracing::warn!(error = %e, "janitor pass at start failed"),
+    }
+    // Servers a killed gateway left running: held from now on (idle suspend and shutdown
+    // stop them) and rid of the dead gateway's sessions, before any new session arrives.
+    let adopted = gw.adopt_running().await;
+    if adopted.servers > 0 {
+        tracing::info!(
+            servers = adopted.servers,
+            stale_sessions = adopted.stale_sessions,
+            "adopted the scratch servers left running"
+        );
     }
     let janitor_task = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
 
@@ -438,10 +488,12 @@ pub async fn run(
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
     }
-    gw.shutdown().await;
-    if let Some(p) = &pool {
-        p.drain().await;
-    }
+    let sessions = gw.session_count();
+    let servers = gw.shutdown().await;
+    let pool_members = match &pool {
+        Some(p) => p.drain().await,
+        None => 0,
+    };
     // A thread: stopped off the runtime (it may be finishing an fsync).
     let _ = tokio::task::spawn_blocking(move || syncer.stop()).await;
     if let Some(f) = follower {
@@ -450,7 +502,15 @@ pub async fn run(
     if let Some(s) = suspender {
         s.abort();
     }
-    gw.logs.release_all();
+    let logs = gw.logs.release_all();
+    tracing::info!(
+        sessions,
+        scratch_servers = servers,
+        pool_members,
+        statement_logs = logs,
+        "stopped: {sessions} session(s) ended, {servers} scratch server(s) stopped, \
+         {pool_members} warm-pool member(s) removed, {logs} statement log(s) closed"
+    );
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     let _ = api_stop_tx.send(true);

@@ -345,11 +345,12 @@ fn statements_of_a_busy_session_killed_mid_stream_are_in_the_log_after_restart()
     let probe = std::fs::File::create(tmp.path().join("fallocate-probe")).expect("probe");
     // SAFETY: a plain syscall on a descriptor we own.
     let fallocate = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&probe), 0, 0, 4096) };
-    if fallocate != 0 {
-        eprintln!(
-            "skipped: no fallocate here ({})",
-            std::io::Error::last_os_error()
-        );
+    let why = std::io::Error::last_os_error().to_string();
+    if !common::require(
+        fallocate == 0,
+        "fallocate on the temp dir's filesystem",
+        &why,
+    ) {
         return;
     }
     let mut g = Gateway::start_in(tmp.path(), Some(GOLDEN), None);
@@ -457,4 +458,104 @@ fn caps_above_the_gateway_ceiling_are_refused_at_issue() {
         v["error"].as_str().unwrap_or("").contains("max_rows_limit"),
         "{v}"
     );
+}
+
+/// Notices, notifications and error fields are bytes the client is sent: they count against
+/// `max_bytes` however the agent makes the server produce them.
+#[test]
+fn notices_notifications_and_long_errors_are_capped_by_bytes() {
+    let g = gateway();
+    let t = g.issue_with(serde_json::json!({
+        "task": "caps-noise", "ttl_seconds": 600, "max_rows": 10, "max_bytes": 10_000
+    }));
+    let d = dsn(&t);
+
+    // 100 000 notices from one DO loop (about 19 MB from the server).
+    let (ok, _, err) = psql(
+        &d,
+        &["-c", "do $$ begin for i in 1..100000 loop raise notice 'n % %', i, repeat('x', 150); end loop; end $$"],
+    );
+    assert!(ok, "{}", &err[..err.len().min(2000)]);
+    let shown = err.lines().filter(|l| l.starts_with("NOTICE:  n ")).count();
+    assert!(
+        (1..100).contains(&shown),
+        "{shown} notices reached the client"
+    );
+    assert!(
+        err.len() < 30_000,
+        "{} bytes of notices on stderr",
+        err.len()
+    );
+    assert!(
+        err.contains("notifications") && err.contains("were not sent because"),
+        "{}",
+        &err[err.len().saturating_sub(2000)..]
+    );
+
+    // The session goes on with a fresh budget: a later statement's notices are shown.
+    let (ok, _, err) = psql(&d, &["-c", "do $$ begin raise notice 'after'; end $$"]);
+    assert!(ok && err.contains("NOTICE:  after"), "{err}");
+
+    // pg_notify of 100 000 rows in the session that listens: delivered at commit, capped.
+    let (ok, out, err) = psql(
+        &d,
+        &["-c", "listen flood", "-c", "select count(pg_notify('flood', repeat('y', 100) || g)) from generate_series(1, 100000) g"],
+    );
+    assert!(ok, "{}", &err[..err.len().min(2000)]);
+    let got = out
+        .lines()
+        .filter(|l| l.contains("Asynchronous notification"))
+        .count();
+    assert!(got < 100, "{got} notifications reached the client");
+    assert!(
+        err.contains("were not sent because"),
+        "{}",
+        &err[..err.len().min(2000)]
+    );
+
+    // One error whose DETAIL and HINT carry a megabyte each: cut, with a marker.
+    let (ok, _, err) = psql(
+        &d,
+        &["-c", "do $$ begin raise exception 'boom' using detail = repeat('d', 1000000), hint = repeat('h', 1000000); end $$"],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("boom") && err.contains("more bytes cut]"),
+        "{}",
+        &err[..err.len().min(2000)]
+    );
+    assert!(err.len() < 20_000, "{} bytes of error", err.len());
+
+    // A session that only listens while another one floods the channel.
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        use futures_util::StreamExt;
+        let (listener, mut conn) = tokio_postgres::connect(&d, tokio_postgres::NoTls).await.expect("connect");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+            while let Some(Ok(m)) = messages.next().await {
+                let _ = tx.send(m);
+            }
+        });
+        listener.batch_execute("listen other").await.expect("listen");
+        let sender = connect(&d).await.expect("connect");
+        sender
+            .batch_execute("select count(pg_notify('other', repeat('z', 100) || g)) from generate_series(1, 50000) g")
+            .await
+            .expect("notify");
+        // The listener's next statement ends its stretch: what was dropped is said then.
+        listener.batch_execute("select 1").await.expect("still usable");
+        let mut notifications = 0;
+        let mut summary = false;
+        while let Ok(m) = rx.try_recv() {
+            match m {
+                tokio_postgres::AsyncMessage::Notification(_) => notifications += 1,
+                tokio_postgres::AsyncMessage::Notice(n) => summary |= n.message().contains("were not sent"),
+                _ => {}
+            }
+        }
+        assert!((1..100).contains(&notifications), "{notifications} notifications reached the listener");
+        assert!(summary, "no notice saying what was dropped");
+    });
 }

@@ -225,7 +225,7 @@ fn node_client(caps: bool) {
     let dir = clients_dir().join("node");
     assert!(
         dir.join("node_modules/pg").exists(),
-        "node-postgres is not installed: run `npm ci` in tests/clients/node (.ci/run does)"
+        "node-postgres is not installed: run `npm ci` in tests/clients/node (scripts/setup-dev.sh does)"
     );
     let mut cmd = Command::new("node");
     cmd.arg(dir.join("scenario.js")).current_dir(&dir);
@@ -252,7 +252,7 @@ fn postgresjs_client() {
     let dir = clients_dir().join("node");
     assert!(
         dir.join("node_modules/postgres").exists(),
-        "postgres.js is not installed: run `npm ci` in tests/clients/node (.ci/run does)"
+        "postgres.js is not installed: run `npm ci` in tests/clients/node (scripts/setup-dev.sh does)"
     );
     let mut cmd = Command::new("node");
     cmd.arg(dir.join("postgresjs_scenario.js"))

@@ -93,10 +93,10 @@ fn id(t: &Value) -> String {
 async fn a_full_disk_keeps_the_kill_switch_and_the_log() {
     let tmp = common::tempdir();
     let data = tmp.path().join("data");
-    let Some(_mount) = Mount::tmpfs(&data, "400m") else {
-        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+    let mount = Mount::tmpfs(&data, "400m");
+    if !common::require(mount.is_some(), "a tmpfs mount", "needs root") {
         return;
-    };
+    }
     // The gateway's own log (its stderr) is on the full filesystem too, as an operator's
     // would be: a log line that cannot be written must not take a session or a request down.
     // The fork pre-check (limits.min_free_bytes) is set low here, so that the copy itself

@@ -329,10 +329,11 @@ fn scratch_server_cannot_run_programs_or_reach_the_network() {
     let pid = postmaster_pid(g, &id);
     let theirs = std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("ns");
     let ours = std::fs::read_link("/proc/self/ns/net").expect("ns");
-    if theirs == ours {
-        eprintln!(
-            "note: no network namespace on this machine (not root?); skipping the network check"
-        );
+    if !common::require(
+        theirs != ours,
+        "a network namespace",
+        "needs root (CAP_SYS_ADMIN)",
+    ) {
         return;
     }
     // As the instance's superuser (only the gateway's OS user can be), try to open a TCP

@@ -1,6 +1,7 @@
-//! The harness examples in `examples/` run against a real gateway: Python (psycopg + urllib)
-//! and JavaScript (node-postgres + fetch). `.ci/run` installs psycopg and runs `npm ci` in
-//! `examples/node` first.
+//! The harness examples in `examples/` run against a real gateway, each on its SDK: Python on
+//! clients/python (from its source; psycopg from the system), JavaScript on clients/typescript
+//! (built here; linked into `examples/node` by its package-lock). `scripts/setup-dev.sh` installs psycopg
+//! and runs `npm ci` in clients/typescript and `examples/node` first.
 
 mod common;
 
@@ -14,6 +15,7 @@ fn run_example(g: &Gateway, program: &str, script: &str, hint: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(program)
         .arg(root.join(script))
+        .env("PYTHONPATH", root.join("clients/python/src"))
         .env("SANDPIT_API", &g.api)
         .env("SANDPIT_ADMIN_KEY", &g.admin_key)
         .output()
@@ -64,6 +66,23 @@ fn assert_all_cleaned(g: &Gateway, prefix: &str) {
     }
 }
 
+/// The TypeScript SDK's `dist/`, which `examples/node` links to, built from its source.
+fn build_typescript_sdk() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/typescript");
+    let hint = "needs node and `npm ci` in clients/typescript (bash .ci/run does)";
+    let out = Command::new("npm")
+        .args(["run", "build"])
+        .current_dir(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run npm ({e}); {hint}"));
+    assert!(
+        out.status.success(),
+        "building clients/typescript failed ({hint}):\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn python_and_node_harness_examples_run_green() {
     let g = Gateway::start(Some(SMALL_GOLDEN), None);
@@ -71,15 +90,16 @@ fn python_and_node_harness_examples_run_green() {
         &g,
         "python3",
         "examples/python/harness.py",
-        "needs psycopg 3: pip install 'psycopg[binary]' (bash .ci/run does)",
+        "needs psycopg 3: pip install 'psycopg[binary]' (bash scripts/setup-dev.sh does)",
     );
     assert_transcript(&py, "python");
     assert_all_cleaned(&g, "py-example-");
+    build_typescript_sdk();
     let node = run_example(
         &g,
         "node",
         "examples/node/harness.mjs",
-        "needs node and `npm ci` in examples/node (bash .ci/run does)",
+        "needs node and `npm ci` in clients/typescript and examples/node (bash scripts/setup-dev.sh does)",
     );
     assert_transcript(&node, "node");
     assert_all_cleaned(&g, "node-example-");

@@ -48,10 +48,12 @@ def _attack(env, dsn, mode, n):
     return p
 
 
-def _stop(p):
-    p.kill()
-    out, _ = p.communicate(timeout=30)
-    rounds = [float(x) for x in out.split() if x.replace(".", "", 1).isdigit()]
+def _stop(ps):
+    rounds = []
+    for p in ps:
+        p.kill()
+        out, _ = p.communicate(timeout=30)
+        rounds += [float(x) for x in out.split() if x.replace(".", "", 1).isdigit()]
     return rounds
 
 
@@ -66,13 +68,19 @@ def stall(env, sz):
     if env.root:
         _, sock = g.postmaster(attacker["id"])
         direct_dsn = f"host={sock} port=5432 user=agent dbname=sandpit"
+    # (mode, count, attacker processes, whether a control straight to the scratch server
+    # makes sense, what it is)
     attacks = [
-        ("query", sz["stall_stmts"], f"one simple Query of {sz['stall_stmts']:,} `SELECT 1;` "
+        ("query", sz["stall_stmts"], 1, True, f"one simple Query of {sz['stall_stmts']:,} `SELECT 1;` "
          "(over the split bound: relayed whole, capped from the stream)"),
-        ("query", 1000, "one simple Query of 1,000 `SELECT 1;` (the most the gateway runs "
+        ("query", 1000, 1, True, "one simple Query of 1,000 `SELECT 1;` (the most the gateway runs "
          "one by one: 1,000 Parse/Bind/Describe/Execute)"),
-        ("pipeline", sz["stall_burst"], f"a pipelined burst of {sz['stall_burst']:,} "
+        ("pipeline", sz["stall_burst"], 1, True, f"a pipelined burst of {sz['stall_burst']:,} "
          "Parse/Bind/Describe/Execute `select 1`, one Sync"),
+        ("pipeline", 10_000, 2, True, "two sessions, each pipelining 10,000 "
+         "Parse/Bind/Describe/Execute `select 1` and a Sync, in a loop"),
+        ("connect", 8, 1, False, "8 threads logging in, `select 1`, logging out, in a loop"),
+        ("slowloris", 200, 1, False, "200 sockets each sending a startup packet one byte a second"),
     ]
     rows = []
     with psycopg.connect(victim["dsn_plain"], autocommit=True) as vc:
@@ -82,22 +90,22 @@ def stall(env, sz):
         idle = _select1_ms(vc, n)
         idle_login = _logins_ms(victim["dsn_plain"], logins)
         busy_rows = []
-        for mode, count, what in attacks:
+        for mode, count, procs, control, what in attacks:
             # Control: the same attack straight to the attacker's scratch server, so the
             # share of plain CPU contention on the server core is visible.
             direct = None
-            if env.root:
-                p = _attack(env, direct_dsn, mode, count)
+            if env.root and control:
+                ps = [_attack(env, direct_dsn, mode, count) for _ in range(procs)]
                 try:
                     direct = _select1_ms(vc, n)
                 finally:
-                    _stop(p)
-            p = _attack(env, attacker["dsn_plain"], mode, count)
+                    _stop(ps)
+            ps = [_attack(env, attacker["dsn_plain"], mode, count) for _ in range(procs)]
             try:
                 busy = _select1_ms(vc, n)
                 busy_login = _logins_ms(victim["dsn_plain"], logins)
             finally:
-                rounds = _stop(p)
+                rounds = _stop(ps)
             per_round = f"attacker's round {pct(rounds, 50):.2f} s median over {len(rounds)}" if rounds else ""
             log(f"stall {mode} {count}: select1 {pct(busy, 50):.2f}/{pct(busy, 99):.2f} ms, "
                 f"login {pct(busy_login, 50):.1f} ms; {per_round}")

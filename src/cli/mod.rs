@@ -171,11 +171,17 @@ impl ApiClient {
     }
 
     /// Every statement of a token's log in order, a page at a time (only one page is held).
-    pub fn each_statement(&self, id: &str, mut f: impl FnMut(&Value)) -> Result<(), CliError> {
+    pub fn each_statement(
+        &self,
+        id: &str,
+        mut f: impl FnMut(&Value) -> std::ops::ControlFlow<()>,
+    ) -> Result<(), CliError> {
         let mut after = 0;
         loop {
             let (page, next) = self.statements_page(id, after, LOG_PAGE)?;
-            page.iter().for_each(&mut f);
+            if page.iter().try_for_each(&mut f).is_break() {
+                return Ok(());
+            }
             match next {
                 // A cursor that does not move would loop forever.
                 Some(n) if n > after => after = n,

@@ -3,22 +3,6 @@
 
 use serde_json::Value;
 
-/// The header line of `token list`, aligned with [`token_line`].
-pub fn token_list_header() -> String {
-    token_columns("ID", "STATE", "TASK", "EXPIRES", "SESSIONS", "REVIEW")
-}
-
-fn token_columns(
-    id: &str,
-    state: &str,
-    task: &str,
-    expires: &str,
-    sessions: &str,
-    review: &str,
-) -> String {
-    format!("{id:<23}  {state:<8} {task:<24} {expires:<25} {sessions:<8} {review}")
-}
-
 /// A token's review as a person reads it: `review failed: <reason>`, `review pending`,
 /// `review stored`, or `-` while the token is usable.
 pub fn review_words(v: &Value) -> String {
@@ -41,20 +25,43 @@ pub fn one_line(s: &str) -> String {
         .collect()
 }
 
-/// One line per token for `token list`.
-pub fn token_line(v: &Value) -> String {
-    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
-    token_columns(
-        &s("id"),
-        &s("state"),
-        &s("task"),
-        &s("expires_at"),
-        &v.get("sessions")
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-            .to_string(),
-        &review_words(v),
-    )
+/// `token list` without `--json`: a header and one line per token, each column as wide as
+/// its widest cell (task names and ids have no fixed length), two spaces between columns.
+pub fn token_table(tokens: &[Value]) -> String {
+    const HEADER: [&str; 6] = ["ID", "STATE", "TASK", "EXPIRES", "SESSIONS", "REVIEW"];
+    let rows: Vec<[String; 6]> = tokens
+        .iter()
+        .map(|v| {
+            let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
+            let sessions = v.get("sessions").and_then(Value::as_u64).unwrap_or(0);
+            [
+                s("id"),
+                s("state"),
+                s("task"),
+                s("expires_at"),
+                sessions.to_string(),
+                review_words(v),
+            ]
+        })
+        .collect();
+    let mut width = HEADER.map(|h| h.chars().count());
+    for r in &rows {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    std::iter::once(HEADER.map(str::to_string))
+        .chain(rows)
+        .map(|r| {
+            let line: Vec<String> = r
+                .iter()
+                .zip(width)
+                .map(|(cell, w)| format!("{cell:<w$}"))
+                .collect();
+            line.join("  ").trim_end().to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// `token show` without `--json`: one `key: value` line per field, in the API's order.

@@ -16,8 +16,21 @@ pub enum MetricKind {
 
 use MetricKind::{Counter, Gauge, Histogram};
 
+/// `kind` of the statement counters: every kind `journal::classify::Kind` spells.
+const KINDS: &[&[(&str, &str)]] = &[
+    &[("kind", "read")],
+    &[("kind", "write")],
+    &[("kind", "ddl")],
+    &[("kind", "transaction")],
+    &[("kind", "privilege")],
+    &[("kind", "utility")],
+    &[("kind", "unparsed")],
+];
+
 /// Every metric sandpit records: name, kind, help text, label sets present from the start
-/// (empty: none; `&[&[]]`: the unlabelled series).
+/// (`&[&[]]`: the unlabelled series). Empty: none here, for the gauges the start itself sets
+/// (the janitor's first pass, the golden check) and for the two labelled by the fork method,
+/// which depends on the provider and the filesystem and is known at the first fork.
 #[allow(clippy::type_complexity)]
 pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
     (
@@ -42,13 +55,13 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_pool_ready",
         Gauge,
         "Warm-pool forks ready for new tokens.",
-        &[],
+        &[&[]],
     ),
     (
         "sandpit_pool_target",
         Gauge,
         "Warm-pool members wanted now: pool.size, or more up to pool.max_size under demand.",
-        &[],
+        &[&[]],
     ),
     (
         "sandpit_sessions_total",
@@ -66,7 +79,7 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_first_query_phase_seconds",
         Histogram,
         "Time of each phase of a token's first connection (auth, claim and its parts, backend_connect, greet).",
-        &[],
+        &[&[("phase", "auth")], &[("phase", "claim")], &[("phase", "claim_lock")], &[("phase", "claim_provider")], &[("phase", "claim_record")], &[("phase", "backend_connect")], &[("phase", "greet")]],
     ),
     (
         "sandpit_fork_seconds",
@@ -203,7 +216,7 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_statements_total",
         Counter,
         "Statements relayed, by kind.",
-        &[],
+        KINDS,
     ),
     (
         "sandpit_capped_statements_total",
@@ -215,7 +228,7 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_denied_statements_total",
         Counter,
         "Statements refused by a token's seatbelt policy, by kind.",
-        &[],
+        KINDS,
     ),
     (
         "sandpit_statement_timeouts_total",
@@ -242,6 +255,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_capped_notices_total",
+        Counter,
+        "Stretches (statement to ReadyForQuery) whose notices or notifications were cut at max_bytes.",
+        &[&[]],
+    ),
+    (
         "sandpit_tracking_limit_refusals_total",
         Counter,
         "Parse/Bind refused past the session's prepared-statement tracking limit.",
@@ -251,13 +270,13 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_bytes_total",
         Counter,
         "Bytes relayed, by direction.",
-        &[],
+        &[&[("direction", "client_to_backend")], &[("direction", "backend_to_client")]],
     ),
     (
         "sandpit_auth_failures_total",
         Counter,
         "Failed client logins, by reason.",
-        &[],
+        &[&[("reason", "unknown")], &[("reason", "wrong_secret")], &[("reason", "expired")], &[("reason", "revoked")], &[("reason", "cleartext_without_tls")], &[("reason", "protocol")], &[("reason", "timeout")], &[("reason", "registry")]],
     ),
     (
         "sandpit_auth_rate_limited_total",
@@ -281,13 +300,13 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_mcp_requests_total",
         Counter,
         "MCP requests served, by transport.",
-        &[],
+        &[&[("transport", "http")]],
     ),
     (
         "sandpit_cancel_requests_total",
         Counter,
         "Cancel requests, by result.",
-        &[],
+        &[&[("result", "forwarded")], &[("result", "forwarded_shared")], &[("result", "failed")], &[("result", "unknown")]],
     ),
     (
         "sandpit_backend_reconnects_total",
@@ -305,19 +324,19 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_protocol_violations_total",
         Counter,
         "Connections closed for protocol abuse, by kind.",
-        &[],
+        &[&[("kind", "client_frame")], &[("kind", "ssl_early_bytes")]],
     ),
     (
         "sandpit_review_seconds",
         Histogram,
         "Time to take a review.",
-        &[],
+        &[&[]],
     ),
     (
         "sandpit_review_verifications_total",
         Counter,
         "Patch checks of reviews (the patch replayed on a fresh fork), by result: exact, differs, not_verified.",
-        &[],
+        &[&[("result", "exact")], &[("result", "differs")], &[("result", "not_verified")]],
     ),
     (
         "sandpit_review_failures_total",
@@ -341,7 +360,7 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_promotions_total",
         Counter,
         "Promotion attempts, by outcome (applied, dry_run, conflicts, refused, failed).",
-        &[],
+        &[&[("outcome", "applied")], &[("outcome", "dry_run")], &[("outcome", "conflicts")], &[("outcome", "refused")], &[("outcome", "failed")]],
     ),
     (
         "sandpit_promote_conflicts_total",
@@ -353,7 +372,7 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_validator_runs_total",
         Counter,
         "Validator runs against scratch databases at a token's end, by result (pass, fail).",
-        &[],
+        &[&[("result", "pass")], &[("result", "fail")]],
     ),
     (
         "sandpit_remote_failures_total",
@@ -394,7 +413,17 @@ pub fn describe_metrics() {
                     metrics::gauge!(name, labels).increment(0.0);
                 }
             }
-            Histogram => metrics::describe_histogram!(name, help),
+            Histogram => {
+                metrics::describe_histogram!(name, help);
+                // A registered histogram is exported with a zero count before its first sample.
+                for labels in zeros {
+                    let labels: Vec<metrics::Label> = labels
+                        .iter()
+                        .map(|&(k, v)| metrics::Label::new(k, v))
+                        .collect();
+                    let _ = metrics::histogram!(name, labels);
+                }
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The life of a token: issue, lazy single-flight fork, TTL expiry, revoke. Ending a token
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
+mod adopt;
 mod ending;
 mod faults;
 mod issue;
@@ -24,6 +25,7 @@ use crate::provider::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::registry::{Registry, RegistryError, TokenRecord, TokenState};
 use crate::rfc3339::format as rfc3339;
 
+pub use adopt::Adopted;
 pub use issue::{IssueRequest, TokenView};
 
 /// Why a token stopped being usable.
@@ -119,6 +121,13 @@ impl TokenRuntime {
 
 /// Holds one session slot of a token; frees it on drop.
 pub struct SessionSlot(Arc<TokenRuntime>);
+
+impl SessionSlot {
+    /// How many sessions the token has open now (this one included).
+    pub fn token_sessions(&self) -> u32 {
+        self.0.sessions.load(Ordering::Relaxed)
+    }
+}
 
 impl Drop for SessionSlot {
     fn drop(&mut self) {

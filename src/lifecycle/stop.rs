@@ -48,8 +48,9 @@ impl Gateway {
     }
 
     /// Graceful shutdown: end every session with 57P01 and stop (not destroy) every running
-    /// backend; they start again lazily on the next connection after a restart.
-    pub async fn shutdown(&self) {
+    /// backend; they start again lazily on the next connection after a restart. Returns
+    /// how many backends it stopped.
+    pub async fn shutdown(&self) -> usize {
         let rts: Vec<(String, Arc<TokenRuntime>)> = self
             .runtimes
             .iter()
@@ -64,16 +65,21 @@ impl Gateway {
             let provider = self.provider.clone();
             stops.spawn(async move {
                 let mut slot = rt.backend.lock().await;
-                if let Some(b) = slot.take() {
-                    if let Err(e) = provider.stop(&b.handle).await {
-                        tracing::warn!(token = %id, error = %e, "stopping backend failed");
-                    }
+                let Some(b) = slot.take() else { return false };
+                if let Err(e) = provider.stop(&b.handle).await {
+                    tracing::warn!(token = %id, error = %e, "stopping backend failed");
+                    return false;
                 }
+                true
             });
         }
-        while stops.join_next().await.is_some() {}
+        let mut stopped = 0;
+        while let Some(r) = stops.join_next().await {
+            stopped += usize::from(r.unwrap_or(false));
+        }
         if let Err(e) = self.provider.release_reference().await {
             tracing::warn!(error = %e, "removing the review reference backend failed");
         }
+        stopped
     }
 }

@@ -145,7 +145,10 @@ pub async fn post(
         gw: s.gw.clone(),
         token: rec.id.clone(),
     };
-    let server = McpServer::with_review(SqlTarget::from_config(cfg), review);
+    let server = McpServer::with_review(
+        SqlTarget::from_config(cfg).with_max_bytes(rec.caps.max_bytes),
+        review,
+    );
     metrics::counter!("sandpit_mcp_requests_total", "transport" => "http").increment(1);
     match server.handle_bytes(&body).await {
         Some(v) => (StatusCode::OK, Json(v)).into_response(),

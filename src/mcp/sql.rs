@@ -51,7 +51,14 @@ struct Session {
 pub struct SqlTarget {
     config: tokio_postgres::Config,
     session: Mutex<Option<Session>>,
+    /// Most bytes of one tool result: each result set is already capped by the gateway, but
+    /// a call may hold many statements (and their notices).
+    max_bytes: usize,
 }
+
+/// A tool result's bound when the token's `max_bytes` is not known (stdio mode): the
+/// gateway's default `max_bytes`.
+pub const DEFAULT_MAX_BYTES: usize = 1024 * 1024;
 
 impl SqlTarget {
     /// A target for a `postgresql://` DSN (no TLS: meant for the gateway on loopback or a
@@ -70,7 +77,14 @@ impl SqlTarget {
         SqlTarget {
             config,
             session: Mutex::new(None),
+            max_bytes: DEFAULT_MAX_BYTES,
         }
+    }
+
+    /// Bound each tool result to `max_bytes` (the token's cap, where it is known).
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> SqlTarget {
+        self.max_bytes = usize::try_from(max_bytes).unwrap_or(usize::MAX);
+        self
     }
 
     async fn connect(&self) -> Result<Session, tokio_postgres::Error> {
@@ -126,13 +140,13 @@ impl SqlTarget {
         };
         // Notices from before this call (e.g. at login) are not this call's business.
         while session.notices.try_recv().is_ok() {}
-        let res = session.client.simple_query(sql).await;
+        let res = run_bounded(&session.client, sql, self.max_bytes).await;
         let mut notices = Vec::new();
         while let Ok(n) = session.notices.try_recv() {
             notices.push(n);
         }
         let (mut text, is_error) = match res {
-            Ok(msgs) => (render(&msgs), false),
+            Ok(text) => (text, false),
             Err(e) => (error_text(&e), true),
         };
         for n in notices {
@@ -144,8 +158,42 @@ impl SqlTarget {
         if is_error && session.client.is_closed() {
             *guard = None;
         }
+        cut_text(&mut text, self.max_bytes);
         Outcome { text, is_error }
     }
+}
+
+/// Run `sql` and render its results as they stream in, keeping at most `max` bytes.
+async fn run_bounded(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    max: usize,
+) -> Result<String, tokio_postgres::Error> {
+    use futures_util::StreamExt;
+    let stream = client.simple_query_raw(sql).await?;
+    let mut stream = std::pin::pin!(stream);
+    let mut r = Render::new(max);
+    while let Some(m) = stream.next().await {
+        r.push(&m?);
+    }
+    Ok(r.finish())
+}
+
+/// Cut `text` to at most `max` bytes (whole characters), with a line saying so.
+fn cut_text(text: &mut String, max: usize) {
+    if text.len() <= max {
+        return;
+    }
+    let whole = text.len();
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    let _ = write!(
+        text,
+        "\n[sandpit: this result was cut at {end} of {whole} bytes (max_bytes {max}); ask for less with LIMIT or fewer statements]"
+    );
 }
 
 /// `ERROR 42P01: relation "x" does not exist` plus detail and hint when there are any.
@@ -180,47 +228,93 @@ fn cell(v: Option<&str>) -> String {
 }
 
 /// Compact text: for each result set a header line, one line per row (`|`-separated,
-/// NULL spelled out) and `(N rows)`; for a command `OK, N rows affected`.
-pub fn render(msgs: &[SimpleQueryMessage]) -> String {
-    let mut out = String::new();
-    let mut in_rows = false;
-    let mut header_written = false;
-    for m in msgs {
+/// NULL spelled out) and `(N rows)`; for a command `OK, N rows affected`. Built message by
+/// message as they arrive; past `max` bytes nothing more is kept (the stream is still read
+/// to its end, so the session stays in step).
+pub struct Render {
+    out: String,
+    max: usize,
+    /// Bytes that were not kept.
+    dropped: usize,
+    in_rows: bool,
+    header_written: bool,
+}
+
+impl Render {
+    /// An empty rendering that keeps at most `max` bytes.
+    pub fn new(max: usize) -> Render {
+        Render {
+            out: String::new(),
+            max,
+            dropped: 0,
+            in_rows: false,
+            header_written: false,
+        }
+    }
+
+    fn line(&mut self, line: String) {
+        if self.dropped > 0 || self.out.len() + line.len() + 1 > self.max {
+            self.dropped += line.len() + 1;
+            return;
+        }
+        self.out.push_str(&line);
+        self.out.push('\n');
+    }
+
+    fn header(&mut self, names: Vec<&str>) {
+        self.line(names.join(" | "));
+        self.header_written = true;
+        self.in_rows = true;
+    }
+
+    /// One message of the result stream.
+    pub fn push(&mut self, m: &SimpleQueryMessage) {
         match m {
             SimpleQueryMessage::RowDescription(cols) => {
-                in_rows = true;
-                header_written = true;
-                let names: Vec<&str> = cols.iter().map(|c| c.name()).collect();
-                let _ = writeln!(out, "{}", names.join(" | "));
+                self.header(cols.iter().map(|c| c.name()).collect());
             }
             SimpleQueryMessage::Row(row) => {
-                if !header_written {
-                    let names: Vec<&str> = row.columns().iter().map(|c| c.name()).collect();
-                    let _ = writeln!(out, "{}", names.join(" | "));
-                    header_written = true;
-                    in_rows = true;
+                if !self.header_written {
+                    self.header(row.columns().iter().map(|c| c.name()).collect());
                 }
                 let cells: Vec<String> = (0..row.len()).map(|i| cell(row.get(i))).collect();
-                let _ = writeln!(out, "{}", cells.join(" | "));
+                self.line(cells.join(" | "));
             }
             SimpleQueryMessage::CommandComplete(n) => {
-                if in_rows {
-                    let _ = writeln!(out, "({n} row{})", if *n == 1 { "" } else { "s" });
+                let s = if *n == 1 { "" } else { "s" };
+                if self.in_rows {
+                    self.line(format!("({n} row{s})"));
                 } else {
-                    let _ = writeln!(
-                        out,
-                        "OK, {n} row{} affected",
-                        if *n == 1 { "" } else { "s" }
-                    );
+                    self.line(format!("OK, {n} row{s} affected"));
                 }
-                in_rows = false;
-                header_written = false;
+                self.in_rows = false;
+                self.header_written = false;
             }
             _ => {}
         }
     }
-    if out.is_empty() {
-        out.push_str("OK (no statements)\n");
+
+    /// The text, with a line saying what was left out past the bound.
+    pub fn finish(mut self) -> String {
+        if self.dropped > 0 {
+            let _ = writeln!(
+                self.out,
+                "[sandpit: {} more bytes of this result were not kept (max_bytes {}); ask for less with LIMIT or fewer statements]",
+                self.dropped, self.max
+            );
+        }
+        if self.out.is_empty() {
+            self.out.push_str("OK (no statements)\n");
+        }
+        self.out
     }
-    out
+}
+
+/// The whole of `msgs` rendered (no bound).
+pub fn render(msgs: &[SimpleQueryMessage]) -> String {
+    let mut r = Render::new(usize::MAX);
+    for m in msgs {
+        r.push(m);
+    }
+    r.finish()
 }

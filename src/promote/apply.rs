@@ -5,14 +5,17 @@
 //! by the golden's values and required to touch exactly the rows it names. A dry run does
 //! all of it and rolls back.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::guards::{self, Mismatch};
 use super::names;
 use super::plan::{Plan, Row, TableChange, Want};
+use super::rebase;
 use crate::pgconn::BackendTarget;
 use crate::review::catalog::{self, Catalog, Table};
 use crate::review::conn::{literal, ConnError, Side, Timeouts};
+use crate::review::diff::data_order::{self, Step};
 
 /// Rows per INSERT statement.
 const INSERT_BATCH: usize = 100;
@@ -28,16 +31,6 @@ pub enum Applied {
     Conflicts(Vec<String>, usize),
 }
 
-fn matches(col: &str, v: &Option<String>) -> String {
-    match v {
-        None => format!("{col} IS NULL"),
-        Some(s) => format!(
-            "({col} IS NOT NULL AND pg_catalog.format('%s', {col}) OPERATOR(pg_catalog.=) {})",
-            literal(s)
-        ),
-    }
-}
-
 /// A value for `col` of `table` in the target's catalog, cast to its type when known.
 fn value(table: Option<&Table>, col: &str, v: &Option<String>) -> String {
     match v {
@@ -47,32 +40,6 @@ fn value(table: Option<&Table>, col: &str, v: &Option<String>) -> String {
             None => literal(s),
         },
     }
-}
-
-fn key_where(tc: &TableChange, table: Option<&Table>, row: &Row) -> String {
-    tc.key
-        .iter()
-        .map(|&i| {
-            let c = &tc.columns[i];
-            match &row[i] {
-                None => format!("{c} IS NULL"),
-                Some(_) => format!("{c} OPERATOR(pg_catalog.=) {}", value(table, c, &row[i])),
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ")
-}
-
-fn guard_where(tc: &TableChange, row: &Row) -> String {
-    let mut g: Vec<String> = tc
-        .guard
-        .iter()
-        .map(|&i| matches(&tc.columns[i], &row[i]))
-        .collect();
-    if g.is_empty() {
-        g.push("true".into());
-    }
-    g.join(" AND ")
 }
 
 fn describe_key(tc: &TableChange, row: &Row) -> String {
@@ -112,6 +79,11 @@ fn definition(cat: &Catalog, kind: &str, object: &str) -> Option<String> {
                 .find(|c| c.name == col.quoted)
                 .map(|c| c.definition())
         }
+        "sequence" => cat
+            .sequences
+            .values()
+            .find(|s| s.qname() == object)
+            .map(|s| s.params.clone()),
         "index" => cat
             .indexes
             .values()
@@ -151,47 +123,63 @@ fn schema_conflicts(plan: &Plan, cat: &Catalog) -> Vec<String> {
     out
 }
 
-/// Tables in parents-before-children order of the target's foreign keys.
-fn fk_order<'a>(cat: &Catalog, tables: &'a [TableChange]) -> Vec<&'a TableChange> {
-    let by_name = tables_by_name(cat);
-    let oid_of = |t: &TableChange| by_name.get(&t.table).map(|(o, _)| *o).unwrap_or(0);
-    let mut parents: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for k in cat.constraints.values().filter(|k| k.flag == "f") {
-        if let Ok(p) = k.extra.parse::<u32>() {
-            if p != k.table {
-                parents.entry(k.table).or_default().push(p);
-            }
+/// The row changes in the order the review's patch uses ([`data_order`]: re-pointing
+/// updates before the deletes they unblock, parents' inserts before children's), over the
+/// target's foreign keys as they are once the DDL before the data ran.
+struct RowOrder<'p, 'c> {
+    steps: Vec<(&'p TableChange, &'c Table, Step)>,
+    /// Keys on a cycle of tables, made deferrable while the rows change, and set back.
+    before: Vec<String>,
+    after: Vec<String>,
+    /// Tables with changes that the target does not have.
+    missing: Vec<&'p TableChange>,
+}
+
+fn row_order<'p, 'c>(cat: &'c Catalog, plan: &'p Plan) -> RowOrder<'p, 'c> {
+    let tables = tables_by_name(cat);
+    let mut present: BTreeMap<u32, Vec<Step>> = BTreeMap::new();
+    let mut by_oid: BTreeMap<u32, &TableChange> = BTreeMap::new();
+    let mut missing = Vec::new();
+    // A dropped table's rows go with it (its DROP ran before the data).
+    for tc in plan.tables.iter().filter(|t| !t.dropped) {
+        let Some((oid, _)) = tables.get(&tc.table) else {
+            missing.push(tc);
+            continue;
+        };
+        let steps: Vec<Step> = [
+            (Step::Delete, tc.deletes.is_empty()),
+            (Step::Update, tc.updates.is_empty()),
+            (Step::Insert, tc.inserts.is_empty()),
+        ]
+        .iter()
+        .filter(|(_, empty)| !empty)
+        .map(|(s, _)| *s)
+        .collect();
+        if !steps.is_empty() {
+            present.insert(*oid, steps);
+            by_oid.insert(*oid, tc);
         }
     }
-    fn visit(
-        t: u32,
-        parents: &BTreeMap<u32, Vec<u32>>,
-        seen: &mut BTreeSet<u32>,
-        out: &mut Vec<u32>,
-    ) {
-        if !seen.insert(t) {
-            return;
-        }
-        for p in parents.get(&t).into_iter().flatten() {
-            visit(*p, parents, seen, out);
-        }
-        out.push(t);
+    let o = data_order::order(cat, cat, &present);
+    let steps = o
+        .steps
+        .iter()
+        .filter_map(|(oid, step)| Some((*by_oid.get(oid)?, cat.tables.get(oid)?, *step)))
+        .collect();
+    RowOrder {
+        steps,
+        before: o.before,
+        after: o.after,
+        missing,
     }
-    let mut seen = BTreeSet::new();
-    let mut order = Vec::new();
-    for t in tables {
-        visit(oid_of(t), &parents, &mut seen, &mut order);
-    }
-    let pos = |t: &TableChange| order.iter().position(|o| *o == oid_of(t)).unwrap_or(0);
-    let mut v: Vec<&TableChange> = tables.iter().collect();
-    v.sort_by_key(|t| pos(t));
-    v
 }
 
 struct Run<'a> {
     side: &'a Side,
     conflicts: Vec<String>,
     total: usize,
+    /// Rows of each table change, loaded in the target (by table).
+    loaded: BTreeMap<String, guards::Loaded>,
 }
 
 impl Run<'_> {
@@ -202,69 +190,109 @@ impl Run<'_> {
         }
     }
 
-    /// Guards of the rows of `tc` (before anything is applied).
+    /// Every sequence the change moves must be at its golden position.
+    async fn check_sequences(&mut self, plan: &Plan, cat: &Catalog) -> Result<(), ConnError> {
+        for (seq, want) in &plan.sequence_guards {
+            if !cat.sequences.values().any(|s| s.qname() == *seq) {
+                self.conflict(format!("sequence {seq}: missing from the target"));
+                continue;
+            }
+            let r = self
+                .side
+                .rows(&format!("SELECT last_value::text, is_called FROM {seq}"))
+                .await?;
+            let now = r
+                .first()
+                .map(|r| (r[0].clone(), r[1].as_deref() == Some("t")));
+            if now != Some((Some(want.last_value.clone()), want.is_called)) {
+                self.conflict(format!(
+                    "sequence {seq}: moved in the target since the golden (golden last_value {}, target {})",
+                    want.last_value,
+                    now.and_then(|n| n.0).unwrap_or_default()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every column the change drops must hold its golden values.
+    async fn check_columns(&mut self, plan: &Plan) -> Result<(), ConnError> {
+        for (table, col, golden) in &plan.column_guards {
+            // A column already gone is the schema guard's conflict; this one must not abort.
+            self.side.exec("SAVEPOINT sandpit_column").await?;
+            let now = match self
+                .side
+                .rows(&super::plan::column_hash_sql(table, col))
+                .await
+            {
+                Ok(r) => r.first().and_then(|r| r[0].clone()),
+                Err(_) => {
+                    self.side
+                        .exec("ROLLBACK TO SAVEPOINT sandpit_column")
+                        .await?;
+                    continue;
+                }
+            };
+            self.side.exec("RELEASE SAVEPOINT sandpit_column").await?;
+            if now.as_deref() != Some(golden.as_str()) {
+                self.conflict(format!(
+                    "column {table}.{col}: its values changed in the target since the golden (the task drops it)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Guards of the rows of `tc` (before anything is applied): loaded into a temporary
+    /// table, locked and compared in one go ([`guards`]).
     async fn check_rows(&mut self, tc: &TableChange, cat: &Catalog) -> Result<(), ConnError> {
         let tables = tables_by_name(cat);
         let Some((_, t)) = tables.get(&tc.table) else {
             self.conflict(format!("table {}: missing from the target", tc.table));
             return Ok(());
         };
-        let guarded = tc
-            .deletes
-            .iter()
-            .map(|r| (r, "deleted"))
-            .chain(tc.updates.iter().map(|(b, _, _)| (b, "updated")));
-        for (row, what) in guarded {
-            let cols: Vec<String> = tc
-                .guard
-                .iter()
-                .map(|&i| matches(&tc.columns[i], &row[i]))
-                .chain(std::iter::once("true".into()))
-                .collect();
-            let q = format!(
-                "SELECT {} FROM ONLY {} WHERE {} FOR UPDATE",
-                cols.join(", "),
-                tc.table,
-                key_where(tc, Some(t), row)
-            );
-            let rows = self.side.rows(&q).await?;
-            match rows.first() {
-                None => self.conflict(format!(
+        let l = guards::load(self.side, tc, self.loaded.len()).await?;
+        for m in guards::check(self.side, tc, t, &l).await? {
+            self.conflict(match m {
+                Mismatch::Gone(row, what) => format!(
                     "{}: gone from the target (the task {what} it)",
                     describe_key(tc, row)
-                )),
-                Some(r) => {
-                    let differ: Vec<&str> = tc
-                        .guard
-                        .iter()
-                        .enumerate()
-                        .filter(|(j, _)| r[*j].as_deref() != Some("t"))
-                        .map(|(_, &i)| tc.columns[i].as_str())
-                        .collect();
-                    if !differ.is_empty() {
-                        self.conflict(format!(
-                            "{}: changed in the target since the golden ({}), the task {what} it",
-                            describe_key(tc, row),
-                            differ.join(", ")
-                        ));
-                    }
-                }
-            }
-        }
-        for row in &tc.inserts {
-            let q = format!(
-                "SELECT 1 FROM ONLY {} WHERE {}",
-                tc.table,
-                key_where(tc, Some(t), row)
-            );
-            if !self.side.rows(&q).await?.is_empty() {
-                self.conflict(format!(
+                ),
+                Mismatch::Changed(row, what, differ) => format!(
+                    "{}: changed in the target since the golden ({}), the task {what} it",
+                    describe_key(tc, row),
+                    differ.join(", ")
+                ),
+                Mismatch::Present(row) => format!(
                     "{}: already in the target, the task inserted it",
                     describe_key(tc, row)
+                ),
+            });
+        }
+        self.loaded.insert(tc.table.clone(), l);
+        if tc.dropped {
+            // Every row it holds goes with it: none may have been added since the golden.
+            let q = format!("SELECT count(*)::text FROM ONLY {}", tc.table);
+            let n = self.side.rows(&q).await?;
+            let n = n.first().and_then(|r| r[0].clone()).unwrap_or_default();
+            if n != tc.deletes.len().to_string() {
+                self.conflict(format!(
+                    "table {}: holds {n} rows in the target, the golden {} (the task drops it)",
+                    tc.table,
+                    tc.deletes.len()
                 ));
             }
         }
         Ok(())
+    }
+
+    fn touched(&mut self, tc: &TableChange, what: &str, got: usize, want: usize) {
+        if got != want {
+            self.conflict(format!(
+                "{} {what}: touched {got} rows in the target, {want} expected",
+                tc.table
+            ));
+        }
     }
 
     /// Runs `sql` (ending in RETURNING 1) and checks it touched `want` rows.
@@ -284,46 +312,21 @@ impl Run<'_> {
         Ok(())
     }
 
-    async fn deletes(&mut self, tc: &TableChange, t: Option<&Table>) -> Result<(), ConnError> {
-        for row in &tc.deletes {
-            let sql = format!(
-                "DELETE FROM ONLY {} WHERE {} AND {} RETURNING 1",
-                tc.table,
-                key_where(tc, t, row),
-                guard_where(tc, row)
-            );
-            self.exact(&sql, 1, || describe_key(tc, row)).await?;
-        }
+    async fn deletes(&mut self, tc: &TableChange, t: &Table) -> Result<(), ConnError> {
+        let Some(l) = self.loaded.get(&tc.table) else {
+            return Ok(());
+        };
+        let got = guards::delete(self.side, tc, t, l).await?;
+        self.touched(tc, "deletes", got, tc.deletes.len());
         Ok(())
     }
 
-    async fn updates(&mut self, tc: &TableChange, t: Option<&Table>) -> Result<(), ConnError> {
-        for (before, after, changed) in &tc.updates {
-            let sets: Vec<String> = changed
-                .iter()
-                .filter(|&&i| {
-                    let c = t.and_then(|t| t.columns.iter().find(|c| c.name == tc.columns[i]));
-                    c.is_none_or(|c| c.generated != "s" && c.identity != "a")
-                })
-                .map(|&i| {
-                    format!(
-                        "{} = {}",
-                        tc.columns[i],
-                        value(t, &tc.columns[i], &after[i])
-                    )
-                })
-                .collect();
-            if sets.is_empty() {
-                continue;
-            }
-            let sql = format!(
-                "UPDATE ONLY {} SET {} WHERE {} AND {} RETURNING 1",
-                tc.table,
-                sets.join(", "),
-                key_where(tc, t, before),
-                guard_where(tc, before)
-            );
-            self.exact(&sql, 1, || describe_key(tc, before)).await?;
+    async fn updates(&mut self, tc: &TableChange, t: &Table) -> Result<(), ConnError> {
+        let Some(l) = self.loaded.get(&tc.table) else {
+            return Ok(());
+        };
+        for (got, want) in guards::update(self.side, tc, t, l).await? {
+            self.touched(tc, "updates", got, want);
         }
         Ok(())
     }
@@ -411,37 +414,42 @@ async fn run(
             .await?;
     }
     let cat = catalog::snapshot(side).await?;
+    let mut plan = plan.clone();
+    let (taken, rebased) = rebase::rebase(side, &cat, &mut plan).await?;
+    for r in &rebased {
+        tracing::info!(rebase = %r, "promotion onto a moving target");
+    }
+    let plan = &plan;
     let mut run = Run {
         side,
         conflicts: schema_conflicts(plan, &cat),
         total: 0,
+        loaded: BTreeMap::new(),
     };
     run.total = run.conflicts.len();
-    for (seq, want) in &plan.sequence_guards {
-        if !cat.sequences.values().any(|s| s.qname() == *seq) {
-            run.conflict(format!("sequence {seq}: missing from the target"));
-            continue;
-        }
-        let r = side
-            .rows(&format!("SELECT last_value::text, is_called FROM {seq}"))
-            .await?;
-        let now = r
-            .first()
-            .map(|r| (r[0].clone(), r[1].as_deref() == Some("t")));
-        if now != Some((Some(want.last_value.clone()), want.is_called)) {
-            run.conflict(format!(
-                "sequence {seq}: moved in the target since the golden (golden last_value {}, target {})",
-                want.last_value,
-                now.and_then(|n| n.0).unwrap_or_default()
-            ));
-        }
-    }
+    run.check_sequences(plan, &cat).await?;
+    run.check_columns(plan).await?;
     for tc in plan.tables.iter().filter(|t| !t.new_table) {
         run.check_rows(tc, &cat).await?;
+    }
+    if run.total == 0 && !dry_run {
+        if let Some(c) = rebase::consume(side, &taken).await? {
+            run.conflict(c);
+        }
     }
     if run.total > 0 {
         return Ok(Applied::Conflicts(run.conflicts, run.total));
     }
+    changes(side, plan, &mut run, dry_run).await
+}
+
+/// The DDL and row changes of `plan`, once every guard passed.
+async fn changes(
+    side: &Side,
+    plan: &Plan,
+    run: &mut Run<'_>,
+    dry_run: bool,
+) -> Result<Applied, ConnError> {
     // The target's usual search path for the changes (its triggers expect it); every name
     // below is qualified.
     side.exec("SET LOCAL search_path TO DEFAULT; SET CONSTRAINTS ALL DEFERRED")
@@ -464,22 +472,30 @@ async fn run(
         .await?;
     let cat = catalog::snapshot(side).await?;
     side.exec("SET LOCAL search_path TO DEFAULT").await?;
-    let tables = tables_by_name(&cat);
-    let order = fk_order(&cat, &plan.tables);
-    let table = |tc: &TableChange| tables.get(&tc.table).map(|(_, t)| *t);
-    for tc in order.iter().rev() {
-        run.deletes(tc, table(tc)).await?;
+    let order = row_order(&cat, plan);
+    for s in &order.before {
+        side.exec(s).await?;
     }
-    for tc in &order {
-        run.updates(tc, table(tc)).await?;
+    for (tc, t, step) in &order.steps {
+        match step {
+            Step::Delete => run.deletes(tc, t).await?,
+            Step::Update => run.updates(tc, t).await?,
+            Step::Insert => run.inserts(tc, Some(t)).await?,
+        }
     }
-    for tc in &order {
-        run.inserts(tc, table(tc)).await?;
+    for tc in &order.missing {
+        run.conflict(format!("table {}: missing from the target", tc.table));
     }
     if run.total > 0 {
-        return Ok(Applied::Conflicts(run.conflicts, run.total));
+        return Ok(Applied::Conflicts(
+            std::mem::take(&mut run.conflicts),
+            run.total,
+        ));
     }
-    for s in &plan.after_data {
+    // Deferred foreign keys are checked before the keys the row order deferred are set
+    // back, and before the constraints added after the data.
+    side.exec("SET CONSTRAINTS ALL IMMEDIATE").await?;
+    for s in order.after.iter().chain(&plan.after_data) {
         side.exec(s).await?;
     }
     // setval is not undone by a rollback: it runs last, after deferred constraints have

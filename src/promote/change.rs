@@ -14,6 +14,7 @@ use crate::provider::Provider;
 use crate::registry::TokenRecord;
 use crate::review::diff::{self, DiffOptions};
 use crate::review::model::Review;
+use crate::review::store::Format;
 
 /// A captured change.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -22,6 +23,48 @@ pub struct Change {
     pub masked: Vec<String>,
     /// The diff, every changed row in its samples (when complete).
     pub review: Review,
+    /// Why it cannot be promoted, found when the token ended ([`super::promotable`]).
+    #[serde(default)]
+    pub refusals: Vec<String>,
+    /// Columns it drops (table, column) and the hash of their values in the golden
+    /// ([`super::plan::column_hash_sql`]).
+    #[serde(default)]
+    pub dropped_columns: Vec<(String, String, String)>,
+}
+
+/// The hash of every column `review` drops, read from the golden's reference.
+async fn dropped_column_hashes(
+    reference: &BackendTarget,
+    review: &Review,
+    timeout: std::time::Duration,
+) -> Result<Vec<(String, String, String)>, String> {
+    use crate::review::model::Action;
+    let dropped: Vec<(String, String)> = review
+        .schema
+        .iter()
+        .filter(|c| c.kind == "column" && c.action == Action::Dropped)
+        .filter_map(|c| super::names::parent_and_last(&c.object).map(|(t, k)| (t, k.quoted)))
+        .collect();
+    if dropped.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = crate::review::conn::Timeouts {
+        statement: timeout,
+        lock: timeout,
+    };
+    let side = crate::review::conn::Side::connect("golden", reference, t)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (table, col) in dropped {
+        let r = side
+            .rows(&super::plan::column_hash_sql(&table, &col))
+            .await
+            .map_err(|e| e.to_string())?;
+        let h = r.first().and_then(|r| r[0].clone()).unwrap_or_default();
+        out.push((table, col, h));
+    }
+    Ok(out)
 }
 
 /// Path of a token's captured change.
@@ -56,6 +99,27 @@ pub async fn masked_columns(provider: &dyn Provider, golden: Option<&str>) -> Ve
         .unwrap_or_default()
 }
 
+/// Every value golden version `golden`'s masking produced, from its build report.
+pub async fn masked_values(provider: &dyn Provider, golden: Option<&str>) -> Vec<String> {
+    let Some(g) = golden else {
+        return Vec::new();
+    };
+    let Ok(all) = provider.goldens().await else {
+        return Vec::new();
+    };
+    all.iter()
+        .find(|v| v.id == g)
+        .and_then(|v| v.report.get("masked_values"))
+        .and_then(|m| m.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Take and store the change of `rec`, whose scratch database the review reaches as
 /// `scratch`.
 pub async fn capture(
@@ -69,6 +133,7 @@ pub async fn capture(
     let masked = masked_columns(provider, rec.golden.as_deref()).await;
     let mut info = CaptureInfo {
         masked: masked.clone(),
+        source_conninfo: super::resolve::golden_source(provider, rec.golden.as_deref()).await,
         ..Default::default()
     };
     let reference = match provider.reference(rec.golden.as_deref()).await {
@@ -112,7 +177,39 @@ pub async fn capture(
     } else {
         info.complete = true;
     }
-    let change = Change { masked, review };
+    let stored = crate::review::store::load(dir, &rec.task, &rec.id, Format::Json)
+        .and_then(|j| serde_json::from_str::<Review>(&j).ok());
+    let values = masked_values(provider, rec.golden.as_deref()).await;
+    let refusals = if info.complete {
+        super::promotable::refusals(
+            &review,
+            stored.as_ref(),
+            &masked,
+            &values,
+            scratch,
+            cfg.review.statement_timeout,
+        )
+        .await
+    } else {
+        Vec::new()
+    };
+    let dropped_columns =
+        match dropped_column_hashes(&reference.target, &review, cfg.review.statement_timeout).await
+        {
+            Ok(d) => d,
+            Err(e) => {
+                info.complete = false;
+                info.reason = Some(format!("reading the golden's dropped columns: {e}"));
+                Vec::new()
+            }
+        };
+    info.refusals = refusals.clone();
+    let change = Change {
+        masked,
+        review,
+        refusals,
+        dropped_columns,
+    };
     let p = path(dir, &rec.task, &rec.id);
     let bytes = serde_json::to_vec(&change).unwrap_or_default();
     if let Err(e) = write_private(dir, &rec.task, &p, &bytes) {

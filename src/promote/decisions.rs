@@ -69,6 +69,13 @@ pub struct CaptureInfo {
     pub schema_changes: usize,
     /// Masked columns of the golden (`schema.table.column`).
     pub masked: Vec<String>,
+    /// The source the golden was built from (no secret), kept so the default target
+    /// survives the golden version's removal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_conninfo: Option<String>,
+    /// Why the change cannot be promoted, found when the token ended (blocks approval).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<String>,
 }
 
 /// One promotion attempt.
@@ -120,6 +127,10 @@ pub struct ReviewRecord {
     pub capture: Option<CaptureInfo>,
     /// Promotion attempts, oldest first.
     pub promotions: Vec<PromoteReport>,
+    /// A promotion under way (written before it starts, cleared when it ends): one left
+    /// here by a gateway that stopped becomes a `promote-interrupted` entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub promoting: Option<Event>,
 }
 
 impl ReviewRecord {
@@ -131,6 +142,26 @@ impl ReviewRecord {
             golden,
             ..Default::default()
         }
+    }
+
+    /// Turns a promotion left under way into a `promote-interrupted` audit entry (true
+    /// when there was one).
+    pub fn settle_interrupted(&mut self) -> bool {
+        let Some(started) = self.promoting.take() else {
+            return false;
+        };
+        self.trail.push(Event {
+            at: now(),
+            by: started.by.clone(),
+            action: "promote-interrupted".into(),
+            comment: format!(
+                "the promotion to {} started at {} did not finish (the gateway stopped): its \
+                 transaction was rolled back by the target, unless the stop came during COMMIT \
+                 itself; compare the target with the review before promoting again",
+                started.comment, started.at
+            ),
+        });
+        true
     }
 
     /// Validators that failed.

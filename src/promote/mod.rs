@@ -7,9 +7,14 @@
 pub mod apply;
 pub mod change;
 pub mod decisions;
+pub mod guards;
+pub mod leaks;
 pub mod names;
 pub mod plan;
+pub mod promotable;
+pub mod rebase;
 pub mod resolve;
+pub mod safety;
 pub mod target;
 pub mod validators;
 
@@ -168,6 +173,13 @@ pub fn decide(
             ));
         }
         if d == Decision::Approve {
+            // Known when the token ended: a change that cannot be promoted is not approved.
+            if let Some(why) = r.capture.as_ref().filter(|c| !c.refusals.is_empty()) {
+                return Err(PromoteError::State(format!(
+                    "the change cannot be promoted (approval is blocked): {}",
+                    why.refusals.join("; ")
+                )));
+            }
             let failed = r.failed_validators();
             if !failed.is_empty() {
                 let names: Vec<&str> = failed.iter().map(|v| v.name.as_str()).collect();
@@ -207,6 +219,42 @@ pub fn decide(
     Ok(r)
 }
 
+/// At start: every record a killed gateway left with a promotion under way gets its
+/// `promote-interrupted` entry.
+pub fn recover_interrupted(dir: &std::path::Path) {
+    let Ok(tasks) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for task in tasks.flatten().filter(|e| e.path().is_dir()) {
+        let Ok(files) = std::fs::read_dir(task.path()) else {
+            continue;
+        };
+        let task_name = task.file_name().to_string_lossy().to_string();
+        for f in files.flatten() {
+            let name = f.file_name().to_string_lossy().to_string();
+            let Some(token) = name.strip_suffix(".promote.json") else {
+                continue;
+            };
+            let Ok(Some(r)) = decisions::load(dir, &task_name, token) else {
+                continue;
+            };
+            if r.promoting.is_none() {
+                continue;
+            }
+            let golden = r.golden.clone();
+            let done = decisions::update::<_, PromoteError>(dir, &task_name, token, golden, |r| {
+                Ok(r.settle_interrupted())
+            });
+            match done {
+                Ok(_) => tracing::warn!(token, "a promotion was interrupted by a gateway stop"),
+                Err(e) => {
+                    tracing::warn!(token, error = %e, "recording an interrupted promotion failed")
+                }
+            }
+        }
+    }
+}
+
 /// Where to promote to: a DSN, a target named in the config, or (neither) the default —
 /// see [`resolve`].
 #[derive(Debug, Clone, Default)]
@@ -232,12 +280,21 @@ pub async fn promote(
     who: &Who,
 ) -> Result<(PromoteReport, ReviewRecord), PromoteError> {
     let cfg = &gw.config.promote;
+    let kept = record(gw, rec)?.capture.and_then(|c| c.source_conninfo);
     let resolve::Resolved {
         target,
         shown,
         role,
         ..
-    } = resolve::resolve(cfg, gw.provider.as_ref(), rec.golden.as_deref(), req, who).await?;
+    } = resolve::resolve(
+        cfg,
+        gw.provider.as_ref(),
+        rec.golden.as_deref(),
+        kept.as_deref(),
+        req,
+        who,
+    )
+    .await?;
     if let Who::Reviewer(_) = who {
         if !cfg.reviewers_may_promote {
             return Err(PromoteError::Forbidden(
@@ -254,6 +311,18 @@ pub async fn promote(
             current.state.words()
         )));
     }
+    // Marked under way first: a gateway killed from here on leaves an "interrupted" entry.
+    let started = Event {
+        at: decisions::now(),
+        by: who.label(),
+        action: "promote-started".into(),
+        comment: shown.clone(),
+    };
+    decisions::update::<_, PromoteError>(&dir, &rec.task, &rec.id, rec.golden.clone(), |r| {
+        r.settle_interrupted();
+        r.promoting = Some(started);
+        Ok(())
+    })?;
     let mut report = PromoteReport {
         outcome: String::new(),
         target: shown,
@@ -276,7 +345,8 @@ pub async fn promote(
         }
         Some(ch) => {
             let masked: plan::Masked = ch.masked.iter().cloned().collect();
-            let p = plan::build(&ch.review, &masked);
+            let mut p = plan::build(&ch.review, &masked);
+            p.column_guards = ch.dropped_columns.clone();
             report.counts = p.counts();
             if let Some(reason) = current.capture.as_ref().and_then(|c| c.reason.clone()) {
                 report
@@ -284,6 +354,11 @@ pub async fn promote(
                     .push(format!("the captured change is incomplete: {reason}"));
             }
             report.refusals.extend(p.refusals.iter().cloned());
+            for r in &ch.refusals {
+                if !report.refusals.contains(r) {
+                    report.refusals.push(r.clone());
+                }
+            }
             if !report.refusals.is_empty() {
                 report.outcome = "refused".into();
             } else {
@@ -348,6 +423,7 @@ pub async fn promote(
     let stored = report.clone();
     let ((), r) =
         decisions::update::<_, PromoteError>(&dir, &rec.task, &rec.id, rec.golden.clone(), |r| {
+            r.promoting = None;
             if stored.outcome == "applied" {
                 r.state = ReviewState::Promoted;
             }

@@ -41,6 +41,8 @@ pub struct TableChange {
     pub table: String,
     /// Created by the task: no row of it can exist in the target.
     pub new_table: bool,
+    /// Dropped by the task: its rows are guarded (and counted), then go with the table.
+    pub dropped: bool,
     /// Columns of the rows, quoted.
     pub columns: Vec<String>,
     /// Positions (in `columns`) of the key.
@@ -63,6 +65,9 @@ pub struct Plan {
     pub refusals: Vec<String>,
     /// Schema objects to check first.
     pub schema_guards: Vec<SchemaGuard>,
+    /// Columns the change drops, with a hash of their values in the golden
+    /// ([`column_hash_sql`]): a concurrent edit to one is a conflict.
+    pub column_guards: Vec<(String, String, String)>,
     /// Sequences whose position must still be the golden's.
     pub sequence_guards: Vec<(String, SeqState)>,
     /// DDL before the row changes, in order.
@@ -109,6 +114,34 @@ impl Plan {
             sequences: self.setvals.len(),
         }
     }
+}
+
+/// A query giving a hash of the values of `col` of `table` (a multiset: the row count and
+/// an md5 of the sorted text values), the same in the golden and in a target that did not
+/// change them.
+pub fn column_hash_sql(table: &str, col: &str) -> String {
+    format!(
+        "SELECT pg_catalog.count(*)::pg_catalog.text || ':' || COALESCE(pg_catalog.md5(\
+         pg_catalog.string_agg(COALESCE(pg_catalog.format('%L', {col}), 'NULL'), ',' \
+         ORDER BY pg_catalog.format('%L', {col}) COLLATE \"C\")), '') FROM ONLY {table}"
+    )
+}
+
+/// Whether `owner` (`OWNED BY schema.table.column`) goes with a table or column the
+/// review drops (or is an identity column's, dropped with it).
+fn owned_by_dropped(owner: &str, review: &Review) -> bool {
+    let Some(col) = owner.strip_prefix("OWNED BY ") else {
+        return false;
+    };
+    if col == "an identity column" {
+        return true;
+    }
+    let table = names::parent_and_last(col).map(|(t, _)| t);
+    review.schema.iter().any(|c| {
+        c.action == Action::Dropped
+            && ((c.kind == "column" && c.object == col)
+                || (c.kind == "table" && Some(&c.object) == table.as_ref()))
+    })
 }
 
 /// Masked columns of the golden, as plain `schema.table.column`.
@@ -269,10 +302,31 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     format!("ALTER TABLE {table} DROP CONSTRAINT {};", name.quoted),
                 ));
             }
-            ("sequence", Action::Added) => {
-                plan.create_sequences
-                    .push((c.object.clone(), c.detail.clone()));
-            }
+            ("sequence", Action::Added) => match &c.after {
+                // Before the tables whose defaults call it; OWNED BY once they exist.
+                Some(made) => {
+                    guard(&mut plan, Want::Absent);
+                    for (i, stmt) in made.lines().enumerate() {
+                        if i == 0 {
+                            before.push((4, stmt.to_string()));
+                        } else {
+                            after.push((0, stmt.to_string()));
+                        }
+                    }
+                }
+                // An identity column's own (or a review from before `after` was kept).
+                None => plan
+                    .create_sequences
+                    .push((c.object.clone(), c.detail.clone())),
+            },
+            ("sequence", Action::Dropped) => match c.before.as_deref() {
+                None => before.push((4, format!("DROP SEQUENCE {};", c.object))),
+                Some(owner) if owned_by_dropped(owner, review) => {}
+                Some(owner) => refuse(
+                    &mut plan,
+                    &format!("it was {owner}, which the change keeps: not promoted"),
+                ),
+            },
             _ => refuse(&mut plan, unsupported),
         }
     }
@@ -281,8 +335,15 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
     plan.before_data = before.into_iter().map(|(_, s)| s).collect();
     plan.after_data = after.into_iter().map(|(_, s)| s).collect();
 
+    let dropped: BTreeSet<&str> = review
+        .schema
+        .iter()
+        .filter(|c| c.kind == "table" && c.action == Action::Dropped)
+        .map(|c| c.object.as_str())
+        .collect();
     for t in &review.data {
-        if let Some(tc) = table_change(t, masked, &added_cols, &mut plan.refusals) {
+        if let Some(mut tc) = table_change(t, masked, &added_cols, &mut plan.refusals) {
+            tc.dropped = dropped.contains(t.table.as_str());
             plan.tables.push(tc);
         }
     }
@@ -328,6 +389,7 @@ fn table_change(
     let mut tc = TableChange {
         table: name.clone(),
         new_table,
+        dropped: false,
         columns: t.columns.clone(),
         key: Vec::new(),
         guard: Vec::new(),

@@ -60,17 +60,22 @@ pub async fn golden_source(provider: &dyn Provider, golden: Option<&str>) -> Opt
         .map(str::to_string)
 }
 
-/// The target of `req` for a token of golden `golden` (see the module doc for the order).
+/// The target of `req` for a token of golden `golden` (see the module doc for the order);
+/// `kept` is the golden's source as kept with the token's captured change, which still
+/// names it once the golden version itself is gone.
 pub async fn resolve(
     cfg: &PromoteSection,
     provider: &dyn Provider,
     golden: Option<&str>,
+    kept: Option<&str>,
     req: &PromoteRequest,
     who: &Who,
 ) -> Result<Resolved, PromoteError> {
     // Only looked up when it is needed: a named target or DSN does not list the goldens.
     let source = if req.dsn.is_none() && req.target.is_none() {
-        golden_source(provider, golden).await
+        golden_source(provider, golden)
+            .await
+            .or_else(|| kept.map(str::to_string))
     } else {
         None
     };

@@ -76,6 +76,33 @@ pub enum Load<'a> {
     Live(&'a crate::provider::golden_build::LiveSpec),
 }
 
+/// How long a server left by an interrupted build gets to exit after SIGQUIT.
+const LEFTOVER_GRACE: Duration = Duration::from_secs(5);
+
+/// Stops the server a build killed mid-way left running in `tmp` (data dir `tmp/data`) and
+/// removes its socket dir, so removing `tmp` leaves nothing behind. Immediate shutdown: the
+/// build is thrown away. Blocks up to a few seconds; called at start, before serving.
+pub(crate) fn stop_leftover_server(tmp: &Path) {
+    let data = tmp.join("data");
+    if let Some(pf) = process::read_pid_file(&data) {
+        // Only a live process working in this data dir: the pid may have been reused.
+        if process::is_postmaster_of(pf.pid, &data) {
+            tracing::warn!(pid = pf.pid, dir = %tmp.display(),
+                "stopping the server of an interrupted golden build");
+            process::signal(pf.pid, Signal::SIGQUIT);
+            let deadline = std::time::Instant::now() + LEFTOVER_GRACE;
+            while process::pid_alive(pf.pid) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            // Stragglers in its group (postmasters are session leaders).
+            process::signal_group(pf.pid, Signal::SIGKILL);
+        }
+    }
+    if let Err(e) = remove_socket_dir(&socket_dir_for(tmp), tmp) {
+        tracing::warn!(dir = %tmp.display(), error = %e, "removing the socket dir of an interrupted build failed");
+    }
+}
+
 /// Builds a stopped, cleanly shut down golden in `tmp` (its data dir is `tmp/data`).
 pub async fn build(
     ctx: &GoldenCtx<'_>,

@@ -125,6 +125,7 @@ fn remove_interrupted_builds(root: &Path) {
         let n = e.file_name().to_string_lossy().to_string();
         if n.starts_with("golden-") && n.contains(".building-") && e.path().is_dir() {
             tracing::info!(dir = %e.path().display(), "removing an interrupted golden build");
+            super::golden::stop_leftover_server(&e.path());
             if let Err(err) = fs::remove_dir_all(e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "could not remove an interrupted golden build");
             }

@@ -146,6 +146,15 @@ pub trait Provider: Send + Sync + 'static {
     fn server_running(&self, _handle: &str) -> Option<bool> {
         None
     }
+    /// End every client session on a running backend, for one adopted after a gateway crash:
+    /// its sessions died with the old gateway, but a backend busy in a statement keeps
+    /// running until it next writes to its client. Returns how many were ended.
+    fn end_stale_sessions<'a>(
+        &'a self,
+        _handle: &'a str,
+    ) -> BoxFuture<'a, Result<u64, ProviderError>> {
+        Box::pin(async { Ok(0) })
+    }
     /// Stop a backend and remove everything it had (processes, files). Idempotent.
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
     /// Stop a backend but keep its data, for a graceful gateway shutdown. Idempotent.

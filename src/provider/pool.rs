@@ -240,8 +240,9 @@ impl WarmPool {
     }
 
     /// Destroy the unclaimed members (gateway shutdown), after waiting (bounded) for a member
-    /// being forked right now, which the filler then destroys itself.
-    pub async fn drain(&self) {
+    /// being forked right now, which the filler then destroys itself. Returns how many
+    /// it destroyed.
+    pub async fn drain(&self) -> usize {
         {
             let _filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
             self.draining
@@ -259,11 +260,16 @@ impl WarmPool {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         let members: Vec<Backend> = self.lock_ready().drain(..).collect();
+        let mut destroyed = 0;
         for b in members {
-            if let Err(e) = self.inner.destroy(&b.handle).await {
-                tracing::warn!(handle = %b.handle, error = %e, "destroying a pool member failed");
+            match self.inner.destroy(&b.handle).await {
+                Ok(()) => destroyed += 1,
+                Err(e) => {
+                    tracing::warn!(handle = %b.handle, error = %e, "destroying a pool member failed")
+                }
             }
         }
+        destroyed
     }
 
     /// Unclaimed members ready now.
@@ -343,6 +349,13 @@ impl Provider for WarmPool {
 
     fn server_running(&self, handle: &str) -> Option<bool> {
         self.inner.server_running(handle)
+    }
+
+    fn end_stale_sessions<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<u64, ProviderError>> {
+        self.inner.end_stale_sessions(handle)
     }
 
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {

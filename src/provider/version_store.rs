@@ -165,13 +165,14 @@ pub fn write_active(root: &Path, id: &str) -> Result<(), ProviderError> {
 }
 
 /// Removes what builds interrupted by a dead gateway left (call at start, before any build
-/// can run): their directories start with a dot.
+/// can run): their directories start with a dot, and may hold a server still running.
 pub fn remove_unfinished(root: &Path) {
     let Ok(rd) = fs::read_dir(versions_dir(root)) else {
         return;
     };
     for e in rd.flatten() {
         if e.file_name().to_string_lossy().starts_with('.') {
+            super::golden::stop_leftover_server(&e.path());
             let _ = fs::remove_dir_all(e.path());
         }
     }

@@ -10,6 +10,7 @@ pub mod relay;
 pub mod session;
 pub mod stream;
 pub mod tls;
+pub mod turn;
 
 use std::sync::Arc;
 

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use super::gate::Gate;
 use super::pipeline::Pipeline;
+use super::turn::Turn;
 use crate::lifecycle::EndReason;
 use crate::wire::frame::{FrameError, FrameReader};
 use crate::wire::messages::{self, Severity};
@@ -48,6 +49,7 @@ pub async fn run(
     secrets: &[String],
     mut pl: Pipeline,
     watchdog: Option<Watchdog>,
+    slot: Option<&crate::lifecycle::SessionSlot>,
 ) {
     let (mut c_stream, c_buf, c_max) = client.into_parts();
     let (b_stream, b_buf, b_max) = backend.into_parts();
@@ -108,7 +110,13 @@ pub async fn run(
         }
     });
 
+    let mut turn = Turn::new(slot);
+
     let ending = 'relay: loop {
+        if turn.over() {
+            // Bounded work per wake-up: other sessions' turn (see `turn`).
+            tokio::task::yield_now().await;
+        }
         pl.drain_outbox(&mut to_backend);
         // Fast path: bytes just produced go out now when the socket takes them (unix and
         // plain TCP); what does not fit waits for the event loop below.
@@ -191,7 +199,8 @@ pub async fn run(
                     note_client(f.tag, &mut unanswered, &mut busy_since);
                     pl.on_client(f);
                     let mut n = 1;
-                    while !terminated && n < BATCH {
+                    let limit = BATCH.min(turn.room());
+                    while !terminated && n < limit {
                         match c_reader.try_frame() {
                             Ok(Some(f)) => {
                                 terminated = f.tag == b'X';
@@ -203,6 +212,7 @@ pub async fn run(
                             Err(e) => break 'relay Ending::ClientProtocol(e),
                         }
                     }
+                    turn.spend(n);
                 }
                 Ok(None) | Err(FrameError::Io(_)) | Err(FrameError::Truncated) => break Ending::ClientGone,
                 Err(e) => break Ending::ClientProtocol(e),
@@ -215,7 +225,8 @@ pub async fn run(
                     // Syncs sent inside COPY FROM STDIN are never answered.
                     unanswered = unanswered.saturating_sub(pl.take_ignored_syncs());
                     let mut n = 1;
-                    while n < BATCH && to_client.len() < HIGH_WATER {
+                    let limit = BATCH.min(turn.room());
+                    while n < limit && to_client.len() < HIGH_WATER {
                         match b_reader.try_frame() {
                             Ok(Some(f)) => {
                                 note_backend(f.tag, &mut unanswered, &mut busy_since, &mut cancelled);
@@ -227,6 +238,7 @@ pub async fn run(
                             Err(e) => break 'relay Ending::BackendProtocol(e),
                         }
                     }
+                    turn.spend(n);
                 }
                 Ok(None) | Err(FrameError::Io(_)) | Err(FrameError::Truncated) => break Ending::BackendGone,
                 Err(e) => break Ending::BackendProtocol(e),

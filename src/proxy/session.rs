@@ -134,7 +134,7 @@ async fn admit(
 /// A token that authenticated, with its session slot and its end signal.
 struct Authed {
     rec: TokenRecord,
-    _slot: SessionSlot,
+    slot: SessionSlot,
     ended: watch::Receiver<Option<EndReason>>,
 }
 
@@ -189,11 +189,7 @@ async fn authenticate_step(
         })?;
     // Subscribe before touching the backend so an end during the fork is not missed.
     let ended = proxy.gw.runtime(&rec.id).ended();
-    Ok(Authed {
-        rec,
-        _slot: slot,
-        ended,
-    })
+    Ok(Authed { rec, slot, ended })
 }
 
 /// A session whose backend is connected and whose client has been greeted.
@@ -401,6 +397,7 @@ async fn relay_step(proxy: &Proxy, client: FrameReader<ClientStream>, s: Attache
         proxy.gw.secrets(),
         pipeline,
         s.watchdog,
+        Some(&s.authed.slot),
     )
     .await;
     tracing::info!("session ended");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::catalog::{self, Catalog};
 
-mod data_order;
+pub mod data_order;
 use super::conn::{literal, ConnError, Side, Timeouts, SESSION_SETTINGS};
 use super::data::{self, Limits, TablePatch};
 use super::model::{Review, ScanInfo, TableDiff};

@@ -208,13 +208,22 @@ pub(super) fn sequences(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
         let old = b.sequences.get(oid);
         match old {
             None => {
+                // The statements that make it (none for an identity column's own): promotion
+                // runs them before the tables whose defaults use it, OWNED BY after.
+                let made = (!s.identity).then(|| {
+                    let mut m = format!("CREATE SEQUENCE {name} {};", s.params);
+                    if let Some(o) = &s.owned_by {
+                        m.push_str(&format!("\nALTER SEQUENCE {name} OWNED BY {o};"));
+                    }
+                    m
+                });
                 d.change(
                     "sequence",
                     Action::Added,
                     name.clone(),
                     s.params.clone(),
                     None,
-                    None,
+                    made,
                 );
                 if !s.identity {
                     d.stmt(
@@ -299,12 +308,18 @@ pub(super) fn sequences(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
     }
     for (oid, s) in &b.sequences {
         if !a.sequences.contains_key(oid) {
+            // What owns it (dropped with its table or column), for promotion.
+            let owner = match (&s.owned_by, s.identity) {
+                (Some(o), _) => Some(format!("OWNED BY {o}")),
+                (None, true) => Some("OWNED BY an identity column".into()),
+                (None, false) => None,
+            };
             d.change(
                 "sequence",
                 Action::Dropped,
                 s.qname(),
                 String::new(),
-                None,
+                owner,
                 None,
             );
             if !s.identity && s.owned_by.is_none() {

@@ -14,6 +14,11 @@ use serde_json::Value;
 mod scratch;
 pub use scratch::tempdir;
 
+#[path = "../support/require.rs"]
+mod require;
+#[allow(unused_imports)]
+pub use require::{in_ci, optional, require};
+
 /// A running gateway process.
 pub struct Gateway {
     pub child: Option<Child>,

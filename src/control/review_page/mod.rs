@@ -366,7 +366,21 @@ async fn token_page(
         let none = PromoteRequest::default();
         let cfg = &s.gw.config.promote;
         let provider = s.gw.provider.as_ref();
-        Some(resolve::resolve(cfg, provider, rec.golden.as_deref(), &none, &Who::Admin).await)
+        let kept = r
+            .capture
+            .as_ref()
+            .and_then(|c| c.source_conninfo.as_deref());
+        Some(
+            resolve::resolve(
+                cfg,
+                provider,
+                rec.golden.as_deref(),
+                kept,
+                &none,
+                &Who::Admin,
+            )
+            .await,
+        )
     } else {
         None
     };

@@ -62,14 +62,18 @@ impl LogBook {
         }
     }
 
-    /// Sync every open log and cut off the reserved tails of mapped ones (the gateway stops).
-    pub fn release_all(&self) {
+    /// Sync every open log and cut off the reserved tails of mapped ones (the gateway stops);
+    /// returns how many there were.
+    pub fn release_all(&self) -> usize {
+        let mut n = 0;
         for l in self.logs.iter() {
             if let Err(e) = l.sync() {
                 tracing::warn!(error = %e, "statement log sync failed");
             }
             l.release();
+            n += 1;
         }
+        n
     }
 
     /// Write deferred outcomes and fsync every log with unsynced records.

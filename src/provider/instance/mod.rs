@@ -356,6 +356,13 @@ impl Provider for InstanceProvider {
         InstanceProvider::server_running(self, handle)
     }
 
+    fn end_stale_sessions<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<u64, ProviderError>> {
+        Box::pin(self.end_stale_sessions_inner(handle))
+    }
+
     fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {
         self.login_as(backend, golden::login_role(allow))
     }

@@ -11,7 +11,7 @@ use tokio::process::Child;
 
 use super::{InstanceProvider, STOP_GRACE};
 use crate::pg::process::{self, ServerSpec};
-use crate::provider::golden;
+use crate::provider::golden::{self, DATABASE, SUPERUSER};
 use crate::provider::{Backend, ProviderError};
 
 impl InstanceProvider {
@@ -79,6 +79,42 @@ impl InstanceProvider {
             process::read_pid_file(&data)
                 .is_some_and(|pf| process::is_postmaster_of(pf.pid, &data)),
         )
+    }
+
+    /// Ends every client session on the running server of `handle` but the one asking
+    /// (superuser over the instance's socket, peer-mapped like the golden build's), waiting
+    /// until each is gone. Returns how many were ended.
+    pub(super) async fn end_stale_sessions_inner(
+        &self,
+        handle: &str,
+    ) -> Result<u64, ProviderError> {
+        let inst = self.inst_dir(handle)?;
+        let sock = golden::socket_dir_for(&inst);
+        let failed = |e: tokio_postgres::Error| {
+            ProviderError::Other(format!("ending stale sessions of {handle}: {e}"))
+        };
+        let (client, conn) = tokio_postgres::Config::new()
+            .host_path(&sock)
+            .port(process::PORT)
+            .user(SUPERUSER)
+            .dbname(DATABASE)
+            .application_name("sandpit adopt")
+            .connect_timeout(Duration::from_secs(10))
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(failed)?;
+        let conn = tokio::spawn(conn);
+        // With a timeout, pg_terminate_backend waits for the process to exit (PostgreSQL 14+),
+        // so a backend stuck in a long statement is gone when this returns.
+        let wait = if self.bins.major >= 14 { ", 10000" } else { "" };
+        let sql = format!(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid{wait})) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        );
+        let ended: i64 = client.query_one(&sql, &[]).await.map_err(failed)?.get(0);
+        drop(client);
+        let _ = conn.await;
+        Ok(ended.max(0) as u64)
     }
 
     pub(super) async fn ensure_inner(&self, handle: &str) -> Result<Backend, ProviderError> {

@@ -40,7 +40,13 @@ pub struct MaskReport {
     pub trimmed: BTreeMap<String, u64>,
     /// Foreign keys checked after masking (all found consistent).
     pub foreign_keys_checked: usize,
+    /// Every distinct value masking produced (fakes, so safe to keep) of at least
+    /// [`MASKED_VALUE_MIN`] characters: promotion refuses a change that writes one back.
+    pub masked_values: Vec<String>,
 }
+
+/// Shorter produced values are not kept (they would match unrelated text).
+pub const MASKED_VALUE_MIN: usize = 6;
 
 /// One sampled table.
 #[derive(Debug, Clone, Serialize)]
@@ -464,6 +470,26 @@ async fn apply_once(
             return Err((retry, apply_err(&format!("masking {s}.{t}"), e)));
         }
     }
+    // What masking produced, read back: constants and NULLs carry nothing of the source.
+    for r in resolved {
+        if matches!(r.rule, Rule::Null | Rule::Constant(_)) {
+            continue;
+        }
+        let q = format!(
+            "SELECT DISTINCT {c}::text FROM {t} WHERE {c} IS NOT NULL AND length({c}::text) >= {MASKED_VALUE_MIN}",
+            c = qi(&r.col.name),
+            t = qt(&r.col.schema, &r.col.table)
+        );
+        let rows = tx
+            .query(&q, &[])
+            .await
+            .map_err(|e| fatal(apply_err("reading masked values", e)))?;
+        report
+            .masked_values
+            .extend(rows.iter().map(|row| row.get::<_, String>(0)));
+    }
+    report.masked_values.sort();
+    report.masked_values.dedup();
     for r in resolved {
         report.masked.push(format!(
             "{}.{}.{}: {}",

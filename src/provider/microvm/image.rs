@@ -2,11 +2,11 @@
 //! cached under the image dir by the hash of the recipe, rebuilt when the recipe changes.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+use super::image_build::{self, BuildChild};
 use super::qemu::Image;
 use crate::provider::ProviderError;
 
@@ -73,7 +73,43 @@ pub async fn ensure(fixed: Option<&Path>, images: &Path) -> Result<Image, Provid
     Ok(Image { dir })
 }
 
+/// Removes what interrupted builds of `out` left (their work and recipe dirs; we hold the
+/// lock, so none runs). A dir with anything mounted below it (left by a build that did not
+/// have a mount namespace of its own) is left alone: removing it would walk into the mount.
+fn remove_interrupted(out: &Path) {
+    let (Some(dir), Some(name)) = (out.parent(), out.file_name()) else {
+        return;
+    };
+    let name = name.to_string_lossy();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let n = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = n.strip_prefix(name.as_ref()) else {
+            continue;
+        };
+        if !(rest.starts_with(".work.") || rest.starts_with(".recipe.")) {
+            continue;
+        }
+        let p = e.path();
+        let mounted = mounts
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .any(|m| Path::new(m).starts_with(&p));
+        if mounted {
+            tracing::warn!(dir = %p.display(), "an interrupted image build left mounts; not removing it");
+        } else if let Err(err) = std::fs::remove_dir_all(&p) {
+            tracing::warn!(dir = %p.display(), error = %err, "removing an interrupted image build failed");
+        }
+    }
+}
+
 async fn build(out: &Path) -> Result<(), ProviderError> {
+    let pid_file = out.with_extension("build.pid");
+    image_build::end_leftover(&pid_file, "microvm-image.sh").await;
+    remove_interrupted(out);
     let recipe = out.with_extension(format!("recipe.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&recipe);
     let guest = recipe.join("microvm-guest");
@@ -83,34 +119,33 @@ async fn build(out: &Path) -> Result<(), ProviderError> {
     std::fs::write(guest.join("sandpit-init"), GUEST_INIT)?;
     std::fs::write(guest.join("sandpit-mux"), GUEST_MUX)?;
     let log_path: PathBuf = out.with_extension("build.log");
-    let log = std::fs::File::create(&log_path)?;
     tracing::info!(image = %out.display(), "building the microvm guest image from Debian packages (a few minutes)");
     let t0 = Instant::now();
-    let mut child = tokio::process::Command::new("sh")
-        .arg(&script)
-        .arg(out)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| ProviderError::Golden(format!("running the image script: {e}")))?;
-    let status = tokio::time::timeout(BUILD_TIMEOUT, child.wait()).await;
+    // Own mount namespace and process group; dropped (gateway shutdown, timeout), the build
+    // ends with every process it started and the mounts it made.
+    let mut child = BuildChild::spawn(&script, &[out], &log_path)?;
+    if let Err(e) = child.record(&pid_file) {
+        tracing::warn!(error = %e, "recording the image build's pid failed");
+    }
+    tracing::debug!(pid = child.pid(), log = %log_path.display(), "image build started");
+    let status = child.wait(BUILD_TIMEOUT).await;
+    drop(child);
+    let _ = std::fs::remove_file(&pid_file);
     let tail = || {
         let t = std::fs::read_to_string(&log_path).unwrap_or_default();
         crate::provider::golden::tail(&t)
     };
     let _ = std::fs::remove_dir_all(&recipe);
     match status {
-        Ok(Ok(s)) if s.success() && complete(out) => {
+        Some(Ok(s)) if s.success() && complete(out) => {
             tracing::info!(seconds = t0.elapsed().as_secs(), image = %out.display(), "microvm guest image built");
             Ok(())
         }
-        Ok(other) => Err(ProviderError::Golden(format!(
+        Some(other) => Err(ProviderError::Golden(format!(
             "image build failed ({other:?}): {}",
             tail()
         ))),
-        Err(_) => Err(ProviderError::Golden(format!(
+        None => Err(ProviderError::Golden(format!(
             "image build took longer than {BUILD_TIMEOUT:?}: {}",
             tail()
         ))),

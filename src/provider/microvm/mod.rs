@@ -9,6 +9,7 @@ mod accel;
 mod bridge;
 mod golden;
 mod image;
+mod image_build;
 mod qemu;
 mod versions;
 

@@ -9,6 +9,7 @@
 //! a prepared statement or portal is bound to its text only once the server accepted it
 //! ([`names`]); and the bookkeeping per message is O(1) (barrier count, bounded FIFO).
 
+mod chatter;
 mod client;
 mod fifo;
 mod log;
@@ -19,6 +20,7 @@ mod responses;
 #[cfg(test)]
 mod tests;
 
+use chatter::{Chatter, Noise};
 use fifo::Fifo;
 use names::{Names, Weight};
 use outbox::Outbox;
@@ -292,6 +294,8 @@ pub struct Pipeline {
     /// The text of the last Parse with its kind and catalog guess: a driver that parses the
     /// same text again (the unnamed statement, each time) shares it, not classified again.
     last_parsed: Option<(Arc<str>, Kind, bool)>,
+    /// Notices and notifications of the current stretch, counted against `max_bytes`.
+    chatter: Chatter,
 }
 
 impl Pipeline {
@@ -321,6 +325,7 @@ impl Pipeline {
             skip_until_sync: false,
             deferred: std::cell::Cell::new(false),
             last_parsed: None,
+            chatter: Chatter::default(),
         }
     }
 

@@ -111,14 +111,26 @@ impl Pipeline {
             b's' => self.on_suspended(f, out),
             b'E' => self.on_error(f, out, secrets),
             b'Z' => self.on_ready(f, out),
-            b'N' => match messages::scrub_error(f.tag, f.body(), secrets) {
-                Some(s) => out.extend_from_slice(&s),
-                None => out.extend_from_slice(&f.raw),
-            },
+            b'N' => {
+                let scrubbed = messages::scrub_error(f.tag, f.body(), secrets);
+                let shown = scrubbed.as_ref().unwrap_or(&f.raw);
+                self.relay_noise(Noise::Notice, shown, out);
+            }
+            b'A' => self.relay_noise(Noise::Notification, &f.raw, out),
             _ => out.extend_from_slice(&f.raw),
         }
         if !self.held.is_empty() {
             self.release_held();
+        }
+    }
+
+    /// A notice or notification: relayed while this stretch's budget lasts, else dropped
+    /// (and counted for the summary notice at the next ReadyForQuery).
+    fn relay_noise(&mut self, noise: Noise, raw: &[u8], out: &mut BytesMut) {
+        if self.chatter.admit(noise, raw.len(), self.id.caps.max_bytes) {
+            out.extend_from_slice(raw);
+        } else if self.chatter.dropped() == 1 {
+            metrics::counter!("sandpit_capped_notices_total").increment(1);
         }
     }
 
@@ -170,6 +182,9 @@ impl Pipeline {
                 tracing::warn!("ReadyForQuery while waiting for another response");
                 self.fifo.push_front(other);
             }
+        }
+        if let Some(summary) = self.chatter.end(self.id.caps.max_bytes) {
+            out.extend_from_slice(&summary);
         }
         if self.tx_status == b'I' {
             // Protocol-level portals end with their transaction.
