@@ -303,6 +303,10 @@ pub struct ReviewConfig {
     /// At the end of a token, replay the review's patch on a fresh fork of the golden and
     /// record whether it rebuilds the scratch database (providers whose forks are cheap).
     pub verify_on_end: bool,
+    /// Bytes reserved on disk for each token's end-of-token review when it is issued (a
+    /// quarter per stored format; the review is written into them): a full disk at the
+    /// end of a token does not stop the review being stored. 0 reserves nothing.
+    pub reserve_bytes: u64,
 }
 
 impl Default for ReviewConfig {
@@ -314,6 +318,7 @@ impl Default for ReviewConfig {
             settle_timeout: Duration::from_secs(3),
             samples: 20,
             verify_on_end: true,
+            reserve_bytes: 1 << 20,
         }
     }
 }

@@ -278,6 +278,17 @@ fn run(cli: Cli) -> Result<()> {
                 let v = client(&cfg, api)?.show(&id)?;
                 print(&v, api.json, cli::token_text)
             }
+            TokenCmd::Discard { id, api } => {
+                let id = cli::token_id_arg(id)?;
+                let v = client(&cfg, api)?.discard(&id)?;
+                print(&v, api.json, |v| {
+                    format!(
+                        "discarded the scratch data of {} ({})",
+                        v.get("id").and_then(|d| d.as_str()).unwrap_or(&id),
+                        cli::review_words(v)
+                    )
+                })
+            }
             TokenCmd::Revoke { id, api } => {
                 let id = cli::token_id_arg(id)?;
                 let v = client(&cfg, api)?.revoke(&id)?;

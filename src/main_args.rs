@@ -218,9 +218,16 @@ pub enum TokenCmd {
         #[command(flatten)]
         api: ApiArgs,
     },
-    /// Revoke a token: ends its sessions and destroys its scratch database.
+    /// Revoke a token: ends its sessions, stores its review and destroys its scratch database.
     Revoke {
         /// Token id, or the token's DSN as `token issue` printed it (only the id is used).
+        id: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Destroy an ended token's scratch data although its review could not be stored.
+    Discard {
+        /// Token id, or the token's DSN (only the id is used).
         id: String,
         #[command(flatten)]
         api: ApiArgs,

@@ -33,13 +33,20 @@ pub mod stop_now;
 struct ReviewHooks(Reviewer, crate::config::Config);
 
 impl TokenHooks for ReviewHooks {
+    fn issued(&self, rec: &TokenRecord) {
+        review::reserve(&self.0, &rec.task, &rec.id);
+    }
+    fn discarded(&self, rec: &TokenRecord) {
+        review::release_reserve(&self.0, &rec.task, &rec.id);
+    }
     fn forked(&self, golden: Option<String>) {
         review::prepare(&self.0, golden);
     }
-    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, ()> {
+    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            review::on_end(&self.0, rec).await;
+            review::on_end(&self.0, rec).await?;
             crate::promote::on_end(&self.1, self.0.provider.as_ref(), rec).await;
+            Ok(())
         })
     }
 }

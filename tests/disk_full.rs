@@ -264,3 +264,72 @@ async fn a_fork_is_refused_ahead_when_free_space_is_below_the_minimum() {
         .collect();
     assert!(leftovers.is_empty(), "{leftovers:?}");
 }
+
+/// Issue 29, item 4: the end-of-token review is written into space reserved when the token
+/// was issued, so a review directory that filled up in between still takes it; without a
+/// reserve the same review fails, is said to have failed, and is stored by the janitor once
+/// there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_review_is_written_into_space_reserved_at_issue() {
+    let tmp = common::tempdir();
+    let reviews = tmp.path().join("reviews");
+    let Some(_mount) = Mount::tmpfs(&reviews, "8m") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "cannot mount a tmpfs (needs root)"
+        );
+        eprintln!("skipped: cannot mount a tmpfs (needs root)");
+        return;
+    };
+    let cfg = |reserve: u64| {
+        format!(
+            "[review]\ndir = \"{}\"\nreserve_bytes = {reserve}\n[janitor]\ninterval = \"0s\"\n",
+            reviews.display()
+        )
+    };
+    for (reserve, stored_at_once) in [(1u64 << 20, true), (0, false)] {
+        let g = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg(reserve)));
+        let t = g.issue("reserved", 600);
+        let tid = id(&t);
+        let c = connect(&dsn(&t)).await.expect("connect");
+        c.simple_query("insert into items values (5000, 'the change')")
+            .await
+            .expect("insert");
+        drop(c);
+        fill(&reviews, "fill", 0);
+        assert_eq!(free_bytes(&reviews), 0);
+        let (s, v) = g.revoke(&tid);
+        assert_eq!(s, 200, "{v}");
+        let shown = g.show(&tid);
+        let json = reviews.join("reserved").join(format!("{tid}.json"));
+        if stored_at_once {
+            assert_eq!(shown["review"], "stored", "{shown}\n{}", g.log());
+            for ext in ["json", "txt", "sql", "html"] {
+                let p = reviews.join("reserved").join(format!("{tid}.{ext}"));
+                assert!(
+                    std::fs::metadata(&p).map(|m| m.len() > 0).unwrap_or(false),
+                    "{ext}"
+                );
+                let reserve = reviews
+                    .join("reserved")
+                    .join(format!("{tid}.{ext}.reserve"));
+                assert!(!reserve.exists(), "the reserve became the review");
+            }
+            let text = std::fs::read_to_string(&json).expect("stored");
+            assert!(text.contains("the change"), "{text}");
+        } else {
+            let review = shown["review"].as_str().unwrap_or("").to_string();
+            assert!(review.starts_with("failed: "), "{shown}");
+            assert_eq!(shown["backend"], true, "{shown}");
+            // Room again: the janitor stores it.
+            std::fs::remove_file(reviews.join("fill")).expect("rm fill");
+            let (s, rep) = g.raw_call("POST", "/v1/reap", None);
+            assert_eq!(s, 200, "{rep}");
+            assert_eq!(g.show(&tid)["review"], "stored", "{rep}");
+            assert!(std::fs::read_to_string(&json)
+                .expect("stored")
+                .contains("the change"));
+        }
+        let _ = std::fs::remove_file(reviews.join("fill"));
+    }
+}

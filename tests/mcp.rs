@@ -296,7 +296,9 @@ fn stdio_raw_negotiation_and_revoke_mid_session() {
 #[test]
 fn run_sql_results_are_bounded_by_the_tokens_max_bytes() {
     let g = common::shared();
-    let t = g.issue_with(json!({"task": "mcp-bounded", "ttl_seconds": 600, "max_rows": 10, "max_bytes": 10_000}));
+    let t = g.issue_with(
+        json!({"task": "mcp-bounded", "ttl_seconds": 600, "max_rows": 10, "max_bytes": 10_000}),
+    );
     let tok = full_token(&t);
     let url = format!("{}/mcp", g.api);
     let call = |sql: String| {
@@ -308,18 +310,31 @@ fn run_sql_results_are_bounded_by_the_tokens_max_bytes() {
         );
         assert_eq!(s, 200);
         let r = r.expect("body");
-        r["result"]["content"][0]["text"].as_str().expect("text").to_string()
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .expect("text")
+            .to_string()
     };
     // 500 statements each returning a 1000-byte value: 500 kB before the bound.
     let text = call("select repeat('x', 1000) as v;".repeat(500));
     assert!(text.len() < 11_000, "{} bytes", text.len());
-    assert!(text.contains("were not kept (max_bytes 10000)"), "{}", &text[text.len() - 300..]);
+    assert!(
+        text.contains("were not kept (max_bytes 10000)"),
+        "{}",
+        &text[text.len() - 300..]
+    );
     // 100 000 notices from one DO loop.
     let text = call("do $$ begin for i in 1..100000 loop raise notice 'n %', repeat('y', 100); end loop; end $$".into());
     assert!(text.len() < 11_000, "{} bytes", text.len());
     // One error carrying a megabyte of detail.
-    let text = call("do $$ begin raise exception 'boom' using detail = repeat('d', 1000000); end $$".into());
-    assert!(text.contains("boom") && text.len() < 11_000, "{} bytes", text.len());
+    let text = call(
+        "do $$ begin raise exception 'boom' using detail = repeat('d', 1000000); end $$".into(),
+    );
+    assert!(
+        text.contains("boom") && text.len() < 11_000,
+        "{} bytes",
+        text.len()
+    );
     // The session still works.
     assert!(call("select 41 + 1 as n".into()).contains("42"));
 }

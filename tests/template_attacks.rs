@@ -334,3 +334,62 @@ fn database_flags_refused_revoke_removes_all_tags_private() {
             .expect("the other task is untouched");
     });
 }
+
+/// Issue 29, item 3: on `template` the review logs in as the task's own role, whose settings
+/// the agent may change; and the agent may hold locks in prepared transactions. Neither
+/// prevents the end-of-token review: its timeouts are startup options (which outrank role
+/// settings), and before it the task's sessions end and its prepared transactions roll back.
+#[test]
+fn role_settings_and_prepared_locks_cannot_prevent_the_review() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let pg = rt.block_on(shared_pg::SharedPg::start());
+    let g = gateway(&pg);
+    let t = g.issue("tpl-review", 600);
+    let h = id(&t);
+    rt.block_on(async {
+        let c = connect(&dsn(&t)).await.expect("connect");
+        c.batch_execute("insert into items values (100001, 'the change')")
+            .await
+            .expect("change");
+        let p = connect(&dsn(&t)).await.expect("connect");
+        p.batch_execute(
+            "begin; lock table items in access exclusive mode; \
+             update items set name = 'held' where id = 1; prepare transaction 'tpl-hold'",
+        )
+        .await
+        .expect("prepare transaction (max_prepared_transactions > 0 on the server)");
+        // A session that stays idle in a transaction, too.
+        let idle = connect(&dsn(&t)).await.expect("connect");
+        idle.batch_execute("begin; select count(*) from pg_class")
+            .await
+            .expect("idle in transaction");
+        c.batch_execute(
+            "alter role current_user set idle_in_transaction_session_timeout = '1ms'; \
+             alter role current_user set statement_timeout = '1ms'; \
+             alter role current_user set lock_timeout = '1ms'",
+        )
+        .await
+        .expect("a role may change its own settings");
+        let (status, body) = g.revoke(&h);
+        assert_eq!(status, 200, "{body}");
+        let shown = g.show(&h);
+        assert_eq!(shown["review"], "stored", "{shown}\n{}", g.log());
+        assert_eq!(shown["end"], "destroyed", "{shown}");
+        let path = g
+            .data_dir
+            .join("reviews")
+            .join("tpl-review")
+            .join(format!("{h}.json"));
+        let r: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).expect("stored review"))
+                .expect("json");
+        let data = &r["data"];
+        assert_eq!(data.as_array().map(Vec::len), Some(1), "{data}");
+        assert_eq!(data[0]["table"], "public.items", "{data}");
+        assert_eq!(
+            (data[0]["inserted"].as_u64(), data[0]["updated"].as_u64()),
+            (Some(1), Some(0)),
+            "the insert, and nothing of the rolled-back prepared update: {data}"
+        );
+    });
+}

@@ -190,6 +190,16 @@ impl ApiClient {
         }
     }
 
+    /// POST /v1/tokens/{id}/discard: an ended token's scratch data destroyed without a
+    /// stored review.
+    pub fn discard(&self, id: &str) -> Result<Value, CliError> {
+        self.call(
+            "POST",
+            &format!("/v1/tokens/{}/discard", encode(id)),
+            Some(serde_json::json!({})),
+        )
+    }
+
     /// DELETE /v1/tokens/{id}.
     pub fn revoke(&self, id: &str) -> Result<Value, CliError> {
         self.call("DELETE", &format!("/v1/tokens/{}", encode(id)), None)

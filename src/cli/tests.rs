@@ -62,23 +62,28 @@ fn token_table_columns_line_up_whatever_the_cell_lengths() {
         "task": "t", "expires_at": "2026-01-01T00:00:00Z", "sessions": 2});
     let long = serde_json::json!({"id": "sp_x", "state": "revoked",
         "task": "a-task-name-longer-than-any-fixed-column-would-be", "expires_at": null,
-        "sessions": 12345});
+        "sessions": 12345, "review": "failed: lock\ntimeout"});
     let table = token_table(&[v.clone(), long]);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
     let h = lines[0];
     for row in &lines[1..] {
-        for col in ["STATE", "TASK", "EXPIRES", "SESSIONS"] {
+        for col in ["STATE", "TASK", "EXPIRES", "SESSIONS", "REVIEW"] {
             let at = h.find(col).unwrap();
             assert_ne!(row.as_bytes()[at], b' ', "{col}:\n{table}");
             assert_eq!(&row[at - 2..at], "  ", "{col}:\n{table}");
         }
     }
     assert!(
-        lines[2].ends_with("12345") && lines[2].contains("  -  "),
+        lines[2].ends_with("12345     review failed: lock\\u{a}timeout")
+            && lines[2].contains("  -  "),
         "{table}"
     );
-    assert_eq!(token_table(&[]), "ID  STATE  TASK  EXPIRES  SESSIONS");
+    assert!(lines[1].ends_with("  -"), "{table}");
+    assert_eq!(
+        token_table(&[]),
+        "ID  STATE  TASK  EXPIRES  SESSIONS  REVIEW"
+    );
     let text = token_text(&v);
     assert!(
         text.lines()

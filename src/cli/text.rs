@@ -3,11 +3,33 @@
 
 use serde_json::Value;
 
+/// A token's review as a person reads it: `review failed: <reason>`, `review pending`,
+/// `review stored`, or `-` while the token is usable.
+pub fn review_words(v: &Value) -> String {
+    match v.get("review").and_then(Value::as_str) {
+        Some(r) => format!("review {}", one_line(r)),
+        None => "-".into(),
+    }
+}
+
+/// `s` on one line: control characters shown as `\u{..}` escapes.
+pub fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                format!("\\u{{{:x}}}", c as u32)
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// `token list` without `--json`: a header and one line per token, each column as wide as
 /// its widest cell (task names and ids have no fixed length), two spaces between columns.
 pub fn token_table(tokens: &[Value]) -> String {
-    const HEADER: [&str; 5] = ["ID", "STATE", "TASK", "EXPIRES", "SESSIONS"];
-    let rows: Vec<[String; 5]> = tokens
+    const HEADER: [&str; 6] = ["ID", "STATE", "TASK", "EXPIRES", "SESSIONS", "REVIEW"];
+    let rows: Vec<[String; 6]> = tokens
         .iter()
         .map(|v| {
             let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("-").to_string();
@@ -18,6 +40,7 @@ pub fn token_table(tokens: &[Value]) -> String {
                 s("task"),
                 s("expires_at"),
                 sessions.to_string(),
+                review_words(v),
             ]
         })
         .collect();
@@ -50,6 +73,8 @@ pub fn token_text(v: &Value) -> String {
     map.iter()
         .map(|(k, val)| {
             let shown = match val {
+                // "review failed: <reason>", as everywhere else.
+                Value::String(_) if k == "review" => review_words(v),
                 Value::String(s) => s.clone(),
                 Value::Null => "-".into(),
                 Value::Object(o) if o.is_empty() => "-".into(),

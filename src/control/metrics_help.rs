@@ -136,6 +136,24 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_janitor_reviews_total",
+        Counter,
+        "End-of-token reviews the janitor stored for ended tokens (a failed review retried, an end a crash cut short).",
+        &[&[]],
+    ),
+    (
+        "sandpit_janitor_review_failures_total",
+        Counter,
+        "End-of-token reviews the janitor retried that failed again (the backend is kept).",
+        &[&[]],
+    ),
+    (
+        "sandpit_reviews_discarded_total",
+        Counter,
+        "Ended tokens whose scratch data an operator discarded without a stored review.",
+        &[&[]],
+    ),
+    (
         "sandpit_janitor_reaped_total",
         Counter,
         "Backends the janitor destroyed, by reason.",
@@ -323,7 +341,7 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
     (
         "sandpit_review_failures_total",
         Counter,
-        "Reviews at the end of a token that failed.",
+        "Reviews at the end of a token that failed (its backend is kept; the janitor tries again).",
         &[&[]],
     ),
     (

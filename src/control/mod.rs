@@ -72,6 +72,7 @@ pub fn router(state: ApiState) -> Router {
     let admin = Router::new()
         .route("/v1/tokens", get(list_tokens).post(issue_token))
         .route("/v1/tokens/{id}", get(show_token).delete(revoke_token))
+        .route("/v1/tokens/{id}/discard", post(discard_token))
         .route("/v1/reap", post(reap))
         .route("/v1/goldens", get(goldens::list).post(goldens::build))
         .route("/v1/goldens/{id}/use", post(goldens::use_version))
@@ -137,6 +138,7 @@ fn lifecycle_error(e: LifecycleError) -> Response {
     match e {
         LifecycleError::Unknown(id) => error(StatusCode::NOT_FOUND, format!("unknown token {id}")),
         LifecycleError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
+        LifecycleError::End(e) => error(StatusCode::CONFLICT, e.to_string()),
         other => {
             tracing::error!(error = %other, "api request failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())
@@ -186,6 +188,14 @@ async fn show_token(State(s): State<ApiState>, Path(id): Path<String>) -> Respon
         Ok(Some(r)) => Json(s.gw.view(&r)).into_response(),
         Ok(None) => error(StatusCode::NOT_FOUND, format!("unknown token {id}")),
         Err(e) => lifecycle_error(e.into()),
+    }
+}
+
+/// An ended token whose review could not be stored: its scratch data destroyed without one.
+async fn discard_token(State(s): State<ApiState>, Path(id): Path<String>) -> Response {
+    match s.gw.discard(&id).await {
+        Ok(r) => Json(s.gw.view(&r)).into_response(),
+        Err(e) => lifecycle_error(e),
     }
 }
 
@@ -349,6 +359,12 @@ async fn token_diff(
         };
         let stmts = store::statements(&reviewer, &rec).unwrap_or_default();
         store::render(&review, &stmts, f)
+    } else if let Some(why) = crate::registry::end::approval_refused(&rec) {
+        // Files left by an end a crash cut short are not its review.
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("token {id} has ended and no review was stored: {why}"),
+        );
     } else {
         match store::load(&store::reviews_dir(&s.gw.config), &rec.task, &rec.id, f) {
             Some(b) => b,

@@ -85,6 +85,10 @@ pub struct ReviewSummary {
     pub validators_failed: usize,
     /// The last decision or promotion, for the list.
     pub last: Option<promote::decisions::Event>,
+    /// The end-of-token review: `stored`, `pending` or `failed: <reason>` (absent while the
+    /// token is usable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub review: Option<String>,
 }
 
 pub(crate) fn summaries(s: &ApiState, records: &[TokenRecord]) -> Vec<ReviewSummary> {
@@ -102,6 +106,7 @@ pub(crate) fn summaries(s: &ApiState, records: &[TokenRecord]) -> Vec<ReviewSumm
                 rows_changed: r.capture.as_ref().map(|c| c.rows),
                 validators_failed: r.failed_validators().len(),
                 last: r.trail.last().cloned(),
+                review: crate::registry::end::review_status(t),
             }
         })
         .collect()

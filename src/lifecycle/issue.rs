@@ -86,6 +86,12 @@ pub struct TokenView {
     pub superuser: bool,
     /// Sessions open now.
     pub sessions: u32,
+    /// How far its end has got: ending, reviewed, discarded, destroyed (absent while usable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<crate::registry::end::EndPhase>,
+    /// Its end-of-token review: `stored`, `pending` or `failed: <reason>` (absent while usable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub review: Option<String>,
 }
 
 impl Gateway {
@@ -158,8 +164,11 @@ impl Gateway {
             golden,
             superuser: req.superuser,
             ended_at: None,
+            end: None,
+            review_error: None,
         };
         self.registry.insert(rec.clone()).await?;
+        self.hooks.issued(&rec);
         metrics::counter!("sandpit_tokens_issued_total").increment(1);
         self.schedule_expiry(&rec);
         let mut view = self.view(&rec);
@@ -201,6 +210,8 @@ impl Gateway {
             golden: rec.golden.clone(),
             superuser: rec.superuser,
             sessions,
+            end: rec.end,
+            review: crate::registry::end::review_status(rec),
         }
     }
 }

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use super::{EndReason, Gateway, LifecycleError};
 use crate::provider::pool::POOL_PREFIX;
 use crate::provider::ProviderError;
-use crate::registry::{TokenRecord, TokenState};
+use crate::registry::{end, TokenRecord, TokenState};
 
 /// Name of the file in the data dir that holds the gateway id.
 pub const GATEWAY_ID_FILE: &str = "gateway.id";
@@ -96,6 +96,11 @@ pub struct ReapReport {
     pub errors: Vec<String>,
     /// Tokens revoked because their backend's access was tampered with.
     pub tampered: Vec<String>,
+    /// Ended tokens whose end-of-token review this pass stored (their backends destroyed).
+    pub reviewed: Vec<String>,
+    /// Ended tokens whose end-of-token review failed again (their backends are kept; the
+    /// token says why).
+    pub review_failed: Vec<String>,
     /// Tokens whose server was found dead although the gateway had it running (not
     /// suspended while idle, not stopped at shutdown): restarted by this pass, unless it is
     /// a dry run or `errors` says the restart failed (then the next connection tries again).
@@ -127,6 +132,8 @@ pub fn gateway_id(data_dir: &Path) -> std::io::Result<String> {
 
 enum Verdict {
     Keep,
+    /// An ended token's backend kept for its review (not stored yet).
+    Hold,
     Reap(ReapReason),
 }
 
@@ -134,6 +141,9 @@ fn verdict(rec: Option<&TokenRecord>, handle: &str, now: OffsetDateTime) -> Verd
     let Some(r) = rec else {
         return Verdict::Reap(ReapReason::Unknown);
     };
+    if !r.state.is_usable() && !end::may_destroy(r) {
+        return Verdict::Hold;
+    }
     match r.state {
         TokenState::Expired => Verdict::Reap(ReapReason::Expired),
         TokenState::Revoked => Verdict::Reap(ReapReason::Revoked),
@@ -178,12 +188,27 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         .into_iter()
         .map(|r| (r.id.clone(), r))
         .collect();
+    let mut ends = ReapReport::default();
+    if !dry_run {
+        super::ending::finish_ends(gw, records.values(), &mut ends).await;
+    }
+    let records: HashMap<String, TokenRecord> = if ends.reviewed.is_empty() {
+        records
+    } else {
+        // Their backends are gone now.
+        gw.registry
+            .list_fresh()
+            .await?
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect()
+    };
     let listed = gw.provider.list().await?;
     let now = OffsetDateTime::now_utc();
     let mut report = ReapReport {
         dry_run,
         backends: listed.len(),
-        ..ReapReport::default()
+        ..ends
     };
     let present: HashSet<String> = listed.iter().map(|(h, _)| h.clone()).collect();
 
@@ -226,7 +251,12 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             continue;
         }
         // A first look without locks; `reap_one` decides again under the token's lock.
-        if let Verdict::Keep = verdict(rec.as_ref(), handle, now) {
+        let first = verdict(rec.as_ref(), handle, now);
+        if let Verdict::Hold = first {
+            report.kept += 1;
+            continue;
+        }
+        if let Verdict::Keep = first {
             if let Err(ProviderError::Tampered(why)) = gw.provider.check_access(handle).await {
                 if !dry_run {
                     gw.end_tampered(&tag.token_id, &why).await;
@@ -304,6 +334,8 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
         refresh_gauges(gw);
     }
     if report.reaped.is_empty()
+        && report.reviewed.is_empty()
+        && report.review_failed.is_empty()
         && report.vanished.is_empty()
         && report.dead.is_empty()
         && report.errors.is_empty()
@@ -319,6 +351,8 @@ pub async fn run_pass(gw: &Arc<Gateway>, dry_run: bool) -> Result<ReapReport, Li
             backends = report.backends,
             kept = report.kept,
             reaped = report.reaped.len(),
+            reviewed = report.reviewed.len(),
+            review_failed = report.review_failed.len(),
             vanished = report.vanished.len(),
             dead = report.dead.len(),
             skipped = report.skipped.len(),
@@ -366,7 +400,7 @@ async fn reap_one(
     let _across = gw.registry.lock_token(token).await?;
     let rec = gw.registry.fresh(token).await?;
     let reason = match verdict(rec.as_ref(), handle, OffsetDateTime::now_utc()) {
-        Verdict::Keep => return Ok(None),
+        Verdict::Keep | Verdict::Hold => return Ok(None),
         Verdict::Reap(r) => r,
     };
     if dry_run {
@@ -493,39 +527,18 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::Verifier;
-    use crate::registry::Caps;
 
     fn rec(state: TokenState, backend: Option<&str>, expires_in: i64) -> TokenRecord {
-        let now = OffsetDateTime::now_utc();
-        TokenRecord {
-            id: "t1".into(),
-            task: "task".into(),
-            metadata: Default::default(),
-            created_at: now,
-            expires_at: now + time::Duration::seconds(expires_in),
-            caps: Caps {
-                max_rows: 1,
-                max_bytes: 1,
-                max_connections: 1,
-                cap_mode: Default::default(),
-                allow: None,
-                statement_timeout_ms: 0,
-                idle_in_transaction_timeout_ms: 0,
-            },
-            state,
-            verifier: Verifier::from_secret("s"),
-            backend: backend.map(str::to_string),
-            golden: None,
-            fork_count: 0,
-            superuser: false,
-            ended_at: None,
-        }
+        let mut r = TokenRecord::for_tests("t1");
+        r.expires_at = OffsetDateTime::now_utc() + time::Duration::seconds(expires_in);
+        r.state = state;
+        r.backend = backend.map(str::to_string);
+        r
     }
 
     fn reason(v: Verdict) -> Option<ReapReason> {
         match v {
-            Verdict::Keep => None,
+            Verdict::Keep | Verdict::Hold => None,
             Verdict::Reap(r) => Some(r),
         }
     }
@@ -552,6 +565,20 @@ mod tests {
             Some(ReapReason::Revoked)
         );
         assert_eq!(reason(verdict(None, "t1", now)), Some(ReapReason::Unknown));
+        // Ended, its review not stored: kept for the review, whatever the TTL says.
+        let mut ending = rec(TokenState::Revoked, Some("t1"), -1);
+        ending.end = Some(end::EndPhase::Ending);
+        assert!(matches!(verdict(Some(&ending), "t1", now), Verdict::Hold));
+        ending.end = Some(end::EndPhase::Reviewed);
+        assert_eq!(
+            reason(verdict(Some(&ending), "t1", now)),
+            Some(ReapReason::Revoked)
+        );
+        ending.end = Some(end::EndPhase::Discarded);
+        assert_eq!(
+            reason(verdict(Some(&ending), "t1", now)),
+            Some(ReapReason::Revoked)
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! ends its sessions (they see the reason), destroys its backend, and marks the record.
 
 mod adopt;
+mod ending;
 mod faults;
 mod issue;
 mod issue_check;
@@ -54,11 +55,15 @@ impl EndReason {
 /// What happens around a token's life that the lifecycle does not own (the review), set up
 /// by `server.rs`: the lifecycle calls these and never imports the modules above it.
 pub trait TokenHooks: Send + Sync + 'static {
+    /// A token was just issued (its record written).
+    fn issued(&self, _rec: &TokenRecord) {}
+    /// An ended token's scratch data was discarded without a stored review.
+    fn discarded(&self, _rec: &TokenRecord) {}
     /// A backend was just forked for a token, from golden version `golden`.
     fn forked(&self, golden: Option<String>);
-    /// A token ended; called right before its backend is destroyed (failures are the hook's
-    /// to log: they never block the destroy).
-    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, ()>;
+    /// A token ended; called before its backend is destroyed. An error (why the review
+    /// could not be stored) keeps the backend for the next try.
+    fn ending<'a>(&'a self, rec: &'a TokenRecord) -> BoxFuture<'a, Result<(), String>>;
 }
 
 /// Hooks that do nothing.
@@ -66,8 +71,8 @@ pub struct NoHooks;
 
 impl TokenHooks for NoHooks {
     fn forked(&self, _golden: Option<String>) {}
-    fn ending<'a>(&'a self, _rec: &'a TokenRecord) -> BoxFuture<'a, ()> {
-        Box::pin(async {})
+    fn ending<'a>(&'a self, _rec: &'a TokenRecord) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
     }
 }
 
@@ -84,6 +89,9 @@ pub enum LifecycleError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Provider(#[from] ProviderError),
+    /// A step the end of the token does not allow now.
+    #[error(transparent)]
+    End(crate::registry::end::EndError),
 }
 
 /// Runtime state of one token in this process.
@@ -152,6 +160,8 @@ pub struct Gateway {
     janitor_lock: Mutex<()>,
     /// Tokens whose expiry timer runs in this process.
     expiry_scheduled: DashMap<String, ()>,
+    /// Tokens whose end (review, destroy) runs in this process now.
+    ending: DashMap<String, ()>,
 }
 
 impl Gateway {
@@ -183,6 +193,7 @@ impl Gateway {
             gateway_id,
             janitor_lock: Mutex::new(()),
             expiry_scheduled: DashMap::new(),
+            ending: DashMap::new(),
         })
     }
 
@@ -250,9 +261,21 @@ impl Gateway {
                 }
             } else if rec.state.is_usable() {
                 self.schedule_expiry(&rec);
-            } else if rec.backend.is_some() {
-                // Ended earlier but its backend outlived a crash: finish the job.
-                if let Err(e) = self.destroy_backend(&rec.id).await {
+            } else if crate::registry::end::needs_review(&rec) {
+                // Its end was cut short (a crash): the janitor's pass at start finishes it.
+                tracing::info!(token = %rec.id, "token ended without a stored review; the janitor takes it");
+            } else if rec.backend.is_some()
+                || matches!(
+                    rec.end,
+                    Some(
+                        crate::registry::end::EndPhase::Reviewed
+                            | crate::registry::end::EndPhase::Discarded
+                    )
+                )
+            {
+                // Ended earlier but its end outlived a crash (a backend left, a destroy not
+                // recorded): finish the job.
+                if let Err(e) = self.finish_end(&rec.id).await {
                     tracing::warn!(token = %rec.id, error = %e, "destroying leftover backend failed");
                 }
             }
@@ -388,7 +411,7 @@ impl Gateway {
             .registry
             .update(id, |r| {
                 if r.state.is_usable() {
-                    r.state = new_state;
+                    crate::registry::end::begin(r, new_state);
                     r.ended_at = Some(OffsetDateTime::now_utc());
                     changed = true;
                 }
@@ -404,6 +427,7 @@ impl Gateway {
             return Ok(false);
         }
         tracing::info!(token = %id, reason = ?reason, "token ended");
+        crate::registry::end::crash_point("end:marked");
         metrics::counter!("sandpit_tokens_ended_total", "reason" => new_state.as_str())
             .increment(1);
         self.runtime(id).ended.send_replace(Some(reason));
@@ -411,22 +435,9 @@ impl Gateway {
         // and the destroy come after that (else an agent there would see the server's own
         // termination instead of why its token ended).
         self.await_sessions_elsewhere(id).await;
-        {
-            // The janitor takes this slot before it destroys a backend: held here, it cannot
-            // reap this (already ended) token's backend while the hooks (review, validators,
-            // the change kept for promotion) still read it.
-            let rt = self.runtime(id);
-            let _slot = rt.backend.lock().await;
-            if let Some(rec) = self.registry.get(id) {
-                // The review reads the log: the outcomes deferred by its sessions first.
-                self.logs.flush(id);
-                self.hooks.ending(&rec).await;
-            }
-        }
-        self.logs.close(id);
-        self.destroy_backend(id).await?;
-        // Never forked: its pin alone may be keeping an old golden version.
-        self.provider.unpin_golden(id).await?;
+        crate::registry::end::crash_point("end:sessions_ended");
+        // A review that fails keeps the backend; the janitor tries again.
+        self.finish_end(id).await?;
         Ok(true)
     }
 
@@ -438,6 +449,7 @@ impl Gateway {
         let handle = self.registry.fresh(id).await?.and_then(|r| r.backend);
         if let Some(h) = handle {
             self.provider.destroy(&h).await?;
+            crate::registry::end::crash_point("end:backend_destroyed");
             metrics::counter!("sandpit_destroys_total").increment(1);
             slot.take();
             self.registry.update(id, |r| r.backend = None).await?;

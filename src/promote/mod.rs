@@ -159,6 +159,12 @@ pub fn decide(
             rec.id
         )));
     }
+    if d == Decision::Approve {
+        // What a person would approve is not known: the review failed or is not stored.
+        if let Some(why) = crate::registry::end::approval_refused(rec) {
+            return Err(PromoteError::State(why));
+        }
+    }
     let dir = reviews_dir(&gw.config);
     let ((), r) = decisions::update(&dir, &rec.task, &rec.id, rec.golden.clone(), |r| {
         if r.state == ReviewState::Promoted {

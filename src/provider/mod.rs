@@ -12,6 +12,7 @@ pub mod mask;
 pub mod microvm;
 pub mod pool;
 pub mod pool_sizing;
+pub mod quiesce;
 pub mod remote;
 pub mod remote_api;
 pub mod tag_file;
@@ -193,6 +194,22 @@ pub trait Provider: Send + Sync + 'static {
     /// it (its settings are out of the agent's reach); the default is the backend's login.
     fn review_target(&self, backend: &Backend) -> BackendTarget {
         backend.target.clone()
+    }
+    /// The backend of an ended token, started if need be, for its end-of-token review. A
+    /// provider that refuses a tampered backend's sessions ([`ProviderError::Tampered`]:
+    /// access already put back) still hands it out here, as no session can reach it.
+    fn ended_backend<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        self.ensure_running(handle)
+    }
+    /// Before the end-of-token review of an ended token: end every agent session on the
+    /// backend (the gateway's or not) and roll back every prepared transaction it left, as
+    /// a role allowed to, so no lock of the agent's can hold the review back. Providers
+    /// without such a role cannot, and say so.
+    fn quiesce<'a>(&'a self, _backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async { Ok(()) })
     }
     /// A pristine fork of the golden, used only as the "before" side of a review diff. Started
     /// on first use and kept running; never handed to an agent, never listed by [`list`]

@@ -412,6 +412,17 @@ impl Provider for WarmPool {
         self.inner.review_target(backend)
     }
 
+    fn quiesce<'a>(&'a self, backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.quiesce(backend)
+    }
+
+    fn ended_backend<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        self.inner.ended_backend(handle)
+    }
+
     fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
         self.inner.goldens()
     }

@@ -327,6 +327,8 @@ mod tests {
             golden: None,
             superuser: false,
             ended_at: None,
+            end: None,
+            review_error: None,
         }
     }
 

@@ -4,6 +4,7 @@
 //! another replica a moment ago works at once) and changes made elsewhere arrive by
 //! LISTEN/NOTIFY, with a periodic full re-read as the fallback.
 
+pub mod end;
 pub mod file;
 pub mod postgres;
 
@@ -159,6 +160,47 @@ pub struct TokenRecord {
     /// When it was expired or revoked.
     #[serde(with = "time::serde::rfc3339::option", default)]
     pub ended_at: Option<OffsetDateTime>,
+    /// How far its end has got ([`end`]; None while usable, and in records of tokens that
+    /// ended before ends were recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<end::EndPhase>,
+    /// Why its end-of-token review failed, the last time it was tried; cleared when one is
+    /// stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub review_error: Option<String>,
+}
+
+#[cfg(test)]
+impl TokenRecord {
+    /// A live token with tiny caps, for table tests.
+    pub fn for_tests(id: &str) -> TokenRecord {
+        let now = OffsetDateTime::now_utc();
+        TokenRecord {
+            id: id.into(),
+            task: "task".into(),
+            metadata: Default::default(),
+            created_at: now,
+            expires_at: now + time::Duration::seconds(60),
+            caps: Caps {
+                max_rows: 1,
+                max_bytes: 1,
+                max_connections: 1,
+                cap_mode: Default::default(),
+                allow: None,
+                statement_timeout_ms: 0,
+                idle_in_transaction_timeout_ms: 0,
+            },
+            state: TokenState::Live,
+            verifier: crate::auth::Verifier::from_secret("s"),
+            backend: None,
+            golden: None,
+            fork_count: 0,
+            superuser: false,
+            ended_at: None,
+            end: None,
+            review_error: None,
+        }
+    }
 }
 
 enum Store {

@@ -64,12 +64,29 @@ pub struct Timeouts {
 }
 
 impl Side {
-    /// Connect as `target.user` (never a superuser) and lock the session down. The settings
-    /// are set here, after login, so no default of the role or database survives them.
+    /// Connect as `target.user` (never a superuser) and lock the session down. The timeouts
+    /// are startup options (they outrank every `ALTER ROLE|DATABASE ... SET`, so a role's
+    /// `idle_in_transaction_session_timeout = '1ms'` cannot end the review), the rest is set
+    /// after login, so no default of the role or database survives it.
     pub async fn connect(
         name: &'static str,
         target: &BackendTarget,
         t: Timeouts,
+    ) -> Result<Side, ConnError> {
+        match Self::connect_with(name, target, t, true).await {
+            // A server older than 17 knows no `transaction_timeout` (and has none to fear).
+            Err(ConnError::Connect { message, .. }) if message.contains("transaction_timeout") => {
+                Self::connect_with(name, target, t, false).await
+            }
+            r => r,
+        }
+    }
+
+    async fn connect_with(
+        name: &'static str,
+        target: &BackendTarget,
+        t: Timeouts,
+        transaction_timeout: bool,
     ) -> Result<Side, ConnError> {
         // Our own socket (unix, TCP, or TLS after an SSLRequest, as the endpoint says), so a
         // review reaches every backend the relay reaches, with the same TLS checks.
@@ -81,9 +98,14 @@ impl Side {
                     message: e.to_string(),
                 })?;
         let mut cfg = tokio_postgres::Config::new();
+        let mut options = startup_options(t);
+        if transaction_timeout {
+            options.push_str(" -c transaction_timeout=0");
+        }
         cfg.user(&target.user)
             .dbname(&target.database)
             .application_name("sandpit-review")
+            .options(&options)
             .ssl_mode(tokio_postgres::config::SslMode::Disable);
         if let Some(p) = &target.password {
             cfg.password(p.as_bytes());
@@ -185,6 +207,17 @@ impl Side {
             done: false,
         })
     }
+}
+
+/// The review session's timeouts as startup options: its own statement and lock timeouts,
+/// none of the idle timeouts an agent could have set on the role it logs in as.
+pub fn startup_options(t: Timeouts) -> String {
+    format!(
+        "-c statement_timeout={} -c lock_timeout={} -c idle_in_transaction_session_timeout=0 \
+         -c idle_session_timeout=0",
+        t.statement.as_millis().clamp(1, i32::MAX as u128),
+        t.lock.as_millis().clamp(1, i32::MAX as u128)
+    )
 }
 
 /// Rows of a query, fetched in bounded batches.

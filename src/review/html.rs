@@ -3,8 +3,9 @@
 
 use std::fmt::Write;
 
+use super::escape::{escape_of, is_hidden};
 use super::model::{Review, TableDiff};
-use super::render::{headline, value};
+use super::render::headline;
 use super::store::cap;
 use crate::journal::log::LoggedStatement;
 
@@ -29,13 +30,58 @@ pub fn esc(s: &str) -> String {
     o
 }
 
+fn show_inner(s: &str, keep_lines: bool) -> String {
+    let mut o = String::with_capacity(s.len() + 24);
+    o.push_str("<bdi dir=\"auto\">");
+    for c in s.chars() {
+        match c {
+            '\n' | '\t' if keep_lines => o.push(c),
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&#39;"),
+            c if is_hidden(c) => {
+                let _ = write!(o, "<span class=\"cc\">{}</span>", escape_of(c));
+            }
+            c => o.push(c),
+        }
+    }
+    o.push_str("</bdi>");
+    o
+}
+
+/// Text of the agent's (a value, a name, a message quoting them) for element content:
+/// escaped, inside a bidi isolate (a right-to-left override cannot reach past it), every
+/// control and format character shown as a styled `\u{..}`.
+pub fn show(s: &str) -> String {
+    show_inner(s, false)
+}
+
+/// [`show`] for `<pre>` text (statements, the patch): newlines and tabs lay it out.
+pub fn show_lines(s: &str) -> String {
+    show_inner(s, true)
+}
+
+/// A sample value: NULL, or the text output quoted and shown with [`show`].
+pub fn show_value(v: &Option<String>) -> String {
+    match v {
+        None => "NULL".into(),
+        Some(s) => format!("&#39;{}&#39;", show(&cap(s, VALUE_MAX).replace('\'', "''"))),
+    }
+}
+
+/// Longest value shown in a sample cell.
+const VALUE_MAX: usize = 80;
+
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}\
 h1{font-size:1.3em}h2{font-size:1.1em;border-bottom:1px solid #ccc}\
 .cols{display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:1.5em;align-items:start}\
 table{border-collapse:collapse;font-size:12px;margin:.3em 0 1em}td,th{border:1px solid #ddd;padding:2px 5px;vertical-align:top}\
 pre,code{font:12px ui-monospace,monospace;white-space:pre-wrap;word-break:break-word}\
 .ins{background:#e6ffec}.del{background:#ffebe9}.upd{background:#fff8c5}.chg{background:#ffd33d;font-weight:bold}\
-.failed{background:#ffebe9}.muted{color:#777}";
+.failed{background:#ffebe9}.muted{color:#777}\
+bdi{unicode-bidi:isolate}.cc{color:#a00;background:#fee;border:1px dotted #a00;font:11px ui-monospace,monospace}";
 
 fn statements(out: &mut String, r: &Review, stmts: &[LoggedStatement]) {
     let s = &r.statements;
@@ -73,7 +119,7 @@ fn statements(out: &mut String, r: &Review, stmts: &[LoggedStatement]) {
             "<tr class=\"{class}\"><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td></tr>",
             st.statement.seq,
             esc(&st.statement.kind),
-            esc(&cap(&st.statement.text, TEXT_MAX)),
+            show_lines(&cap(&st.statement.text, TEXT_MAX)),
             esc(&result)
         );
     }
@@ -105,9 +151,9 @@ fn schema(out: &mut String, r: &Review) {
                 out,
                 "<tr class=\"{class}\"><td>{} {}</td><td><code>{}</code></td><td><pre>{}</pre></td></tr>",
                 c.action.word(),
-                esc(&c.kind),
-                esc(&c.object),
-                esc(&c.detail)
+                show(&c.kind),
+                show(&c.object),
+                show_lines(&c.detail)
             );
         }
         out.push_str("</table>");
@@ -118,13 +164,14 @@ fn schema(out: &mut String, r: &Review) {
             let _ = write!(
                 out,
                 "<tr class=\"upd\"><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
-                esc(&q.sequence),
-                esc(&q
-                    .before
-                    .as_ref()
-                    .map(|b| b.last_value.clone())
-                    .unwrap_or_else(|| "new".into())),
-                esc(&q.after.last_value)
+                show(&q.sequence),
+                show(
+                    &q.before
+                        .as_ref()
+                        .map(|b| b.last_value.clone())
+                        .unwrap_or_else(|| "new".into())
+                ),
+                show(&q.after.last_value)
             );
         }
         out.push_str("</table>");
@@ -135,7 +182,7 @@ fn schema(out: &mut String, r: &Review) {
 fn cells(out: &mut String, vals: &[Option<String>], changed: &dyn Fn(usize) -> bool) {
     for (i, v) in vals.iter().enumerate() {
         let class = if changed(i) { " class=\"chg\"" } else { "" };
-        let _ = write!(out, "<td{class}>{}</td>", esc(&value(v)));
+        let _ = write!(out, "<td{class}>{}</td>", show_value(v));
     }
 }
 
@@ -143,27 +190,27 @@ fn table(out: &mut String, t: &TableDiff) {
     let _ = write!(
         out,
         "<h3><code>{}</code></h3><p>{} inserted, {} updated, {} deleted; matched by {}</p>",
-        esc(&t.table),
+        show(&t.table),
         t.inserted,
         t.updated,
         t.deleted,
-        esc(&t.matched_by)
+        show(&t.matched_by)
     );
     if let Some(e) = &t.error {
         let _ = write!(
             out,
             "<p class=\"failed\">could not be compared: {}</p>",
-            esc(e)
+            show(e)
         );
     }
     if let Some(n) = &t.note {
-        let _ = write!(out, "<p class=\"muted\">{}</p>", esc(n));
+        let _ = write!(out, "<p class=\"muted\">{}</p>", show(n));
     }
     if !t.updated_columns.is_empty() {
         let per: Vec<String> = t
             .updated_columns
             .iter()
-            .map(|(c, n)| format!("{} {n}", esc(c)))
+            .map(|(c, n)| format!("{} {n}", show(c)))
             .collect();
         let _ = write!(out, "<p>updated per column: {}</p>", per.join(", "));
     }
@@ -181,7 +228,7 @@ fn table(out: &mut String, t: &TableDiff) {
     }
     out.push_str("<table><tr><th></th>");
     for c in &t.columns {
-        let _ = write!(out, "<th>{}</th>", esc(c));
+        let _ = write!(out, "<th>{}</th>", show(c));
     }
     out.push_str("</tr>");
     for r in &t.samples.inserted {
@@ -221,8 +268,8 @@ pub fn page(r: &Review, stmts: &[LoggedStatement]) -> String {
          <h1>Review of token <code>{}</code> (task {})</h1><p id=\"headline\">{}</p>\
          <p class=\"muted\">taken {}; scanned {} of {} tables (mode {}); {:.0} ms</p><div class=\"cols\">",
         esc(&r.token),
-        esc(&r.token),
-        esc(&r.task),
+        show(&r.token),
+        show(&r.task),
         esc(&headline(r)),
         esc(&r.generated_at),
         r.scan.tables_scanned,
@@ -243,7 +290,7 @@ pub fn page(r: &Review, stmts: &[LoggedStatement]) -> String {
     if !r.notes.is_empty() {
         out.push_str("<h2>Notes</h2><ul>");
         for n in &r.notes {
-            let _ = write!(out, "<li>{}</li>", esc(n));
+            let _ = write!(out, "<li>{}</li>", show(n));
         }
         out.push_str("</ul>");
     }
@@ -251,8 +298,8 @@ pub fn page(r: &Review, stmts: &[LoggedStatement]) -> String {
         out,
         "<h2>SQL patch</h2><p class=\"muted\">Never applied by sandpit.</p>\
          <pre id=\"verification\">{}</pre><pre id=\"patch\">{}</pre></body></html>",
-        esc(&super::verify::text(r.verification.as_ref())),
-        esc(&r.patch)
+        show_lines(&super::verify::text(r.verification.as_ref())),
+        show_lines(&r.patch)
     );
     out.push('\n');
     out

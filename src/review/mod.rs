@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod conn;
 pub mod data;
 pub mod diff;
+pub mod escape;
 pub mod html;
 pub mod model;
 pub mod objects;

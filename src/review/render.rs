@@ -2,24 +2,26 @@
 
 use std::fmt::Write;
 
+use super::escape::{quoted, visible as v};
 use super::model::{Review, TableDiff};
 use super::store::cap;
 
 /// Longest value shown in a sample.
 const VALUE_MAX: usize = 80;
 
-/// A value as shown in samples: NULL, or the text output quoted.
+/// A value as shown in samples: NULL, or the text output quoted on one line (hidden
+/// characters escaped: a newline in a value cannot start a line of its own).
 pub fn value(v: &Option<String>) -> String {
     match v {
         None => "NULL".into(),
-        Some(s) => format!("'{}'", cap(s, VALUE_MAX).replace('\'', "''")),
+        Some(s) => quoted(&cap(s, VALUE_MAX)),
     }
 }
 
 fn row(cols: &[String], vals: &[Option<String>]) -> String {
     cols.iter()
         .zip(vals)
-        .map(|(c, v)| format!("{c}={}", value(v)))
+        .map(|(c, x)| format!("{}={}", v(c), value(x)))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -45,14 +47,14 @@ fn table(out: &mut String, t: &TableDiff) {
     let by = if t.key.is_empty() {
         t.matched_by.clone()
     } else {
-        format!("{} ({})", t.matched_by, t.key.join(", "))
+        format!("{} ({})", t.matched_by, v(&t.key.join(", ")))
     };
-    let _ = writeln!(out, "  {} — matched by {by}", t.table);
+    let _ = writeln!(out, "  {} — matched by {by}", v(&t.table));
     if let Some(e) = &t.error {
-        let _ = writeln!(out, "    could not be compared: {e}");
+        let _ = writeln!(out, "    could not be compared: {}", v(e));
     }
     if let Some(n) = &t.note {
-        let _ = writeln!(out, "    note: {n}");
+        let _ = writeln!(out, "    note: {}", v(n));
     }
     let _ = writeln!(
         out,
@@ -71,7 +73,7 @@ fn table(out: &mut String, t: &TableDiff) {
             .iter()
             .zip(&u.before)
             .filter(|(c, _)| t.key.contains(c))
-            .map(|(c, v)| format!("{c}={}", value(v)))
+            .map(|(c, x)| format!("{}={}", v(c), value(x)))
             .collect();
         let changes: Vec<String> = t
             .columns
@@ -80,7 +82,8 @@ fn table(out: &mut String, t: &TableDiff) {
             .filter(|(_, c)| u.changed.contains(c))
             .map(|(i, c)| {
                 format!(
-                    "{c}: {} -> {}",
+                    "{}: {} -> {}",
+                    v(c),
                     value(&u.before.get(i).cloned().flatten()),
                     value(&u.after.get(i).cloned().flatten())
                 )
@@ -92,12 +95,12 @@ fn table(out: &mut String, t: &TableDiff) {
         let per: Vec<String> = t
             .updated_columns
             .iter()
-            .map(|(c, n)| format!("{c} {n}"))
+            .map(|(c, n)| format!("{} {n}", v(c)))
             .collect();
         let _ = writeln!(out, "    updated per column: {}", per.join(", "));
     }
     for (kind, s) in &t.samples.showing {
-        let _ = writeln!(out, "    {kind}: {s} (counts are exact)");
+        let _ = writeln!(out, "    {kind}: {} (counts are exact)", v(s));
     }
 }
 
@@ -107,7 +110,9 @@ pub fn text(r: &Review) -> String {
     let _ = writeln!(
         out,
         "Review of token {} (task {}) at {}",
-        r.token, r.task, r.generated_at
+        v(&r.token),
+        v(&r.task),
+        r.generated_at
     );
     let _ = writeln!(out, "{}", headline(r));
     out.push_str(&super::verify::text(r.verification.as_ref()));
@@ -145,8 +150,8 @@ pub fn text(r: &Review) -> String {
             "  #{} [{}] {} {}",
             f.seq,
             f.kind,
-            f.sqlstate,
-            f.text.replace('\n', " ")
+            v(&f.sqlstate),
+            v(&f.text)
         );
     }
     if !r.schema.is_empty() {
@@ -155,9 +160,16 @@ pub fn text(r: &Review) -> String {
             let detail = if c.detail.is_empty() {
                 String::new()
             } else {
-                format!(" — {}", c.detail.replace('\n', " "))
+                // Definitions span lines; on one line here, and nothing in them hidden.
+                format!(" — {}", v(&c.detail.replace('\n', " ")))
             };
-            let _ = writeln!(out, "  {} {} {}{detail}", c.action.word(), c.kind, c.object);
+            let _ = writeln!(
+                out,
+                "  {} {} {}{detail}",
+                c.action.word(),
+                v(&c.kind),
+                v(&c.object)
+            );
         }
     }
     if !r.sequences.is_empty() {
@@ -174,7 +186,13 @@ pub fn text(r: &Review) -> String {
                     )
                 })
                 .unwrap_or_else(|| "new".into());
-            let _ = writeln!(out, "  {}: {before} -> {}", q.sequence, q.after.last_value);
+            let _ = writeln!(
+                out,
+                "  {}: {} -> {}",
+                v(&q.sequence),
+                v(&before),
+                v(&q.after.last_value)
+            );
         }
     }
     if !r.data.is_empty() {
@@ -186,7 +204,7 @@ pub fn text(r: &Review) -> String {
     if !r.notes.is_empty() {
         let _ = writeln!(out, "\nNotes:");
         for n in &r.notes {
-            let _ = writeln!(out, "  - {n}");
+            let _ = writeln!(out, "  - {}", v(n));
         }
     }
     out

@@ -13,6 +13,7 @@ use super::{html, render};
 use crate::config::{Config, ReviewConfig};
 use crate::journal::log::{self, LoggedStatement};
 use crate::provider::Provider;
+use crate::registry::end::crash_point;
 use crate::registry::TokenRecord;
 
 /// Longest statement text kept in a failure summary.
@@ -281,11 +282,12 @@ async fn take_with(
             ..Default::default()
         },
         Some(handle) => {
-            let scratch = rv
-                .provider
-                .ensure_running(handle)
-                .await
-                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            let scratch = if end_sessions {
+                rv.provider.ended_backend(handle).await
+            } else {
+                rv.provider.ensure_running(handle).await
+            }
+            .map_err(|e| ReviewError::Backend(e.to_string()))?;
             let reference = rv
                 .provider
                 .reference(rec.golden.as_deref())
@@ -322,7 +324,61 @@ pub fn render(review: &Review, stmts: &[LoggedStatement], f: Format) -> String {
     }
 }
 
-/// Write all four files of a review under `dir` (mode 0600: they quote data).
+/// The file reserved at issue for one format of a token's review ([`reserve`]).
+fn reserve_path(dir: &Path, task: &str, token: &str, f: Format) -> PathBuf {
+    dir.join(task).join(format!("{token}.{}.reserve", f.ext()))
+}
+
+/// Reserves `review.reserve_bytes` on disk for a token's end-of-token review, a quarter per
+/// format, as files whose blocks are allocated now ([`write_all`] writes into them). Called
+/// when a token is issued; a failure is logged (the review is then written without a
+/// reserve).
+pub fn reserve(rv: &Reviewer, task: &str, token: &str) {
+    let per = rv.settings.reserve_bytes / 4;
+    if !rv.settings.on_end || per == 0 {
+        return;
+    }
+    let made = (|| -> std::io::Result<()> {
+        crate::datadir::private_dirs(&rv.dir, Path::new(task))?;
+        for f in [Format::Json, Format::Text, Format::Sql, Format::Html] {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(reserve_path(&rv.dir, task, token, f))?;
+            nix::fcntl::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                per as i64,
+            )
+            .map_err(std::io::Error::from)?;
+            file.sync_all()?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = made {
+        tracing::warn!(token, error = %e, "reserving disk space for the review failed");
+    }
+}
+
+/// Removes the space [`reserve`] kept for a review that will never be written (the token's
+/// scratch data was discarded).
+pub fn release_reserve(rv: &Reviewer, task: &str, token: &str) {
+    for f in [Format::Json, Format::Text, Format::Sql, Format::Html] {
+        match std::fs::remove_file(reserve_path(&rv.dir, task, token, f)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                tracing::warn!(token, error = %e, "removing a review reserve failed")
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Write all four files of a review under `dir` (mode 0600: they quote data), each into the
+/// space [`reserve`] kept for it when there is one (its blocks are overwritten, then the
+/// file is cut to the review's length and renamed), else into a new file.
 pub fn write_all(
     dir: &Path,
     review: &Review,
@@ -332,16 +388,25 @@ pub fn write_all(
         let path = review_path(dir, &review.task, &review.token, f);
         let write = || -> std::io::Result<()> {
             crate::datadir::private_dirs(dir, Path::new(&review.task))?;
-            let tmp = path.with_extension(format!("{}.tmp", f.ext()));
+            let reserved = reserve_path(dir, &review.task, &review.token, f);
+            let tmp = if reserved.exists() {
+                reserved
+            } else {
+                path.with_extension(format!("{}.tmp", f.ext()))
+            };
             let mut file = std::fs::OpenOptions::new()
                 .write(true)
                 .create(true)
-                .truncate(true)
+                .truncate(false)
                 .mode(0o600)
                 .open(&tmp)?;
-            file.write_all(render(review, stmts, f).as_bytes())?;
+            let bytes = render(review, stmts, f);
+            file.write_all(bytes.as_bytes())?;
+            file.set_len(bytes.len() as u64)?;
             file.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, &path)?;
+            crash_point(&format!("review:wrote_{}", f.ext()));
+            Ok(())
         };
         write().map_err(|source| ReviewError::Write {
             path: path.clone(),
@@ -370,29 +435,55 @@ pub fn prepare(rv: &Reviewer, golden: Option<String>) {
     }
 }
 
-/// Called right before a token's backend is destroyed (a lifecycle hook set up by
-/// `server.rs`), when `review.on_end` is set: take the review and store it. Failures are
-/// logged, never block the destroy.
-pub async fn on_end(rv: &Reviewer, rec: &TokenRecord) {
+/// Called before an ended token's backend is destroyed (a lifecycle hook set up by
+/// `server.rs`), when `review.on_end` is set: end the agent's sessions and roll back its
+/// prepared transactions (nothing of the agent's may hold the review back), take the review
+/// and store it. An error says why no review was stored; the backend is then kept and the
+/// review tried again.
+pub async fn on_end(rv: &Reviewer, rec: &TokenRecord) -> Result<(), String> {
     if !rv.settings.on_end {
-        return;
+        return Ok(());
     }
     let id = &rec.id;
     // The token has ended: without this the janitor would reap its backend mid-review.
     let _hold = rec.backend.as_deref().map(crate::provider::holds::hold);
     let result = async {
+        if rec.backend.is_none() && rec.fork_count > 0 {
+            // Its scratch database existed and is gone: "no changes" would be a guess.
+            return Err(ReviewError::Backend(
+                "its scratch database is gone (the review cannot be taken)".into(),
+            ));
+        }
+        if let Some(handle) = rec.backend.as_deref() {
+            let scratch = rv
+                .provider
+                .ended_backend(handle)
+                .await
+                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            rv.provider
+                .quiesce(&scratch)
+                .await
+                .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            crash_point("review:quiesced");
+        }
         let review = take_with(rv, rec, false, true, super::verify::skipped_at_end(rv)).await?;
+        crash_point("review:taken");
         let stmts = statements(rv, rec)?;
         write_all(&rv.dir, &review, &stmts)?;
+        crash_point("review:written");
         Ok::<_, ReviewError>(review)
     }
     .await;
     match result {
-        Ok(r) => tracing::info!(token = %id, schema_changes = r.schema.len(),
-            tables_changed = r.data.len(), ms = r.duration_ms as u64, "review stored"),
+        Ok(r) => {
+            tracing::info!(token = %id, schema_changes = r.schema.len(),
+                tables_changed = r.data.len(), ms = r.duration_ms as u64, "review stored");
+            Ok(())
+        }
         Err(e) => {
             metrics::counter!("sandpit_review_failures_total").increment(1);
-            tracing::warn!(token = %id, error = %e, "review at end of token failed")
+            tracing::warn!(token = %id, error = %e, "review at end of token failed");
+            Err(e.to_string())
         }
     }
 }

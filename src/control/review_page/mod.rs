@@ -28,7 +28,7 @@ use super::ApiState;
 use crate::promote::decisions::ReviewState;
 use crate::promote::resolve::{self};
 use crate::promote::{self, Decision, PromoteRequest, Who};
-use crate::review::html::esc;
+use crate::review::html::{esc, show};
 use crate::review::store::{self, Format};
 
 mod sections;
@@ -192,6 +192,22 @@ pub(crate) async fn list(State(s): State<ApiState>, headers: HeaderMap) -> Respo
          <th>last decision</th></tr></thead><tbody>",
     );
     for r in summaries(&s, &records) {
+        // No stored review: no count, no validator verdict, only why (never a "0").
+        let not_stored = r.review.as_deref().filter(|v| *v != "stored");
+        if let Some(why) = not_stored {
+            let _ = write!(
+                b,
+                "<tr class=\"review-missing\"><td><a href=\"/review/{id}\">{}</a></td><td><code>{id}</code></td><td>{}</td><td>{}</td>\
+                 <td colspan=\"3\" class=\"fail\">review {}</td><td>{}</td><td></td></tr>",
+                show(&r.task),
+                esc(&r.token_state),
+                esc(r.golden.as_deref().unwrap_or("–")),
+                show(why),
+                state_badge(r.state),
+                id = esc(&r.token),
+            );
+            continue;
+        }
         let count = |v: Option<String>| v.unwrap_or_else(|| "–".into());
         let validators = if r.validators_failed > 0 {
             format!("<span class=\"fail\">{} failed</span>", r.validators_failed)
@@ -206,7 +222,7 @@ pub(crate) async fn list(State(s): State<ApiState>, headers: HeaderMap) -> Respo
             b,
             "<tr><td><a href=\"/review/{id}\">{}</a></td><td><code>{id}</code></td><td>{}</td><td>{}</td>\
              <td>{}</td><td>{}</td><td>{validators}</td><td>{}</td><td>{last}</td></tr>",
-            esc(&r.task),
+            show(&r.task),
             esc(&r.token_state),
             esc(r.golden.as_deref().unwrap_or("–")),
             count(r.schema_changes.map(|n| n.to_string())),
@@ -320,12 +336,20 @@ async fn token_page(
         b,
         "<main><h1>Task {} <small>token <code>{}</code></small></h1>\
          <p>Review: {} · token {} · golden {}</p>",
-        esc(&rec.task),
+        show(&rec.task),
         esc(&rec.id),
         state_badge(r.state),
         esc(rec.state.as_str()),
         esc(rec.golden.as_deref().unwrap_or("–"))
     );
+    if let Some(why) = crate::registry::end::review_status(&rec).filter(|v| v != "stored") {
+        let _ = write!(
+            b,
+            "<p id=\"review-missing\" class=\"msg err\" role=\"alert\">End-of-token review {}: \
+             nothing below is a review of this token's change, and approval is refused.</p>",
+            show(&why)
+        );
+    }
     if let Some((ok, m)) = msg {
         let _ = write!(
             b,

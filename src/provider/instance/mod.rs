@@ -371,6 +371,17 @@ impl Provider for InstanceProvider {
         self.login_as(backend, REVIEWER)
     }
 
+    fn quiesce<'a>(&'a self, backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            // The instance's own admin role (peer login of the gateway's OS user): the
+            // server is this token's alone, so every other session on it is the agent's.
+            let mut admin = backend.target.clone();
+            admin.user = SUPERUSER.to_string();
+            admin.password = None;
+            super::quiesce::whole_server(&admin).await.map(|_| ())
+        })
+    }
+
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(self.destroy_inner(handle))
     }

@@ -451,6 +451,15 @@ impl Provider for MicrovmProvider {
         t
     }
 
+    fn quiesce<'a>(&'a self, backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            match self.superuser_target(backend) {
+                Some(admin) => super::quiesce::whole_server(&admin).await.map(|_| ()),
+                None => Ok(()),
+            }
+        })
+    }
+
     fn reference<'a>(
         &'a self,
         golden: Option<&'a str>,

@@ -88,6 +88,36 @@ impl TemplateProvider {
         Ok(())
     }
 
+    /// Before the end-of-token review: the task role's sessions anywhere and every session
+    /// on its database ended (the gateway's or not: a direct login, a `dblink` loopback),
+    /// waiting until each is gone, then its prepared transactions rolled back.
+    pub(super) async fn quiesce_inner(&self, h: &str) -> Result<(), ProviderError> {
+        validate_handle(h)?;
+        let c = self.connect(None).await?;
+        c.execute(
+            "SELECT count(pg_terminate_backend(pid, $2)) FROM pg_stat_activity \
+             WHERE (usename = $1 OR datname = $1) AND pid <> pg_backend_pid()",
+            &[&h, &crate::provider::quiesce::TERMINATE_WAIT_MS],
+        )
+        .await
+        .map_err(|e| pg_err("ending the task's sessions before the review", e))?;
+        let db = c
+            .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&h])
+            .await
+            .map_err(|e| pg_err("looking up the scratch database", e))?
+            .is_some();
+        if db {
+            // Flags that would shut the review (and the rollbacks below) out, as at destroy.
+            c.batch_execute(&format!(
+                "ALTER DATABASE {} IS_TEMPLATE false ALLOW_CONNECTIONS true",
+                quote_ident(h)
+            ))
+            .await
+            .map_err(|e| pg_err("clearing the scratch database's flags", e))?;
+        }
+        self.rollback_prepared(&c, h).await
+    }
+
     /// Rolls back the prepared transactions in the task's database or owned by its role,
     /// each from the database it was prepared in (Postgres requires that).
     async fn rollback_prepared(&self, c: &Client, h: &str) -> Result<(), ProviderError> {

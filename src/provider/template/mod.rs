@@ -396,6 +396,30 @@ impl Provider for TemplateProvider {
         Box::pin(self.destroy_inner(handle))
     }
 
+    fn ended_backend<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
+        Box::pin(async move {
+            match self.ensure_running(handle).await {
+                // Its password was put back and its sessions cut when the change was found.
+                Err(ProviderError::Tampered(why)) => {
+                    tracing::info!(
+                        handle,
+                        why,
+                        "reviewing a backend whose access was tampered with"
+                    );
+                    Ok(self.backend(handle, "adopted"))
+                }
+                r => r,
+            }
+        })
+    }
+
+    fn quiesce<'a>(&'a self, backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(self.quiesce_inner(&backend.handle))
+    }
+
     fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         // The server is shared and stays up; the gateway ends the sessions itself.
         Box::pin(async move { validate_handle(handle) })
