@@ -130,7 +130,7 @@ fn api_yaml_is_read_whole_and_an_added_route_or_field_is_drift() {
     let grown = text
         .replacen(
             "\npaths:\n",
-            "\npaths:\n  /v1/tokens/{id}/discard:\n    post:\n      responses:\n        '200': {description: gone}\n",
+            "\npaths:\n  /v1/tokens/{id}/archive:\n    post:\n      responses:\n        '200': {description: gone}\n",
             1,
         )
         .replacen(
@@ -143,7 +143,7 @@ fn api_yaml_is_read_whole_and_an_added_route_or_field_is_drift() {
     assert_eq!(drift(&ops, &sdk), Vec::<String>::new());
     let gaps = drift(&api_ops(&yaml::parse(&grown).expect("grown")), &sdk);
     assert!(
-        gaps.contains(&"route POST /v1/tokens/{id}/discard".to_string()),
+        gaps.contains(&"route POST /v1/tokens/{id}/archive".to_string()),
         "{gaps:?}"
     );
     assert!(

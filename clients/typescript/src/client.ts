@@ -126,6 +126,11 @@ export class Sandpit {
     return this.json("revokeToken", { id });
   }
 
+  /** Destroys an ended token's scratch data whose review keeps failing (no review). */
+  discard(id: string): Promise<M.Token> {
+    return this.json("discardToken", { id });
+  }
+
   /** Issues a token for `name`, runs `fn` with it, revokes it in `finally`. */
   async task<T>(name: string, fn: (task: Task) => Promise<T> | T, opts: TaskOptions = {}): Promise<T> {
     const token = await this.issue(issueRequest(name, opts));

@@ -59,11 +59,15 @@ export interface Token {
   golden?: string;
   superuser: boolean;
   sessions: number;
+  /** How far its end has got (absent while usable). */
+  end?: "ending" | "reviewed" | "discarded" | "destroyed";
+  /** Its end-of-token review: `stored`, `pending` or `failed: <reason>` (absent while usable). */
+  review?: string;
 }
 const TOKEN = [
   "id", "dsn", "task", "metadata", "created_at", "expires_at", "state", "max_rows", "max_bytes",
   "max_connections", "cap_mode", "allow", "statement_timeout_ms", "idle_in_transaction_timeout_ms",
-  "backend", "fork_count", "golden", "superuser", "sessions",
+  "backend", "fork_count", "golden", "superuser", "sessions", "end", "review",
 ] as const;
 const _token: Exact<keyof Token, (typeof TOKEN)[number]> = true;
 
@@ -104,8 +108,10 @@ export interface StatementOutcome {
   tag: string | null;
   skipped: boolean;
   denied: boolean;
+  /** The kind the server's command tags told. */
+  kind?: string;
 }
-const OUTCOME = ["seq", "ts", "rows", "capped", "duration_ms", "sqlstate", "tag", "skipped", "denied"] as const;
+const OUTCOME = ["seq", "ts", "rows", "capped", "duration_ms", "sqlstate", "tag", "skipped", "denied", "kind"] as const;
 const _outcome: Exact<keyof StatementOutcome, (typeof OUTCOME)[number]> = true;
 
 /** One record of a token's statement log. */
@@ -121,10 +127,13 @@ export interface Statement {
   text_sha256?: string;
   params?: (string | null)[];
   kind: string;
+  /** `server`: `kind` is what the command tags told; `lexical`: a guess from the text. */
+  kind_source?: "server" | "lexical";
   outcome: StatementOutcome | null;
 }
 const STATEMENT = [
-  "seq", "ts", "token", "task", "session", "protocol", "text", "text_len", "text_sha256", "params", "kind", "outcome",
+  "seq", "ts", "token", "task", "session", "protocol", "text", "text_len", "text_sha256", "params", "kind",
+  "kind_source", "outcome",
 ] as const;
 const _statement: Exact<keyof Statement, (typeof STATEMENT)[number]> = true;
 
@@ -136,10 +145,16 @@ export interface ReapReport {
   reaped: { handle: string; token: string; task: string; reason: "expired" | "revoked" | "unknown" | "orphan" }[];
   vanished: string[];
   dead?: string[];
+  /** Ended tokens whose review this pass stored. */
+  reviewed?: string[];
+  /** Ended tokens whose review failed again (backends kept). */
+  review_failed?: string[];
   skipped: { handle: string; why: "untagged" | "foreign" | "pool" }[];
   errors: string[];
 }
-const REAP = ["dry_run", "backends", "kept", "reaped", "vanished", "dead", "skipped", "errors"] as const;
+const REAP = [
+  "dry_run", "backends", "kept", "reaped", "vanished", "dead", "reviewed", "review_failed", "skipped", "errors",
+] as const;
 const _reap: Exact<keyof ReapReport, (typeof REAP)[number]> = true;
 const REAPED = ["handle", "token", "task", "reason"] as const;
 const _reaped: Exact<keyof ReapReport["reaped"][number], (typeof REAPED)[number]> = true;

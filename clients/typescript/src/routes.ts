@@ -20,6 +20,7 @@ export const ROUTES = {
   listTokens: { method: "GET", path: "/v1/tokens", response: MODELS.Token, auth: "admin" },
   showToken: { method: "GET", path: "/v1/tokens/{id}", response: MODELS.Token, auth: "admin" },
   revokeToken: { method: "DELETE", path: "/v1/tokens/{id}", response: MODELS.Token, auth: "admin" },
+  discardToken: { method: "POST", path: "/v1/tokens/{id}/discard", response: MODELS.Token, auth: "admin" },
   listGoldens: { method: "GET", path: "/v1/goldens", response: MODELS.Golden, auth: "admin" },
   buildGolden: { method: "POST", path: "/v1/goldens", body: MODELS.GoldenBuild, response: MODELS.Golden, auth: "admin" },
   useGolden: { method: "POST", path: "/v1/goldens/{id}/use", response: MODELS.Golden, auth: "admin" },

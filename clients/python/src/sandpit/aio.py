@@ -41,6 +41,9 @@ class AsyncSandpit:
     async def revoke(self, id: str) -> m.Token:
         return await self._run(self.sync.revoke, id)
 
+    async def discard(self, id: str) -> m.Token:
+        return await self._run(self.sync.discard, id)
+
     async def goldens(self) -> List[m.Golden]:
         return await self._run(self.sync.goldens)
 

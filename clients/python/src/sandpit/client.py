@@ -131,6 +131,10 @@ class Sandpit:
         """Ends the token's sessions and destroys its scratch database; the log is kept."""
         return self._one("revoke_token", m.Token, id=id)
 
+    def discard(self, id: str) -> m.Token:
+        """Destroys an ended token's scratch data whose review keeps failing (no review)."""
+        return self._one("discard_token", m.Token, id=id)
+
     def task(
         self,
         name: str,

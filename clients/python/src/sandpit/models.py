@@ -106,6 +106,8 @@ class Token(Model):
     golden: Optional[str] = _opt()
     superuser: Optional[bool] = _opt()
     sessions: Optional[int] = _opt()
+    end: Optional[str] = _opt()
+    review: Optional[str] = _opt()
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -150,6 +152,7 @@ class StatementOutcome(Model):
     tag: Optional[str] = _opt()
     skipped: Optional[bool] = _opt()
     denied: Optional[bool] = _opt()
+    kind: Optional[str] = _opt()
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -170,6 +173,7 @@ class Statement(Model):
     text_sha256: Optional[str] = _opt()
     params: Optional[List[Optional[str]]] = _opt()
     kind: Optional[str] = _opt()
+    kind_source: Optional[str] = _opt()
     outcome: Optional[StatementOutcome] = _opt()
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -206,6 +210,8 @@ class ReapReport(Model):
     reaped: Optional[List[Reaped]] = _opt()
     vanished: Optional[List[str]] = _opt()
     dead: Optional[List[str]] = _opt()
+    reviewed: Optional[List[str]] = _opt()
+    review_failed: Optional[List[str]] = _opt()
     skipped: Optional[List[Skipped]] = _opt()
     errors: Optional[List[str]] = _opt()
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)

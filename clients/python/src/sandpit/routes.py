@@ -33,6 +33,7 @@ ROUTES: Dict[str, Route] = {
     "list_tokens": Route("GET", "/v1/tokens", response=m.Token, many=True),
     "show_token": Route("GET", "/v1/tokens/{id}", response=m.Token),
     "revoke_token": Route("DELETE", "/v1/tokens/{id}", response=m.Token),
+    "discard_token": Route("POST", "/v1/tokens/{id}/discard", response=m.Token),
     "list_goldens": Route("GET", "/v1/goldens", response=m.Golden, many=True),
     "build_golden": Route("POST", "/v1/goldens", body=m.GoldenBuild, response=m.Golden),
     "use_golden": Route("POST", "/v1/goldens/{id}/use", response=m.Golden),
