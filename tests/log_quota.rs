@@ -241,3 +241,59 @@ async fn statements_are_read_a_page_at_a_time() {
     assert_eq!(lines.len() as u64, n);
     assert_eq!(lines.last().expect("last")["text"], format!("select {n}"));
 }
+
+/// No cliff without notice: before its log is full, each session of the token is told (a
+/// WARNING, once per level) at 80 % and 95 % of the quota, and the gateway counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filling_log_warns_its_sessions_at_80_and_95_percent() {
+    use futures_util::StreamExt;
+    let g = gateway();
+    let t = g.issue("log-fill", 600);
+    let (c, mut conn) = tokio_postgres::connect(&dsn(&t), tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = messages.next().await {
+            let _ = tx.send(m);
+        }
+    });
+    let pad = "y".repeat(40_000);
+    let mut warnings = Vec::new();
+    let mut refused = false;
+    for i in 0..200 {
+        if let Err(e) = c.simple_query(&format!("select {i} -- {pad}")).await {
+            assert_eq!(sqlstate(&e), "58030", "{e}");
+            refused = true;
+            break;
+        }
+        while let Ok(m) = rx.try_recv() {
+            if let tokio_postgres::AsyncMessage::Notice(n) = m {
+                if n.message().contains("statement log is") {
+                    assert_eq!(n.severity(), "WARNING");
+                    warnings.push((i, n.message().to_string()));
+                }
+            }
+        }
+    }
+    assert!(refused, "the quota was never reached");
+    let levels: Vec<bool> = ["80% full", "95% full"]
+        .iter()
+        .map(|l| warnings.iter().filter(|(_, w)| w.contains(l)).count() == 1)
+        .collect();
+    assert_eq!(levels, [true, true], "{warnings:?}");
+    assert!(
+        warnings[0].0 < warnings[1].0,
+        "80 % before 95 %: {warnings:?}"
+    );
+    let m = common::metrics(&g.api);
+    assert!(
+        m.get("sandpit_log_fill_warnings_total")
+            .copied()
+            .unwrap_or(0.0)
+            >= 2.0,
+        "{:?}",
+        m.get("sandpit_log_fill_warnings_total")
+    );
+}

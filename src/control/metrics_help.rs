@@ -189,6 +189,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_log_fill_warnings_total",
+        Counter,
+        "Token statement logs that reached 80 % or 95 % of log.max_bytes_per_token (each level once).",
+        &[&[]],
+    ),
+    (
         "sandpit_registry_reserve_writes_total",
         Counter,
         "Token changes written into a token's reserve file because the disk was full.",

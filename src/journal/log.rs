@@ -155,6 +155,15 @@ pub enum LogError {
 
 /// Statement text longer than this (bytes) is stored cut, with its length and SHA-256.
 pub const TEXT_MAX: usize = 64 * 1024;
+/// The highest of [`FILL_WARNINGS`] that `len` bytes of a `max` quota reach.
+fn fill_level(len: u64, max: u64) -> Option<u8> {
+    FILL_WARNINGS
+        .iter()
+        .rev()
+        .copied()
+        .find(|&p| u128::from(len) * 100 >= u128::from(max) * u128::from(p))
+}
+
 /// Default of `log.max_bytes_per_token`.
 pub const DEFAULT_MAX_BYTES_PER_TOKEN: u64 = 256 * 1024 * 1024;
 /// Deferred outcome records are written at once when this many bytes of them are waiting.
@@ -211,7 +220,15 @@ pub struct TokenLog {
     seq: AtomicU64,
     dirty: AtomicBool,
     max_bytes: u64,
+    /// The highest warning level reached (see [`FILL_WARNINGS`]; 0: none): a session tells
+    /// its client when it sees a level it has not told yet.
+    fill: std::sync::atomic::AtomicU8,
 }
+
+/// Percentages of `log.max_bytes_per_token` at which a token's log warns (metric, gateway
+/// log line, and a WARNING to the client of each session), before the quota refuses
+/// statements: no cliff without notice.
+pub const FILL_WARNINGS: [u8; 2] = [80, 95];
 
 impl TokenLog {
     /// Open (create) the log of a token, continuing its sequence numbers; statement records
@@ -263,6 +280,12 @@ impl TokenLog {
             seq: AtomicU64::new(last),
             dirty: AtomicBool::new(false),
             max_bytes,
+            // A log reopened past a level warns its new sessions too.
+            fill: std::sync::atomic::AtomicU8::new(if max_bytes > 0 {
+                fill_level(len, max_bytes).unwrap_or(0)
+            } else {
+                0
+            }),
         })
     }
 
@@ -437,6 +460,31 @@ impl TokenLog {
         w.torn = false;
         w.writes += 1;
         self.dirty.store(true, Ordering::Release);
+        if self.max_bytes > 0 {
+            self.note_fill(w.len);
+        }
+    }
+
+    /// Raise the warning level when `len` crossed one (once per level and log).
+    fn note_fill(&self, len: u64) {
+        let Some(level) = fill_level(len, self.max_bytes) else {
+            return;
+        };
+        if self.fill.fetch_max(level, Ordering::AcqRel) < level {
+            metrics::counter!("sandpit_log_fill_warnings_total").increment(1);
+            tracing::warn!(path = %self.path.display(), percent = level, max_bytes = self.max_bytes,
+                "statement log is filling up: statements are refused (58030) once it reaches log.max_bytes_per_token");
+        }
+    }
+
+    /// The highest of [`FILL_WARNINGS`] this log has reached (0: none).
+    pub fn fill_warning(&self) -> u8 {
+        self.fill.load(Ordering::Relaxed)
+    }
+
+    /// The quota (0: none).
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes
     }
 
     /// Back to a plain file: unmaps the tail and cuts its reservation off.
@@ -542,4 +590,27 @@ pub fn log_path(data_dir: &Path, task: &str, token: &str) -> PathBuf {
         .join("logs")
         .join(task)
         .join(format!("{token}.jsonl"))
+}
+
+#[cfg(test)]
+mod fill_tests {
+    use super::fill_level;
+
+    #[test]
+    fn fill_levels_table() {
+        for (len, max, level) in [
+            (0, 100, None),
+            (79, 100, None),
+            (80, 100, Some(80)),
+            (94, 100, Some(80)),
+            (95, 100, Some(95)),
+            (100, 100, Some(95)),
+            (250, 100, Some(95)),
+            (u64::MAX, u64::MAX, Some(95)),
+            (8 * (1 << 20) - 1, 10 * (1 << 20), None),
+            (8 * (1 << 20), 10 * (1 << 20), Some(80)),
+        ] {
+            assert_eq!(fill_level(len, max), level, "{len} of {max}");
+        }
+    }
 }

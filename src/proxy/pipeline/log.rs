@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use bytes::Bytes;
 use metrics::Counter;
 
 use super::{Pipeline, Stmt};
@@ -150,6 +151,25 @@ impl Pipeline {
                 None
             }
         }
+    }
+
+    /// A WARNING for the client when the token's statement log reached a fill level this
+    /// session has not told yet (one atomic load per ReadyForQuery otherwise).
+    pub(super) fn log_fill_warning(&mut self) -> Option<Bytes> {
+        let log = self.id.log.as_ref()?;
+        let level = log.fill_warning();
+        if level <= self.log_warned {
+            return None;
+        }
+        self.log_warned = level;
+        Some(messages::notice_response(
+            "WARNING",
+            "01000",
+            &format!(
+                "sandpit: this token's statement log is {level}% full (log.max_bytes_per_token = {} bytes); once it is full every statement is refused with 58030 until the token ends",
+                log.max_bytes()
+            ),
+        ))
     }
 
     pub(super) fn new_stmt(&self, protocol: &str, text: &str, params: &[Option<String>]) -> Stmt {

@@ -311,6 +311,9 @@ pub struct Pipeline {
     last_parsed: Option<(Arc<str>, Kind, bool)>,
     /// Notices and notifications of the current stretch, counted against `max_bytes`.
     chatter: Chatter,
+    /// The statement log's fill warning this session last told its client (see
+    /// `journal::log::FILL_WARNINGS`).
+    log_warned: u8,
 }
 
 impl Pipeline {
@@ -342,6 +345,7 @@ impl Pipeline {
             deferred: std::cell::Cell::new(false),
             last_parsed: None,
             chatter: Chatter::default(),
+            log_warned: 0,
         }
     }
 

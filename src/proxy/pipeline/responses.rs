@@ -190,6 +190,9 @@ impl Pipeline {
         if let Some(summary) = self.chatter.end(self.id.caps.max_bytes) {
             out.extend_from_slice(&summary);
         }
+        if let Some(warning) = self.log_fill_warning() {
+            out.extend_from_slice(&warning);
+        }
         if self.tx_status == b'I' {
             // Protocol-level portals end with their transaction.
             let spare = &mut self.spare_params;
