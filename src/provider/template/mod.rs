@@ -3,7 +3,8 @@
 //! change the database's flags, limits or settings) plus a login role of its own (named like
 //! the database) with `CONNECT, CREATE, TEMPORARY` on it, whose password the gateway derives
 //! from a key it keeps; the golden's objects are handed to that role with `REASSIGN OWNED`
-//! inside the new database. Tags and verifiers are kept in an admin-only table
+//! inside the new database. Tokens not allowed `ddl` log in as the database's read or write
+//! login instead ([`seatbelt`]), which own nothing. Tags and verifiers are kept in an admin-only table
 //! ([`records`]), so `list()` finds the databases and other tasks cannot read them.
 
 mod access;
@@ -13,6 +14,7 @@ mod key;
 pub mod records;
 mod reference;
 mod retag;
+pub mod seatbelt;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -191,6 +193,7 @@ impl TemplateProvider {
         };
         let c = p.connect(None).await?;
         p.ensure_records(&c).await?;
+        p.ensure_groups(&c).await?;
         p.can_read_verifiers = c
             .query_one("SELECT has_table_privilege('pg_authid', 'SELECT')", &[])
             .await
@@ -280,6 +283,7 @@ impl TemplateProvider {
         ))
         .await
         .map_err(|e| pg_err("creating the task role", e))?;
+        self.create_seatbelt_roles(&c, h).await?;
         if let Err(e) = c
             .batch_execute(&format!("CREATE DATABASE {q} TEMPLATE {g}"))
             .await
@@ -338,7 +342,7 @@ impl TemplateProvider {
                 .await
                 .map_err(|e| pg_err("handing a schema to the task role", e))?;
         }
-        Ok(())
+        self.grant_seatbelt(&c, &dc, h).await
     }
 }
 
@@ -445,6 +449,17 @@ impl Provider for TemplateProvider {
 
     fn secrets(&self) -> Vec<String> {
         self.secrets.clone()
+    }
+
+    /// The task role for `ddl` (or no policy), else the database's write or read login
+    /// ([`seatbelt`]): the server refuses what the policy forbids. A fork made before the
+    /// seatbelt logins has none, and its narrower sessions are refused at login.
+    fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {
+        let role = seatbelt::login_role(&backend.handle, allow);
+        let mut t = backend.target.clone();
+        t.password = Some(self.password(&role));
+        t.user = role;
+        t
     }
 
     // One golden, no versions (golden builds are instance-only): one reference.
