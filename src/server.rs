@@ -140,6 +140,7 @@ async fn build_provider(
                 ca_file: t.ca_file.clone(),
                 key_file: data_dir.join("template.key"),
                 shared_key,
+                trust_network: t.trust_network,
             })
             .await?;
             Ok(Arc::new(p))

@@ -64,9 +64,10 @@ const USER_SCHEMAS: &str = "SELECT nspname::text FROM pg_namespace \
      WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' ORDER BY 1";
 
 impl TemplateProvider {
-    /// Creates the two group roles once per server (across replicas), without login.
+    /// Creates the two group roles (and the `pg_hba` group) once per server (across
+    /// replicas), without login.
     pub(super) async fn ensure_groups(&self, c: &Client) -> Result<(), ProviderError> {
-        for g in [READ_GROUP, WRITE_GROUP] {
+        for g in [READ_GROUP, WRITE_GROUP, super::hba::TASKS_GROUP] {
             // `pg_advisory_xact_lock` against a replica's concurrent CREATE ROLE.
             c.batch_execute(&format!(
                 "BEGIN; SELECT pg_advisory_xact_lock(hashtext('{g}')); \
@@ -109,8 +110,9 @@ impl TemplateProvider {
             self.put_role_record(c, &role, &verifier).await?;
             let q = quote_ident(&role);
             c.batch_execute(&format!(
-                "CREATE ROLE {q} {PLAIN} INHERIT PASSWORD {}; GRANT {group} TO {q}",
-                quote_literal(&verifier)
+                "CREATE ROLE {q} {PLAIN} INHERIT PASSWORD {}; GRANT {group}, {} TO {q}",
+                quote_literal(&verifier),
+                super::hba::TASKS_GROUP
             ))
             .await
             .map_err(|e| pg_err("creating a seatbelt role", e))?;
