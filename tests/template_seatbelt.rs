@@ -2,7 +2,9 @@
 //! started here (`tests/support/shared_pg.rs`): a token's sessions log in as its scratch
 //! database's read login, write login or task role, by its policy, so the server refuses what
 //! the policy forbids however the SQL text looks. Every refusal is followed by a look at the
-//! rows through an admin connection: nothing changed.
+//! rows through an admin connection: nothing changed. And (item 2) the provider starts only
+//! when the server's `pg_hba.conf` admits task roles from the gateway's address alone, so a
+//! password the agent sets opens no direct login from anywhere else.
 
 mod common;
 #[path = "support/shared_pg.rs"]
@@ -10,6 +12,7 @@ mod shared_pg;
 
 use common::{connect, sqlstate, Gateway};
 use sandpit::pgconn::tls::SslMode;
+use sandpit::provider::template::hba::TASKS_GROUP;
 use sandpit::provider::template::seatbelt::{READ_GROUP, WRITE_GROUP};
 use sandpit::provider::template::{TemplateConfig, TemplateProvider, DEFAULT_GOLDEN_OWNER};
 use sandpit::provider::{Provider, ProviderError};
@@ -111,7 +114,7 @@ fn a_read_token_cannot_write_by_any_route() {
         let c = connect(&dsn).await.expect("connect");
         assert_eq!(
             one(&c, WHO).await.unwrap_or_default(),
-            format!("{h}_r:(f,f,f,f,f):{READ_GROUP}:0")
+            format!("{h}_r:(f,f,f,f,f):{TASKS_GROUP},{READ_GROUP}:0")
         );
         let before = state(&pg, &h).await;
         assert_eq!(
@@ -245,7 +248,7 @@ fn a_write_token_writes_rows_only_and_a_ddl_token_everything() {
         let c = connect(&wdsn).await.expect("connect");
         assert_eq!(
             one(&c, WHO).await.unwrap_or_default(),
-            format!("{w}_w:(f,f,f,f,f):{WRITE_GROUP}:0")
+            format!("{w}_w:(f,f,f,f,f):{TASKS_GROUP},{WRITE_GROUP}:0")
         );
         assert_eq!(
             one(&c, "insert into items(name) values ('new') returning id")
@@ -303,5 +306,141 @@ fn a_write_token_writes_rows_only_and_a_ddl_token_everything() {
             "a fork without its write login must refuse the write token's sessions"
         );
         assert_eq!(state(&pg, &w).await, before);
+    });
+}
+
+/// A login straight to the shared server from 127.0.0.2 — not the gateway's address
+/// (127.0.0.1) — as an agent elsewhere on the network would try it.
+async fn direct_from_elsewhere(
+    pg: &shared_pg::SharedPg,
+    user: &str,
+    password: &str,
+) -> Result<Client, tokio_postgres::Error> {
+    let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+    sock.bind("127.0.0.2:0".parse().expect("addr"))
+        .expect("bind 127.0.0.2");
+    let stream = sock
+        .connect(format!("127.0.0.1:{}", pg.port).parse().expect("addr"))
+        .await
+        .expect("tcp connect");
+    let (c, conn) = tokio_postgres::Config::new()
+        .user(user)
+        .password(password)
+        .dbname(user)
+        .connect_raw(stream, tokio_postgres::NoTls)
+        .await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(c)
+}
+
+/// The same from the gateway's own address, over TLS as the server requires there.
+async fn direct_from_gateway_address(
+    pg: &shared_pg::SharedPg,
+    user: &str,
+    password: &str,
+) -> Result<(), sqlx::Error> {
+    use sqlx::postgres::{PgConnectOptions, PgSslMode};
+    use sqlx::ConnectOptions;
+    PgConnectOptions::new()
+        .host("127.0.0.1")
+        .port(pg.port)
+        .username(user)
+        .password(password)
+        .database(user)
+        .ssl_mode(PgSslMode::VerifyCa)
+        .ssl_root_cert(&pg.ca_file)
+        .connect()
+        .await
+        .map(|_| ())
+}
+
+#[test]
+fn a_changed_password_opens_no_direct_login_from_elsewhere() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let pg = rt.block_on(shared_pg::SharedPg::start());
+    // The test server's rules: socket, TLS from 127.0.0.1 (the gateway's address), reject
+    // from anywhere else; the provider's start-up check accepts them.
+    let g = gateway(&pg);
+    let t = g.issue("tpl-direct", 600);
+    let (h, dsn) = (
+        t["id"].as_str().expect("id").to_string(),
+        t["dsn"].as_str().expect("dsn").to_string(),
+    );
+    rt.block_on(async {
+        let c = connect(&dsn).await.expect("connect");
+        c.batch_execute("alter role current_user password 'agent-chosen'")
+            .await
+            .expect("a role may change its own password");
+        // The change took effect (from the gateway's own address it would let one in until
+        // the next check) …
+        direct_from_gateway_address(&pg, &h, "agent-chosen")
+            .await
+            .expect("the new password is the role's");
+        // … but from elsewhere no password gets past pg_hba.conf, the agent's or any other.
+        for pw in ["agent-chosen", "anything-else", ""] {
+            let e = direct_from_elsewhere(&pg, &h, pw)
+                .await
+                .err()
+                .expect("a direct login from elsewhere");
+            assert_eq!(sqlstate(&e), "28000", "{pw:?}: {e:?}");
+        }
+        for role in [format!("{h}_r"), format!("{h}_w")] {
+            let e = direct_from_elsewhere(&pg, &role, "x").await.err().expect("refused");
+            assert_eq!(sqlstate(&e), "28000", "{role}: {e:?}");
+        }
+        // The gateway does not keep serving the token: its next session's access check
+        // finds the change, puts the password back, ends the role's sessions and the
+        // token (a changed password is an attack; the token's sessions cannot be told from
+        // a direct one that got in from the gateway's address meanwhile).
+        assert!(connect(&dsn).await.is_err(), "the token ended");
+        let e = direct_from_gateway_address(&pg, &h, "agent-chosen")
+            .await
+            .expect_err("the password was put back");
+        assert!(e.to_string().contains("password"), "{e}");
+    });
+}
+
+#[test]
+fn the_provider_refuses_a_server_open_to_task_roles_unless_told_to_trust_the_network() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let pg = rt.block_on(shared_pg::SharedPg::start());
+    let key = common::tempdir();
+    let cfg = |trust_network| TemplateConfig {
+        admin_dsn: pg.admin_dsn(),
+        golden: "sandpit_golden".into(),
+        golden_sql: Some(key.path().join("g.sql")),
+        golden_owner: None,
+        sslmode: Some(SslMode::Require),
+        ca_file: None,
+        key_file: key.path().join("k"),
+        shared_key: None,
+        trust_network,
+    };
+    std::fs::write(key.path().join("g.sql"), GOLDEN).expect("golden sql");
+    rt.block_on(async {
+        TemplateProvider::new(cfg(false))
+            .await
+            .expect("the test server's rules pass");
+        let open = "local all all trust\nhostssl all all 0.0.0.0/0 scram-sha-256\n";
+        pg.set_hba(open).await;
+        match TemplateProvider::new(cfg(false)).await {
+            Err(e) => assert!(e.to_string().contains("pg_hba.conf line 2"), "{e}"),
+            Ok(_) => panic!("started on a server open to task roles"),
+        }
+        TemplateProvider::new(cfg(true))
+            .await
+            .expect("trust_network = true starts anyway");
+        pg.set_hba(
+            "local all all trust\n\
+             hostssl all +sandpit_tasks 127.0.0.1/32 scram-sha-256\n\
+             host all +sandpit_tasks all reject\n\
+             hostssl all all 0.0.0.0/0 scram-sha-256\n",
+        )
+        .await;
+        TemplateProvider::new(cfg(false))
+            .await
+            .expect("task roles from the gateway's address only, others from anywhere");
     });
 }
