@@ -289,7 +289,10 @@ fn a_write_token_writes_rows_only_and_a_ddl_token_everything() {
         )
         .await
         .expect("ddl");
-        assert_eq!(one(&c, "select count(*) from notes").await.as_deref(), Some("0"));
+        assert_eq!(
+            one(&c, "select count(*) from notes").await.as_deref(),
+            Some("0")
+        );
 
         // A fork without its seatbelt logins (one made before them): the narrower policies
         // fail closed, at login.
@@ -387,7 +390,10 @@ fn a_changed_password_opens_no_direct_login_from_elsewhere() {
             assert_eq!(sqlstate(&e), "28000", "{pw:?}: {e:?}");
         }
         for role in [format!("{h}_r"), format!("{h}_w")] {
-            let e = direct_from_elsewhere(&pg, &role, "x").await.err().expect("refused");
+            let e = direct_from_elsewhere(&pg, &role, "x")
+                .await
+                .err()
+                .expect("refused");
             assert_eq!(sqlstate(&e), "28000", "{role}: {e:?}");
         }
         // The gateway does not keep serving the token: its next session's access check

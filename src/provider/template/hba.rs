@@ -90,7 +90,10 @@ pub fn judge(rules: &[HbaRule], gateway: Option<IpAddr>) -> Result<(), String> {
             _ => {}
         }
         if r.method.as_deref() == Some("reject") {
-            let all_users = r.users.iter().any(|u| u == "all" || u == &format!("+{TASKS_GROUP}"));
+            let all_users = r
+                .users
+                .iter()
+                .any(|u| u == "all" || u == &format!("+{TASKS_GROUP}"));
             if r.kind == "host" && all_users && r.databases.iter().any(|d| d == "all") {
                 let (v4, v6) = covers_all(r.address.as_deref(), r.netmask.as_deref());
                 v4_closed |= v4;
@@ -156,7 +159,14 @@ impl TemplateProvider {
 mod tests {
     use super::*;
 
-    fn rule(line: i32, kind: &str, users: &str, addr: Option<&str>, mask: Option<&str>, method: &str) -> HbaRule {
+    fn rule(
+        line: i32,
+        kind: &str,
+        users: &str,
+        addr: Option<&str>,
+        mask: Option<&str>,
+        method: &str,
+    ) -> HbaRule {
         HbaRule {
             line,
             kind: kind.into(),
@@ -176,30 +186,91 @@ mod tests {
     fn only_the_gateway_s_address_or_a_socket_admits_task_roles() {
         let gw: Option<IpAddr> = "10.0.0.5".parse().ok();
         let local = rule(1, "local", "all", None, None, "trust");
-        let gw_rule = rule(2, "hostssl", "+sandpit_tasks", Some("10.0.0.5"), ONE, "scram-sha-256");
+        let gw_rule = rule(
+            2,
+            "hostssl",
+            "+sandpit_tasks",
+            Some("10.0.0.5"),
+            ONE,
+            "scram-sha-256",
+        );
         let close4 = rule(3, "host", "+sandpit_tasks", Some("0.0.0.0"), ZERO, "reject");
         let close_all = rule(3, "host", "all", Some("all"), None, "reject");
         let open = rule(4, "hostssl", "all", Some("0.0.0.0"), ZERO, "scram-sha-256");
-        let net = rule(4, "hostssl", "all", Some("10.0.0.0"), Some("255.0.0.0"), "scram-sha-256");
-        let admin_only = rule(5, "hostssl", "sp_admin_other,ops", Some("0.0.0.0"), ZERO, "scram-sha-256");
+        let net = rule(
+            4,
+            "hostssl",
+            "all",
+            Some("10.0.0.0"),
+            Some("255.0.0.0"),
+            "scram-sha-256",
+        );
+        let admin_only = rule(
+            5,
+            "hostssl",
+            "sp_admin_other,ops",
+            Some("0.0.0.0"),
+            ZERO,
+            "scram-sha-256",
+        );
         let ops = rule(5, "hostssl", "ops", Some("0.0.0.0"), ZERO, "scram-sha-256");
         let v6 = rule(6, "hostssl", "all", Some("::"), Some("::"), "scram-sha-256");
         let regex = rule(7, "host", "/^sp", Some("10.0.0.6"), ONE, "md5");
         let table: Vec<(&str, Vec<HbaRule>, Option<IpAddr>, bool)> = vec![
-            ("socket and gateway only", vec![local.clone(), gw_rule.clone()], gw, true),
-            ("open after a v4 close", vec![gw_rule.clone(), close4.clone(), open.clone()], gw, true),
-            ("open v6 after a v4 close", vec![close4.clone(), v6.clone()], gw, false),
-            ("anything after a full close", vec![close_all.clone(), v6, net.clone()], gw, true),
+            (
+                "socket and gateway only",
+                vec![local.clone(), gw_rule.clone()],
+                gw,
+                true,
+            ),
+            (
+                "open after a v4 close",
+                vec![gw_rule.clone(), close4.clone(), open.clone()],
+                gw,
+                true,
+            ),
+            (
+                "open v6 after a v4 close",
+                vec![close4.clone(), v6.clone()],
+                gw,
+                false,
+            ),
+            (
+                "anything after a full close",
+                vec![close_all.clone(), v6, net.clone()],
+                gw,
+                true,
+            ),
             ("a network, not one address", vec![net.clone()], gw, false),
-            ("open before the close", vec![open.clone(), close4.clone()], gw, false),
+            (
+                "open before the close",
+                vec![open.clone(), close4.clone()],
+                gw,
+                false,
+            ),
             ("other users' rules", vec![ops, gw_rule.clone()], gw, true),
             ("a name shaped like ours", vec![admin_only], gw, false),
             ("a regular expression", vec![regex], gw, false),
-            ("a socket gateway and a host rule", vec![gw_rule.clone()], None, false),
-            ("another gateway", vec![gw_rule], "10.0.0.7".parse().ok(), false),
+            (
+                "a socket gateway and a host rule",
+                vec![gw_rule.clone()],
+                None,
+                false,
+            ),
+            (
+                "another gateway",
+                vec![gw_rule],
+                "10.0.0.7".parse().ok(),
+                false,
+            ),
         ];
         for (what, rules, gw, ok) in table {
-            assert_eq!(judge(&rules, gw).is_ok(), ok, "{what}: {:?}", judge(&rules, gw));
+            assert_eq!(
+                judge(&rules, gw).is_ok(),
+                ok,
+                "{what}: {:?}",
+                judge(&rules, gw)
+            );
         }
         let mut bad = local;
         bad.error = Some("invalid".into());

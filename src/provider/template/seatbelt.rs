@@ -184,7 +184,10 @@ mod tests {
         for r in roles_of(h) {
             assert_eq!(handle_of(&r), h);
         }
-        assert_eq!(handle_of("pool-abcdefghijklmnopqrst_w"), "pool-abcdefghijklmnopqrst");
+        assert_eq!(
+            handle_of("pool-abcdefghijklmnopqrst_w"),
+            "pool-abcdefghijklmnopqrst"
+        );
         assert_eq!(handle_of("postgres_r"), "postgres_r");
     }
 }
