@@ -209,6 +209,11 @@ fn a_read_token_cannot_write_by_any_route() {
             .expect("privileges");
         assert!(!cross.get::<_, bool>(0), "a login reaches another task's database");
 
+        // The groups' grants are the same in the reference fork: the review sees nothing.
+        let (status, r) = g.raw_call("GET", &format!("/v1/tokens/{h}/diff"), None);
+        assert_eq!(status, 200, "{r}");
+        assert_eq!((&r["schema"], &r["data"]), (&json!([]), &json!([])), "{r:#}");
+
         // A password change on the read login is caught like the task role's: put back, its
         // sessions ended, the token's check fails.
         c2.batch_execute("SELECT 'BEGIN ATOMIC'; alter role current_user password 'agent-chosen'")
