@@ -448,8 +448,27 @@ fn the_provider_refuses_a_server_open_to_task_roles_unless_told_to_trust_the_net
              hostssl all all 0.0.0.0/0 scram-sha-256\n",
         )
         .await;
+        // A task role of a fork made before the group: it becomes a member at start, so the
+        // `+sandpit_tasks` rule admits the gateway's logins for it too.
+        let admin = pg.admin("postgres").await;
+        let old = "sp_aaaaaaaaaaaaaaaaaaaa";
+        admin
+            .batch_execute(&format!(
+                "create role {old} login;                  insert into sandpit_template.backends(handle) values ('{old}')"
+            ))
+            .await
+            .expect("an older task role");
         TemplateProvider::new(cfg(false))
             .await
             .expect("task roles from the gateway's address only, others from anywhere");
+        let member: bool = admin
+            .query_one(
+                "select pg_has_role($1, 'sandpit_tasks', 'MEMBER')",
+                &[&old],
+            )
+            .await
+            .expect("membership")
+            .get(0);
+        assert!(member, "the older task role joined sandpit_tasks");
     });
 }

@@ -10,6 +10,8 @@
 
 use tokio_postgres::Client;
 
+use super::hba::TASKS_GROUP;
+use super::records::RECORDS_TABLE;
 use super::{pg_err, quote_ident, quote_literal, TemplateProvider};
 use crate::provider::golden::{self, AGENT, AGENT_WRITE};
 use crate::provider::ProviderError;
@@ -67,7 +69,7 @@ impl TemplateProvider {
     /// Creates the two group roles (and the `pg_hba` group) once per server (across
     /// replicas), without login.
     pub(super) async fn ensure_groups(&self, c: &Client) -> Result<(), ProviderError> {
-        for g in [READ_GROUP, WRITE_GROUP, super::hba::TASKS_GROUP] {
+        for g in [READ_GROUP, WRITE_GROUP, TASKS_GROUP] {
             // `pg_advisory_xact_lock` against a replica's concurrent CREATE ROLE.
             c.batch_execute(&format!(
                 "BEGIN; SELECT pg_advisory_xact_lock(hashtext('{g}')); \
@@ -94,6 +96,18 @@ impl TemplateProvider {
                 )));
             }
         }
+        // Task roles made before the group: members now, so `+sandpit_tasks` rules admit the
+        // gateway's logins of older forks too.
+        c.batch_execute(&format!(
+            "DO $$ DECLARE r text; BEGIN \
+               FOR r IN SELECT b.handle FROM {RECORDS_TABLE} b JOIN pg_roles o ON o.rolname = b.handle \
+                 WHERE NOT EXISTS (SELECT 1 FROM pg_auth_members m \
+                   WHERE m.member = o.oid AND m.roleid = '{TASKS_GROUP}'::regrole) LOOP \
+                 EXECUTE format('GRANT {TASKS_GROUP} TO %I', r); \
+               END LOOP; END $$"
+        ))
+        .await
+        .map_err(|e| pg_err("adding older task roles to the pg_hba group", e))?;
         Ok(())
     }
 
@@ -112,7 +126,7 @@ impl TemplateProvider {
             c.batch_execute(&format!(
                 "CREATE ROLE {q} {PLAIN} INHERIT PASSWORD {}; GRANT {group}, {} TO {q}",
                 quote_literal(&verifier),
-                super::hba::TASKS_GROUP
+                TASKS_GROUP
             ))
             .await
             .map_err(|e| pg_err("creating a seatbelt role", e))?;
