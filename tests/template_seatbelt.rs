@@ -441,6 +441,37 @@ fn the_provider_refuses_a_server_open_to_task_roles_unless_told_to_trust_the_net
         TemplateProvider::new(cfg(true))
             .await
             .expect("trust_network = true starts anyway");
+        // `serve --check-config` makes the same check (and nothing else on the server).
+        let check = |trust: bool| {
+            let file = key.path().join(format!("check-{trust}.toml"));
+            std::fs::write(
+                &file,
+                format!(
+                    "provider = \"template\"\n[template]\nadmin_dsn = \"{}\"\n\
+                     sslmode = \"require\"\ntrust_network = {trust}\n",
+                    pg.admin_dsn()
+                ),
+            )
+            .expect("config");
+            let data = key.path().join("unused-data-dir");
+            common::run_sandpit(
+                &[
+                    "serve",
+                    "--check-config",
+                    "--config",
+                    file.to_str().expect("path"),
+                    "--data-dir",
+                    data.to_str().expect("path"),
+                ],
+                &[],
+            )
+        };
+        let (code, _, err) = check(false);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("pg_hba.conf line 2"), "{err}");
+        let (code, out, err) = check(true);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("trust_network = true"), "{out}");
         pg.set_hba(
             "local all all trust\n\
              hostssl all +sandpit_tasks 127.0.0.1/32 scram-sha-256\n\
@@ -470,5 +501,8 @@ fn the_provider_refuses_a_server_open_to_task_roles_unless_told_to_trust_the_net
             .expect("membership")
             .get(0);
         assert!(member, "the older task role joined sandpit_tasks");
+        let (code, out, err) = check(false);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("pg_hba.conf admits task roles only"), "{out}");
     });
 }

@@ -144,6 +144,28 @@ fn validate_handle(h: &str) -> Result<(), ProviderError> {
 impl TemplateProvider {
     /// Connects as admin, checks (or builds) the golden and its owner role.
     pub async fn new(cfg: TemplateConfig) -> Result<Self, ProviderError> {
+        let key = match &cfg.shared_key {
+            Some(k) => hex::decode(k).map_err(|e| tpl(format!("shared template key: {e}")))?,
+            None => load_key(&cfg.key_file)?,
+        };
+        let mut p = Self::configured(&cfg, key)?;
+        p.start(&cfg).await?;
+        Ok(p)
+    }
+
+    /// Only the start-up's `pg_hba.conf` check, for `serve --check-config` (nothing made,
+    /// no key read or created).
+    pub async fn check_network(cfg: &TemplateConfig) -> Result<(), ProviderError> {
+        if cfg.trust_network {
+            return Ok(());
+        }
+        let p = Self::configured(cfg, Vec::new())?;
+        let c = p.connect(None).await?;
+        p.check_hba(&c).await
+    }
+
+    /// The provider from its settings, before any connection.
+    fn configured(cfg: &TemplateConfig, key: Vec<u8>) -> Result<Self, ProviderError> {
         let admin: tokio_postgres::Config = cfg
             .admin_dsn
             .parse()
@@ -177,11 +199,7 @@ impl TemplateProvider {
             None => return Err(tpl("template.admin_dsn names no host")),
         };
         let admin_db = admin.get_dbname().unwrap_or(&user).to_string();
-        let key = match &cfg.shared_key {
-            Some(k) => hex::decode(k).map_err(|e| tpl(format!("shared template key: {e}")))?,
-            None => load_key(&cfg.key_file)?,
-        };
-        let mut p = TemplateProvider {
+        Ok(TemplateProvider {
             admin,
             admin_db,
             endpoint,
@@ -194,7 +212,12 @@ impl TemplateProvider {
             checker: tokio::sync::Mutex::new(None),
             retags: retag::RetagQueue::default(),
             can_read_verifiers: false,
-        };
+        })
+    }
+
+    /// Records, groups, the `pg_hba.conf` check, the golden and its reference.
+    async fn start(&mut self, cfg: &TemplateConfig) -> Result<(), ProviderError> {
+        let p = self;
         let c = p.connect(None).await?;
         p.ensure_records(&c).await?;
         p.ensure_groups(&c).await?;
@@ -240,7 +263,7 @@ impl TemplateProvider {
                 "the golden database has open connections; forks fail until they are closed");
         }
         tracing::info!(golden = %p.golden, owner = %p.owner, "template provider ready");
-        Ok(p)
+        Ok(())
     }
 
     /// An admin session on `db` (default: the DSN's database), over our own socket so that
