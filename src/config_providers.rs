@@ -26,6 +26,8 @@ pub struct TemplateSection {
     pub sslmode: Option<String>,
     /// CA certificate file to verify the server with.
     pub ca_file: Option<PathBuf>,
+    /// Start even when `pg_hba.conf` lets task roles in from elsewhere than the gateway.
+    pub trust_network: bool,
 }
 
 impl Default for TemplateSection {
@@ -37,6 +39,7 @@ impl Default for TemplateSection {
             golden_owner: None,
             sslmode: None,
             ca_file: None,
+            trust_network: false,
         }
     }
 }

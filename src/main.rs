@@ -405,6 +405,14 @@ fn check_config(mut cfg: Config, args: &ServeArgs) -> Result<()> {
     cfg.validate()?;
     let env_key = std::env::var("SANDPIT_ADMIN_KEY").ok();
     cfg.preflight(env_key.as_deref())?;
+    if cfg.provider == "template" {
+        // The one check that needs the server: whether task roles could log in past the gateway.
+        if sandpit::server::check_template_network(&cfg)? {
+            outln("template: pg_hba.conf admits task roles only from this gateway's address or a unix socket")?;
+        } else {
+            outln("template: trust_network = true, pg_hba.conf not checked")?;
+        }
+    }
     outln("config ok")?;
     Ok(())
 }

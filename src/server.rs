@@ -122,6 +122,41 @@ fn prepare_data_dir(dir: &Path) -> Result<(), ServeError> {
 }
 
 /// The provider the config names, ready to fork.
+/// The `template` provider's settings from the configuration.
+fn template_config(cfg: &Config, data_dir: &Path, shared_key: Option<String>) -> TemplateConfig {
+    let t = &cfg.template;
+    TemplateConfig {
+        admin_dsn: t.admin_dsn.clone().unwrap_or_default(),
+        golden: t.golden.clone(),
+        golden_sql: t.golden_sql.clone().or_else(|| cfg.golden.sql.clone()),
+        golden_owner: t.golden_owner.clone(),
+        sslmode: t
+            .sslmode
+            .as_deref()
+            .map(|m| SslMode::parse(m).unwrap_or(SslMode::Require)),
+        ca_file: t.ca_file.clone(),
+        key_file: data_dir.join("template.key"),
+        shared_key,
+        trust_network: t.trust_network,
+    }
+}
+
+/// For `serve --check-config` with `provider = "template"`: the start-up's `pg_hba.conf`
+/// check on the server (one admin login; nothing made, no file written). Ok(false): skipped
+/// (`trust_network = true`).
+pub fn check_template_network(cfg: &Config) -> Result<bool, ServeError> {
+    let t = template_config(cfg, &cfg.data_dir, None);
+    if t.trust_network {
+        return Ok(false);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(crate::provider::ProviderError::from)?;
+    rt.block_on(TemplateProvider::check_network(&t))?;
+    Ok(true)
+}
+
 async fn build_provider(
     cfg: &Config,
     data_dir: &Path,
@@ -130,18 +165,7 @@ async fn build_provider(
     let mode = |m: &str| SslMode::parse(m).unwrap_or(SslMode::Require);
     match cfg.provider.as_str() {
         "template" => {
-            let t = &cfg.template;
-            let p = TemplateProvider::new(TemplateConfig {
-                admin_dsn: t.admin_dsn.clone().unwrap_or_default(),
-                golden: t.golden.clone(),
-                golden_sql: t.golden_sql.clone().or_else(|| cfg.golden.sql.clone()),
-                golden_owner: t.golden_owner.clone(),
-                sslmode: t.sslmode.as_deref().map(mode),
-                ca_file: t.ca_file.clone(),
-                key_file: data_dir.join("template.key"),
-                shared_key,
-            })
-            .await?;
+            let p = TemplateProvider::new(template_config(cfg, data_dir, shared_key)).await?;
             Ok(Arc::new(p))
         }
         "remote" => {

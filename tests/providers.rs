@@ -426,6 +426,7 @@ async fn template_specifics(g: &Gateway, pg: &shared_pg::SharedPg) {
         ca_file: ca,
         key_file: key.path().join("k"),
         shared_key: None,
+        trust_network: false,
     };
     let p = TemplateProvider::new(cfg(
         SslMode::VerifyFull,

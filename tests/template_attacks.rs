@@ -69,6 +69,7 @@ async fn provider(pg: &shared_pg::SharedPg, g: &Gateway) -> TemplateProvider {
         ca_file: None,
         key_file: g.data_dir.join("template.key"),
         shared_key: None,
+        trust_network: false,
     })
     .await
     .expect("template provider")

@@ -155,6 +155,22 @@ impl SharedPg {
         self._tmp.path().join("postgres.log")
     }
 
+    /// Replaces `pg_hba.conf` and reloads the server.
+    #[allow(dead_code)]
+    pub async fn set_hba(&self, text: &str) {
+        let run_as = user::resolve(None).expect("postgres OS user");
+        write_owned(
+            &self._tmp.path().join("data").join("pg_hba.conf"),
+            text.as_bytes(),
+            &run_as,
+        );
+        self.admin("postgres")
+            .await
+            .batch_execute("select pg_reload_conf()")
+            .await
+            .expect("reload");
+    }
+
     /// An admin session over the unix socket, for the test's own checks.
     pub async fn admin(&self, db: &str) -> tokio_postgres::Client {
         let (c, conn) = tokio_postgres::Config::new()

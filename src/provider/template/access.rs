@@ -9,6 +9,7 @@
 use tokio_postgres::Client;
 
 use super::records::RECORDS_TABLE;
+use super::seatbelt::{handle_of, roles_of};
 use super::{pg_err, quote_ident, quote_literal, TemplateProvider};
 use crate::provider::ProviderError;
 
@@ -46,9 +47,9 @@ impl RoleState {
 }
 
 impl TemplateProvider {
-    /// Checks one backend's role (`Some`) or every recorded role (`None`); undoes what it
-    /// finds and returns the handles found tampered with, now or at an earlier check, with
-    /// what was changed.
+    /// Checks one backend's roles (`Some`: its task role and seatbelt logins) or every
+    /// recorded role (`None`); undoes what it finds and returns the handles (of the scratch
+    /// database) found tampered with, now or at an earlier check, with what was changed.
     pub(super) async fn check_roles(
         &self,
         c: &Client,
@@ -63,9 +64,9 @@ impl TemplateProvider {
                     "SELECT b.handle, b.verifier, a.rolpassword, \
                        (a.rolvaliduntil IS NULL OR a.rolvaliduntil = 'infinity'), a.rolconnlimit, b.tampered \
                      FROM {RECORDS_TABLE} b JOIN pg_authid a ON a.rolname = b.handle \
-                     WHERE NOT b.destroying AND ($1::text IS NULL OR b.handle = $1)"
+                     WHERE NOT b.destroying AND ($1::text[] IS NULL OR b.handle = ANY($1))"
                 ),
-                &[&only],
+                &[&only.map(roles_of).as_ref().map(|r| r.as_slice())],
             )
             .await
             .map_err(|e| pg_err("reading task role verifiers", e))?;
@@ -87,9 +88,9 @@ impl TemplateProvider {
             if !changes.is_empty() {
                 let why = changes.join(", ");
                 self.neutralise(c, &role.handle, verifier, &why).await?;
-                found.push((role.handle.clone(), why));
+                found.push((handle_of(&role.handle).to_string(), why));
             } else if let Some(why) = role.tampered {
-                found.push((role.handle.clone(), why));
+                found.push((handle_of(&role.handle).to_string(), why));
             }
         }
         Ok(found)

@@ -1,4 +1,4 @@
-//! Destroying a scratch database and its task role so that nothing the role did can keep
+//! Destroying a scratch database, its task role and seatbelt logins so that nothing the role did can keep
 //! either alive: not a template flag on the database, not objects or grants elsewhere on the
 //! server, and never a role left able to log in.
 
@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tokio_postgres::Client;
 
+use super::seatbelt::roles_of;
 use super::{
     pg_err, quote_ident, quote_literal, validate_handle, TemplateProvider, SESSIONS_LEAVE_WAIT,
 };
@@ -21,15 +22,26 @@ impl TemplateProvider {
         let q = quote_ident(h);
         let c = self.connect(None).await?;
         self.mark_destroying(&c, h).await?;
-        let role = c
-            .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&h])
+        let all = roles_of(h);
+        // The task role and its seatbelt logins that exist (a fork cut off midway, or made
+        // before the seatbelt logins, lacks some).
+        let roles: Vec<String> = c
+            .query(
+                "SELECT rolname::text FROM pg_roles WHERE rolname = ANY($1)",
+                &[&all.as_slice()],
+            )
             .await
-            .map_err(|e| pg_err("looking up the task role", e))?
-            .is_some();
-        if role {
-            c.batch_execute(&format!("ALTER ROLE {q} NOLOGIN PASSWORD NULL"))
-                .await
-                .map_err(|e| pg_err("locking the task role", e))?;
+            .map_err(|e| pg_err("looking up the task roles", e))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for role in &roles {
+            c.batch_execute(&format!(
+                "ALTER ROLE {} NOLOGIN PASSWORD NULL",
+                quote_ident(role)
+            ))
+            .await
+            .map_err(|e| pg_err("locking the task role", e))?;
         }
         // Gateways (this one, or replicas sharing its registry) are ending their sessions on
         // it with the token's reason; let them leave first, so a client reads that reason
@@ -52,8 +64,8 @@ impl TemplateProvider {
         // Sessions of the role in other databases, too (a direct login to `postgres`).
         c.execute(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE usename = $1 AND pid <> pg_backend_pid()",
-            &[&h],
+             WHERE usename = ANY($1) AND pid <> pg_backend_pid()",
+            &[&all.as_slice()],
         )
         .await
         .map_err(|e| pg_err("ending the task role's sessions", e))?;
@@ -77,12 +89,14 @@ impl TemplateProvider {
         c.batch_execute(&format!("DROP DATABASE IF EXISTS {q} WITH (FORCE)"))
             .await
             .map_err(|e| pg_err("dropping the scratch database", e))?;
-        if role {
-            self.drop_owned_everywhere(&c, h).await?;
+        // The seatbelt logins own nothing but what they could make themselves (large
+        // objects): dropped with them, wherever it is.
+        for role in &roles {
+            self.drop_owned_everywhere(&c, role).await?;
+            c.batch_execute(&format!("DROP ROLE IF EXISTS {}", quote_ident(role)))
+                .await
+                .map_err(|e| pg_err("dropping the task role", e))?;
         }
-        c.batch_execute(&format!("DROP ROLE IF EXISTS {q}"))
-            .await
-            .map_err(|e| pg_err("dropping the task role", e))?;
         self.delete_record(&c, h).await?;
         tracing::debug!(handle = h, "scratch database destroyed");
         Ok(())
@@ -96,8 +110,12 @@ impl TemplateProvider {
         let c = self.connect(None).await?;
         c.execute(
             "SELECT count(pg_terminate_backend(pid, $2)) FROM pg_stat_activity \
-             WHERE (usename = $1 OR datname = $1) AND pid <> pg_backend_pid()",
-            &[&h, &crate::provider::quiesce::TERMINATE_WAIT_MS],
+             WHERE (usename = ANY($1) OR datname = $3) AND pid <> pg_backend_pid()",
+            &[
+                &roles_of(h).as_slice(),
+                &crate::provider::quiesce::TERMINATE_WAIT_MS,
+                &h,
+            ],
         )
         .await
         .map_err(|e| pg_err("ending the task's sessions before the review", e))?;

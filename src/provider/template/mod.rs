@@ -3,16 +3,19 @@
 //! change the database's flags, limits or settings) plus a login role of its own (named like
 //! the database) with `CONNECT, CREATE, TEMPORARY` on it, whose password the gateway derives
 //! from a key it keeps; the golden's objects are handed to that role with `REASSIGN OWNED`
-//! inside the new database. Tags and verifiers are kept in an admin-only table
+//! inside the new database. Tokens not allowed `ddl` log in as the database's read or write
+//! login instead ([`seatbelt`]), which own nothing. Tags and verifiers are kept in an admin-only table
 //! ([`records`]), so `list()` finds the databases and other tasks cannot read them.
 
 mod access;
 mod destroy;
 mod golden;
+pub mod hba;
 mod key;
 pub mod records;
 mod reference;
 mod retag;
+pub mod seatbelt;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -54,6 +57,9 @@ pub struct TemplateConfig {
     /// The key itself, hex, when replicas share it (from the shared registry); `key_file`
     /// is then not used.
     pub shared_key: Option<String>,
+    /// Start even when the server's `pg_hba.conf` lets task roles in from elsewhere than the
+    /// gateway (the operator vouches that the network keeps agents away).
+    pub trust_network: bool,
 }
 
 /// What a scratch database's comment held before tags moved to [`records`].
@@ -138,6 +144,28 @@ fn validate_handle(h: &str) -> Result<(), ProviderError> {
 impl TemplateProvider {
     /// Connects as admin, checks (or builds) the golden and its owner role.
     pub async fn new(cfg: TemplateConfig) -> Result<Self, ProviderError> {
+        let key = match &cfg.shared_key {
+            Some(k) => hex::decode(k).map_err(|e| tpl(format!("shared template key: {e}")))?,
+            None => load_key(&cfg.key_file)?,
+        };
+        let mut p = Self::configured(&cfg, key)?;
+        p.start(&cfg).await?;
+        Ok(p)
+    }
+
+    /// Only the start-up's `pg_hba.conf` check, for `serve --check-config` (nothing made,
+    /// no key read or created).
+    pub async fn check_network(cfg: &TemplateConfig) -> Result<(), ProviderError> {
+        if cfg.trust_network {
+            return Ok(());
+        }
+        let p = Self::configured(cfg, Vec::new())?;
+        let c = p.connect(None).await?;
+        p.check_hba(&c).await
+    }
+
+    /// The provider from its settings, before any connection.
+    fn configured(cfg: &TemplateConfig, key: Vec<u8>) -> Result<Self, ProviderError> {
         let admin: tokio_postgres::Config = cfg
             .admin_dsn
             .parse()
@@ -171,11 +199,7 @@ impl TemplateProvider {
             None => return Err(tpl("template.admin_dsn names no host")),
         };
         let admin_db = admin.get_dbname().unwrap_or(&user).to_string();
-        let key = match &cfg.shared_key {
-            Some(k) => hex::decode(k).map_err(|e| tpl(format!("shared template key: {e}")))?,
-            None => load_key(&cfg.key_file)?,
-        };
-        let mut p = TemplateProvider {
+        Ok(TemplateProvider {
             admin,
             admin_db,
             endpoint,
@@ -188,9 +212,20 @@ impl TemplateProvider {
             checker: tokio::sync::Mutex::new(None),
             retags: retag::RetagQueue::default(),
             can_read_verifiers: false,
-        };
+        })
+    }
+
+    /// Records, groups, the `pg_hba.conf` check, the golden and its reference.
+    async fn start(&mut self, cfg: &TemplateConfig) -> Result<(), ProviderError> {
+        let p = self;
         let c = p.connect(None).await?;
         p.ensure_records(&c).await?;
+        p.ensure_groups(&c).await?;
+        if cfg.trust_network {
+            tracing::warn!("[template] trust_network = true: pg_hba.conf is not checked; a task role that changes its own password can log in directly from wherever the server's rules allow, until the next access check");
+        } else {
+            p.check_hba(&c).await?;
+        }
         p.can_read_verifiers = c
             .query_one("SELECT has_table_privilege('pg_authid', 'SELECT')", &[])
             .await
@@ -228,7 +263,7 @@ impl TemplateProvider {
                 "the golden database has open connections; forks fail until they are closed");
         }
         tracing::info!(golden = %p.golden, owner = %p.owner, "template provider ready");
-        Ok(p)
+        Ok(())
     }
 
     /// An admin session on `db` (default: the DSN's database), over our own socket so that
@@ -280,6 +315,10 @@ impl TemplateProvider {
         ))
         .await
         .map_err(|e| pg_err("creating the task role", e))?;
+        c.batch_execute(&format!("GRANT {} TO {q}", hba::TASKS_GROUP))
+            .await
+            .map_err(|e| pg_err("adding the task role to its pg_hba group", e))?;
+        self.create_seatbelt_roles(&c, h).await?;
         if let Err(e) = c
             .batch_execute(&format!("CREATE DATABASE {q} TEMPLATE {g}"))
             .await
@@ -338,7 +377,7 @@ impl TemplateProvider {
                 .await
                 .map_err(|e| pg_err("handing a schema to the task role", e))?;
         }
-        Ok(())
+        self.grant_seatbelt(&c, &dc, h).await
     }
 }
 
@@ -445,6 +484,17 @@ impl Provider for TemplateProvider {
 
     fn secrets(&self) -> Vec<String> {
         self.secrets.clone()
+    }
+
+    /// The task role for `ddl` (or no policy), else the database's write or read login
+    /// ([`seatbelt`]): the server refuses what the policy forbids. A fork made before the
+    /// seatbelt logins has none, and its narrower sessions are refused at login.
+    fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {
+        let role = seatbelt::login_role(&backend.handle, allow);
+        let mut t = backend.target.clone();
+        t.password = Some(self.password(&role));
+        t.user = role;
+        t
     }
 
     // One golden, no versions (golden builds are instance-only): one reference.

@@ -1,5 +1,6 @@
 //! What the `template` provider keeps about each scratch database: the tag the janitor reads
-//! back, and the SCRAM verifier the gateway set on the task role. They live in a table of the
+//! back, and the SCRAM verifiers the gateway set on the task role and its seatbelt logins
+//! (one row each, the logins' without a tag). They live in a table of the
 //! admin's own database that only the admin can read; a database comment would be readable by
 //! every role on the server, other tasks included.
 
@@ -8,6 +9,7 @@ use std::collections::HashMap;
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
+use super::seatbelt::roles_of;
 use super::{pg_err, quote_ident, Comment, TemplateProvider};
 use crate::provider::{BackendTag, ProviderError};
 
@@ -69,30 +71,53 @@ impl TemplateProvider {
         Ok(())
     }
 
-    /// Marks a backend as going away, so access checks stop restoring its role's login.
+    /// Records a seatbelt login of a backend (no tag: it is no database of its own) and
+    /// the verifier it gets.
+    pub(super) async fn put_role_record(
+        &self,
+        c: &Client,
+        role: &str,
+        verifier: &str,
+    ) -> Result<(), ProviderError> {
+        c.execute(
+            &format!(
+                "INSERT INTO {RECORDS_TABLE} (handle, verifier) VALUES ($1, $2) \
+                 ON CONFLICT (handle) DO UPDATE SET verifier = $2, destroying = false, tampered = NULL"
+            ),
+            &[&role, &verifier],
+        )
+        .await
+        .map_err(|e| pg_err("recording a seatbelt role", e))?;
+        Ok(())
+    }
+
+    /// Marks a backend (its task role and seatbelt logins) as going away, so access checks
+    /// stop restoring their logins.
     pub(super) async fn mark_destroying(
         &self,
         c: &Client,
         handle: &str,
     ) -> Result<(), ProviderError> {
+        let roles = roles_of(handle);
         c.execute(
-            &format!("UPDATE {RECORDS_TABLE} SET destroying = true WHERE handle = $1"),
-            &[&handle],
+            &format!("UPDATE {RECORDS_TABLE} SET destroying = true WHERE handle = ANY($1)"),
+            &[&roles.as_slice()],
         )
         .await
         .map_err(|e| pg_err("marking the scratch database", e))?;
         Ok(())
     }
 
-    /// Forgets a backend whose database and role are gone.
+    /// Forgets a backend whose database and roles are gone.
     pub(super) async fn delete_record(
         &self,
         c: &Client,
         handle: &str,
     ) -> Result<(), ProviderError> {
+        let roles = roles_of(handle);
         c.execute(
-            &format!("DELETE FROM {RECORDS_TABLE} WHERE handle = $1"),
-            &[&handle],
+            &format!("DELETE FROM {RECORDS_TABLE} WHERE handle = ANY($1)"),
+            &[&roles.as_slice()],
         )
         .await
         .map_err(|e| pg_err("forgetting the scratch database", e))?;
