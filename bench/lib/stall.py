@@ -62,12 +62,7 @@ def stall(env, sz):
     env.pin_self_to_clients()
     g = shared(env, MAIN)
     victim = g.issue("stall-victim")
-    attacker = g.issue("stall-attacker")
     n, logins = sz["stall_queries"], sz["stall_logins"]
-    bl.first_query(attacker["dsn_plain"])  # fork its scratch server now
-    if env.root:
-        _, sock = g.postmaster(attacker["id"])
-        direct_dsn = f"host={sock} port=5432 user=agent dbname=sandpit"
     # (mode, count, attacker processes, whether a control straight to the scratch server
     # makes sense, what it is)
     attacks = [
@@ -90,7 +85,16 @@ def stall(env, sz):
         idle = _select1_ms(vc, n)
         idle_login = _logins_ms(victim["dsn_plain"], logins)
         busy_rows = []
-        for mode, count, procs, control, what in attacks:
+        attackers = []
+        for i, (mode, count, procs, control, what) in enumerate(attacks):
+            # A fresh attacker token per attack: on a fast machine the floods write hundreds
+            # of thousands of statements, enough to fill one token's log quota (58030).
+            attacker = g.issue(f"stall-attacker-{i}")
+            attackers.append(attacker)
+            bl.first_query(attacker["dsn_plain"])  # fork its scratch server now
+            if env.root:
+                _, sock = g.postmaster(attacker["id"])
+                direct_dsn = f"host={sock} port=5432 user=agent dbname=sandpit"
             # Control: the same attack straight to the attacker's scratch server, so the
             # share of plain CPU contention on the server core is visible.
             direct = None
@@ -135,5 +139,6 @@ def stall(env, sz):
                             f"×{pct(busy_login, 50) / l50:.1f} / ×{pct(busy_login, 99) / pct(idle_login, 99):.1f} idle",
                             "", ""))
     g.revoke(victim["id"])
-    g.revoke(attacker["id"])
+    for attacker in attackers:
+        g.revoke(attacker["id"])
     return rows
