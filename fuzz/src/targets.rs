@@ -59,7 +59,7 @@ pub fn frontend(data: &[u8]) {
         let _ = messages::error_fields(b);
         let _ = messages::error_code(b);
         let _ = messages::command_tag(b);
-        let _ = messages::scrub_error(b'E', b, &["/secret/path".to_string()]);
+        let _ = sandpit::wire::scrub::scrub_error(b'E', b, &["/secret/path".to_string()]);
     }
 }
 

@@ -21,9 +21,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod book;
+mod fill;
 mod line;
 mod mapped;
 mod read;
+
+use fill::fill_level;
+pub use fill::FILL_WARNINGS;
 
 pub use book::{LogBook, SyncTicker, OUTCOME_IDLE, SYNC_INTERVAL};
 pub use line::{param_text, to_line, OutcomeRef, StatementRef};
@@ -155,15 +159,6 @@ pub enum LogError {
 
 /// Statement text longer than this (bytes) is stored cut, with its length and SHA-256.
 pub const TEXT_MAX: usize = 64 * 1024;
-/// The highest of [`FILL_WARNINGS`] that `len` bytes of a `max` quota reach.
-fn fill_level(len: u64, max: u64) -> Option<u8> {
-    FILL_WARNINGS
-        .iter()
-        .rev()
-        .copied()
-        .find(|&p| u128::from(len) * 100 >= u128::from(max) * u128::from(p))
-}
-
 /// Default of `log.max_bytes_per_token`.
 pub const DEFAULT_MAX_BYTES_PER_TOKEN: u64 = 256 * 1024 * 1024;
 /// Deferred outcome records are written at once when this many bytes of them are waiting.
@@ -224,11 +219,6 @@ pub struct TokenLog {
     /// its client when it sees a level it has not told yet.
     fill: std::sync::atomic::AtomicU8,
 }
-
-/// Percentages of `log.max_bytes_per_token` at which a token's log warns (metric, gateway
-/// log line, and a WARNING to the client of each session), before the quota refuses
-/// statements: no cliff without notice.
-pub const FILL_WARNINGS: [u8; 2] = [80, 95];
 
 impl TokenLog {
     /// Open (create) the log of a token, continuing its sequence numbers; statement records
@@ -590,27 +580,4 @@ pub fn log_path(data_dir: &Path, task: &str, token: &str) -> PathBuf {
         .join("logs")
         .join(task)
         .join(format!("{token}.jsonl"))
-}
-
-#[cfg(test)]
-mod fill_tests {
-    use super::fill_level;
-
-    #[test]
-    fn fill_levels_table() {
-        for (len, max, level) in [
-            (0, 100, None),
-            (79, 100, None),
-            (80, 100, Some(80)),
-            (94, 100, Some(80)),
-            (95, 100, Some(95)),
-            (100, 100, Some(95)),
-            (250, 100, Some(95)),
-            (u64::MAX, u64::MAX, Some(95)),
-            (8 * (1 << 20) - 1, 10 * (1 << 20), None),
-            (8 * (1 << 20), 10 * (1 << 20), Some(80)),
-        ] {
-            assert_eq!(fill_level(len, max), level, "{len} of {max}");
-        }
-    }
 }

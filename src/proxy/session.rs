@@ -29,6 +29,7 @@ use crate::pgconn::startup::{self as backend, BackendConn, BackendError};
 use crate::registry::TokenRecord;
 use crate::wire::frame::FrameReader;
 use crate::wire::messages;
+use crate::wire::scrub;
 use crate::wire::startup::{
     read_startup, StartupError, StartupMessage, StartupPacket, PROTOCOL_3_0,
 };
@@ -292,9 +293,8 @@ async fn attach(
                 break (login, c);
             }
             Err(BackendError::Refused(raw)) => {
-                let out =
-                    messages::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
-                        .unwrap_or(raw);
+                let out = scrub::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
+                    .unwrap_or(raw);
                 return Err(SessionError::BackendRefused(out));
             }
             Err(e) if !retried => {

@@ -3,6 +3,7 @@
 
 pub mod frame;
 pub mod messages;
+pub mod scrub;
 pub mod socket;
 pub mod startup;
 

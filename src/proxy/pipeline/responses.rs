@@ -9,6 +9,7 @@ use bytes::{Bytes, BytesMut};
 use super::*;
 use crate::proxy::caps::CapMode;
 use crate::wire::messages::{self, Severity};
+use crate::wire::scrub;
 
 /// How a result ended for the client. A tag is borrowed from the backend's completion
 /// when the client sees that one (no copy per result).
@@ -114,7 +115,7 @@ impl Pipeline {
             b'E' => self.on_error(f, out, secrets),
             b'Z' => self.on_ready(f, out),
             b'N' => {
-                let scrubbed = messages::scrub_error(f.tag, f.body(), secrets);
+                let scrubbed = scrub::scrub_error(f.tag, f.body(), secrets);
                 let shown = scrubbed.as_ref().unwrap_or(&f.raw);
                 self.relay_noise(Noise::Notice, shown, out);
             }
@@ -442,7 +443,7 @@ impl Pipeline {
     fn on_error(&mut self, f: Frame, out: &mut BytesMut, secrets: &[String]) {
         let code = messages::error_code(f.body());
         let scrubbed =
-            messages::scrub_error(f.tag, f.body(), secrets).unwrap_or_else(|| f.raw.clone());
+            scrub::scrub_error(f.tag, f.body(), secrets).unwrap_or_else(|| f.raw.clone());
         self.stray = None;
         match self.fifo.front_mut() {
             Some(Pending::Denied { code, message }) => {
