@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::decisions::{write_private, CaptureInfo};
 use crate::config::Config;
 use crate::pgconn::BackendTarget;
-use crate::provider::Provider;
+use crate::provider::{Provider, ProviderError};
 use crate::registry::TokenRecord;
 use crate::review::diff::{self, DiffOptions};
 use crate::review::model::Review;
@@ -78,46 +78,53 @@ pub fn load(dir: &Path, task: &str, token: &str) -> Option<Change> {
     serde_json::from_slice(&b).ok()
 }
 
-/// Masked columns of golden version `golden` (`schema.table.column`), from its build report.
-pub async fn masked_columns(provider: &dyn Provider, golden: Option<&str>) -> Vec<String> {
-    let Some(g) = golden else {
-        return Vec::new();
-    };
-    let Ok(all) = provider.goldens().await else {
-        return Vec::new();
-    };
-    all.iter()
-        .find(|v| v.id == g)
-        .and_then(|v| v.report.get("masked"))
-        .and_then(|m| m.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str())
-                .map(|s| s.split_once(": ").map(|x| x.0).unwrap_or(s).to_string())
-                .collect()
-        })
-        .unwrap_or_default()
+/// What golden version `golden`'s masking did, from its build report: the masked columns
+/// (`schema.table.column`) and every value it produced.
+#[derive(Debug, Default)]
+pub struct Masking {
+    /// Masked columns.
+    pub columns: Vec<String>,
+    /// Values the masking produced (fakes; searched for in written values).
+    pub values: Vec<String>,
 }
 
-/// Every value golden version `golden`'s masking produced, from its build report.
-pub async fn masked_values(provider: &dyn Provider, golden: Option<&str>) -> Vec<String> {
+/// Read once per capture. Fails closed: a provider that keeps golden versions but cannot
+/// say what the token's one masked is an error, never "nothing was masked". Providers
+/// without golden versions (`template`, `remote`) build no masked goldens.
+pub async fn masking(
+    provider: &dyn Provider,
+    golden: Option<&str>,
+) -> Result<Masking, ProviderError> {
     let Some(g) = golden else {
-        return Vec::new();
+        return Ok(Masking::default());
     };
-    let Ok(all) = provider.goldens().await else {
-        return Vec::new();
+    let all = match provider.goldens().await {
+        Ok(all) => all,
+        Err(ProviderError::Unsupported(_)) => return Ok(Masking::default()),
+        Err(e) => return Err(e),
     };
-    all.iter()
+    let report = &all
+        .iter()
         .find(|v| v.id == g)
-        .and_then(|v| v.report.get("masked_values"))
-        .and_then(|m| m.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_str())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+        .ok_or_else(|| ProviderError::NotFound(format!("golden version {g}")))?
+        .report;
+    let strings = |key: &str| -> Vec<&str> {
+        report
+            .get(key)
+            .and_then(|m| m.as_array())
+            .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default()
+    };
+    Ok(Masking {
+        columns: strings("masked")
+            .into_iter()
+            .map(|s| s.split_once(": ").map_or(s, |x| x.0).to_string())
+            .collect(),
+        values: strings("masked_values")
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
+    })
 }
 
 /// Take and store the change of `rec`, whose scratch database the review reaches as
@@ -130,12 +137,23 @@ pub async fn capture(
     dir: &Path,
 ) -> CaptureInfo {
     let max = cfg.promote.max_rows;
-    let masked = masked_columns(provider, rec.golden.as_deref()).await;
     let mut info = CaptureInfo {
-        masked: masked.clone(),
         source_conninfo: super::resolve::golden_source(provider, rec.golden.as_deref()).await,
         ..Default::default()
     };
+    let Masking {
+        columns: masked,
+        values,
+    } = match masking(provider, rec.golden.as_deref()).await {
+        Ok(m) => m,
+        Err(e) => {
+            info.reason = Some(format!(
+                "what the golden's masking produced is unknown: {e}"
+            ));
+            return info;
+        }
+    };
+    info.masked = masked.clone();
     let reference = match provider.reference(rec.golden.as_deref()).await {
         Ok(r) => r,
         Err(e) => {
@@ -179,7 +197,6 @@ pub async fn capture(
     }
     let stored = crate::review::store::load(dir, &rec.task, &rec.id, Format::Json)
         .and_then(|j| serde_json::from_str::<Review>(&j).ok());
-    let values = masked_values(provider, rec.golden.as_deref()).await;
     let refusals = if info.complete {
         super::promotable::refusals(
             &review,
