@@ -40,7 +40,7 @@ fn have(program: &str, args: &[&str]) -> bool {
         let why = format!("`{program} {}` does not work", args.join(" "));
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
-            "{why} (bash .ci/run installs it)"
+            "{why} (bash scripts/setup-dev.sh installs it)"
         );
         eprintln!("skipped: {why}");
     }
