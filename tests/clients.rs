@@ -117,9 +117,10 @@ fn check(
     }
     assert!(
         problems.is_empty(),
-        "{client} failed the scenario:\n  {}\n--- other output:\n{}\n--- stderr:\n{log}",
+        "{client} failed the scenario:\n  {}\n--- other output:\n{}\n--- stderr:\n{log}\n--- gateway:\n{}",
         problems.join("\n  "),
-        report.other.join("\n")
+        report.other.join("\n"),
+        gateway().log_problems()
     );
 }
 
@@ -267,8 +268,9 @@ fn postgresjs_client() {
     }
     assert!(
         ok && problems.is_empty(),
-        "postgres.js: {problems:?}\n{}\n{log}",
-        r.other.join("\n")
+        "postgres.js: {problems:?}\n{}\n{log}\n--- gateway:\n{}",
+        r.other.join("\n"),
+        gateway().log_problems()
     );
 }
 
@@ -324,8 +326,9 @@ fn pgbench_runs_through_the_gateway() {
     }
     assert!(
         ok && problems.is_empty(),
-        "pgbench: {problems:?}\n{}\n{log}",
-        r.other.join("\n")
+        "pgbench: {problems:?}\n{}\n{log}\n--- gateway:\n{}",
+        r.other.join("\n"),
+        gateway().log_problems()
     );
 }
 

@@ -91,7 +91,21 @@ impl Raw {
             (b'R', &0i32.to_be_bytes()[..]),
             "AuthenticationOk"
         );
-        self.until(b'Z');
+        // After AuthenticationOk the gateway claims the scratch database; a refusal there is
+        // an ErrorResponse and a close, whose cause only the gateway's log holds.
+        loop {
+            let (tag, body) = self.recv();
+            assert_ne!(
+                tag,
+                b'E',
+                "login refused: {}\n--- gateway:\n{}",
+                error_text(&body),
+                super::gateway().log_problems()
+            );
+            if tag == b'Z' {
+                return;
+            }
+        }
     }
 
     fn query(&mut self, sql: &[u8]) -> Vec<Msg> {

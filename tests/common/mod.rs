@@ -163,6 +163,17 @@ impl Gateway {
         std::fs::read_to_string(self.data_dir.join("gateway.log")).unwrap_or_default()
     }
 
+    /// The gateway's last WARN and ERROR lines (at most 40), for a failing test's message: a
+    /// client sees only "could not start the scratch database", the cause is in this log.
+    pub fn log_problems(&self) -> String {
+        let log = self.log();
+        let bad: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+            .collect();
+        bad[bad.len().saturating_sub(40)..].join("\n")
+    }
+
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
         let body = body.map_or(Body::None, Body::Json);
         let url = format!("{}{}", self.api, path);
