@@ -249,7 +249,10 @@ fn config_reference_matches_example_and_struct() {
     let readme = reference_keys();
     let code = config_struct_keys();
     assert!(code.len() >= 20, "{code:?}");
-    assert_eq!(readme, example, "docs/configuration.md reference vs config/sandpit.toml");
+    assert_eq!(
+        readme, example,
+        "docs/configuration.md reference vs config/sandpit.toml"
+    );
     assert_eq!(example, code, "config/sandpit.toml vs the Config struct");
     // The example's values are the defaults it says they are.
     let loaded = sandpit::config::Config::load(Some(&Path::new(ROOT).join("config/sandpit.toml")))
@@ -264,7 +267,10 @@ fn config_reference_matches_example_and_struct() {
 fn clients_doc_names_every_mcp_tool() {
     let doc = read("docs/clients.md");
     for t in sandpit::mcp::TOOL_NAMES {
-        assert!(doc.contains(&format!("| `{t}` |")), "docs/clients.md lacks {t}");
+        assert!(
+            doc.contains(&format!("| `{t}` |")),
+            "docs/clients.md lacks {t}"
+        );
     }
     assert!(read("docs/api.yaml").contains(&format!("`{}`", sandpit::mcp::TOOL_NAMES[0])));
 }
@@ -332,7 +338,10 @@ fn every_metric_is_in_the_operations_table_and_described() {
         undescribed.is_empty(),
         "metrics missing from control::METRICS (# HELP): {undescribed:?}"
     );
-    assert_eq!(readme, described, "docs/operations.md table vs control::METRICS");
+    assert_eq!(
+        readme, described,
+        "docs/operations.md table vs control::METRICS"
+    );
     let unused: Vec<_> = described.difference(&code).collect();
     assert!(
         unused.is_empty(),
@@ -401,13 +410,20 @@ fn markdown_docs() -> Vec<(String, String)> {
 fn readme_is_a_front_page_whose_index_reaches_every_doc() {
     let readme = read("README.md");
     let lines = readme.lines().count();
-    assert!(lines <= 250, "README.md has {lines} lines (a front page: at most 250)");
+    assert!(
+        lines <= 250,
+        "README.md has {lines} lines (a front page: at most 250)"
+    );
     let index = readme
         .split("\n## Index\n")
         .nth(1)
         .expect("README has an Index section");
     let docs = markdown_docs();
-    assert!(docs.len() >= 10, "{:?}", docs.iter().map(|d| &d.0).collect::<Vec<_>>());
+    assert!(
+        docs.len() >= 10,
+        "{:?}",
+        docs.iter().map(|d| &d.0).collect::<Vec<_>>()
+    );
     for (rel, _) in docs.iter().skip(1) {
         assert!(
             index.contains(&format!("]({rel})")),
@@ -445,7 +461,9 @@ fn every_relative_link_in_the_docs_resolves() {
             match by_path.get(target.as_str()) {
                 Some(a) if a.contains(frag) => {}
                 Some(_) => bad.push(format!("{rel}: ({link}) names a missing heading")),
-                None => bad.push(format!("{rel}: ({link}) has an anchor into a non-markdown file")),
+                None => bad.push(format!(
+                    "{rel}: ({link}) has an anchor into a non-markdown file"
+                )),
             }
         }
     }

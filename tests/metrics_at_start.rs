@@ -10,8 +10,9 @@ use common::{Gateway, SMALL_GOLDEN};
 
 /// Metric names in docs/operations.md's metrics table (the same parse as tests/docs.rs).
 fn documented_metrics() -> BTreeSet<String> {
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
-        .expect("docs/operations.md");
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+            .expect("docs/operations.md");
     let section = doc
         .split("\n### Metrics\n")
         .nth(1)
@@ -100,10 +101,12 @@ fn every_documented_metric_is_exported_from_start() {
         let got = all.iter().find(|(k, _)| k == series_name).map(|(_, v)| *v);
         assert_eq!(got, Some(value), "{series_name}\n{text}");
     }
-    let doc = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
-        .expect("docs/operations.md");
-    assert!(doc
-        .contains("`sandpit_forks_total` and `sandpit_fork_seconds` appear with the first fork"));
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+            .expect("docs/operations.md");
+    assert!(
+        doc.contains("`sandpit_forks_total` and `sandpit_fork_seconds` appear with the first fork")
+    );
     // The first fork brings the two.
     let t = g.issue("metrics-at-start", 600);
     let (ok, out, err) = common::psql(t["dsn"].as_str().expect("dsn"), &["-c", "select 1"]);

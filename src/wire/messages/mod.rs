@@ -510,5 +510,4 @@ pub fn tag_rows(tag: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-#[path = "messages_frontend_tests.rs"]
 mod frontend_tests;

@@ -10,7 +10,6 @@ use sqlparser::ast::{SetExpr, Statement};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-#[path = "classify_words.rs"]
 mod words;
 #[cfg(test)]
 use words::{first_word_is, first_word_upper, leading_words};
@@ -518,5 +517,4 @@ fn skip_words(b: &[u8], mut i: usize, stop: impl Fn(u64) -> u64) -> usize {
 }
 
 #[cfg(test)]
-#[path = "classify_tests.rs"]
 mod tests;
