@@ -303,9 +303,10 @@ fn from_ast(s: &Statement) -> Kind {
         S::Grant { .. } | S::Revoke { .. } | S::CreateRole { .. } | S::AlterRole { .. } => {
             Kind::Privilege
         }
-        S::Drop { object_type, .. } if matches!(object_type, sqlparser::ast::ObjectType::Role) => {
-            Kind::Privilege
-        }
+        S::Drop {
+            object_type: sqlparser::ast::ObjectType::Role,
+            ..
+        } => Kind::Privilege,
         S::Discard { .. }
         | S::Deallocate { .. }
         | S::Prepare { .. }
