@@ -113,7 +113,8 @@ pub(super) fn promotability_section(b: &mut String, s: &ApiState, p: &Promotabil
     }
     dry_runs(b, p.r);
     let undecided = matches!(p.r.state, ReviewState::NeedsReview);
-    if undecided && p.may_promote && p.change.is_some() && !p.rec.state.is_usable() {
+    // A change with blockers would only be refused: no dry run is offered for it.
+    if undecided && p.may_promote && p.change.is_some() && !p.rec.state.is_usable() && p.blockers.is_empty() {
         target_form(b, s, &p.rec.id, p.csrf, p.default_target, true);
     }
     b.push_str("</section>");
