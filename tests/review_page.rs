@@ -75,7 +75,14 @@ impl Browser {
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::dup2(cr, 3) < 0 || libc::dup2(ow, 4) < 0 {
+                // Moved above 4 first: a pipe end that already is fd 3 or 4 would be
+                // clobbered by the other dup2, or keep its close-on-exec flag (dup2 onto
+                // itself changes nothing) and vanish at exec.
+                let (c, o) = (
+                    libc::fcntl(cr, libc::F_DUPFD, 10),
+                    libc::fcntl(ow, libc::F_DUPFD, 10),
+                );
+                if c < 0 || o < 0 || libc::dup2(c, 3) < 0 || libc::dup2(o, 4) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
@@ -502,5 +509,63 @@ fn list_review_approve_promote_in_headless_chromium() {
         assert_eq!(r["promotions"][0]["dry_run"], true, "{r}");
         assert_eq!(r["promotions"][1]["role"], "app_writer", "{r}");
         eprintln!("screenshots in {}", out.display());
+    });
+}
+
+/// Approval is refused over the API while the stored review's patch check says "differs",
+/// even with no change captured (so no promotability verdict); a rejection stands, and is
+/// final.
+#[test]
+fn approval_refused_while_the_review_does_not_model_the_change() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let g = Gateway::start(
+            Some(common::SMALL_GOLDEN),
+            Some("[pool]\nsize = 0\n\n[promote]\ncapture = false\n"),
+        );
+        let tok = g.issue("row-security", 600);
+        let id = tok["id"].as_str().expect("id").to_string();
+        let c = connect(tok["dsn"].as_str().unwrap())
+            .await
+            .expect("connect");
+        c.batch_execute("ALTER TABLE items ENABLE ROW LEVEL SECURITY")
+            .await
+            .expect("task");
+        drop(c);
+        assert_eq!(g.revoke(&id).0, 200);
+        let (s, r) = g.raw_call("GET", &format!("/v1/tokens/{id}/review"), None);
+        assert_eq!(s, 200, "{r}");
+        assert!(r["capture"].is_null(), "nothing captured: {r}");
+        let (s, v) = g.raw_call(
+            "POST",
+            &format!("/v1/tokens/{id}/approve"),
+            Some(json!({"comment": "ok"})),
+        );
+        assert_eq!(s, 409, "{v}");
+        let why = v["error"].as_str().unwrap_or("");
+        assert!(
+            why.starts_with("patch verified: differs") && why.contains("does not model"),
+            "{v}"
+        );
+        let (s, v) = g.raw_call(
+            "POST",
+            &format!("/v1/tokens/{id}/reject"),
+            Some(json!({"comment": "row security is not ours to add"})),
+        );
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["state"], "rejected");
+        let (s, v) = g.raw_call(
+            "POST",
+            &format!("/v1/tokens/{id}/reject"),
+            Some(json!({"comment": "twice"})),
+        );
+        assert_eq!(s, 409, "{v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("rejected by admin at"),
+            "{v}"
+        );
     });
 }

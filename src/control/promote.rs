@@ -309,10 +309,14 @@ pub(crate) fn approval_blockers(
     for v in r.failed_validators() {
         out.push(format!("validator {} failed", v.name));
     }
-    let wanted = promote::validators::for_golden(&s.gw.config.promote.validators, rec.golden.as_deref());
+    let wanted =
+        promote::validators::for_golden(&s.gw.config.promote.validators, rec.golden.as_deref());
     for v in wanted {
         if !r.validators.iter().any(|x| x.name == v.name) {
-            out.push(format!("validator {} has not run against this task", v.name));
+            out.push(format!(
+                "validator {} has not run against this task",
+                v.name
+            ));
         }
     }
     out

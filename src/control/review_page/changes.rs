@@ -40,7 +40,13 @@ impl PageQuery {
         self.log.as_deref() == Some("all")
     }
 
-    fn link(&self, id: &str, table: Option<usize>, page: Option<usize>, after: Option<u64>) -> String {
+    fn link(
+        &self,
+        id: &str,
+        table: Option<usize>,
+        page: Option<usize>,
+        after: Option<u64>,
+    ) -> String {
         let mut q = Vec::new();
         if let (Some(t), Some(p)) = (table, page) {
             q.push(format!("table={t}&amp;page={p}"));
@@ -51,7 +57,11 @@ impl PageQuery {
         if let Some(a) = after {
             q.push(format!("after={a}"));
         }
-        let q = if q.is_empty() { String::new() } else { format!("?{}", q.join("&amp;")) };
+        let q = if q.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", q.join("&amp;"))
+        };
         format!("/review/{}{q}", esc(id))
     }
 }
@@ -87,7 +97,13 @@ fn page_of(t: &TableDiff, from: usize, n: usize) -> TableDiff {
 
 /// The row changes of `data`: every row held (`all_rows`: the change captured for
 /// promotion) or the review's samples, [`ROWS_PAGE`] per table and page.
-pub(super) fn rows_section(b: &mut String, id: &str, data: &[TableDiff], all_rows: bool, q: &PageQuery) {
+pub(super) fn rows_section(
+    b: &mut String,
+    id: &str,
+    data: &[TableDiff],
+    all_rows: bool,
+    q: &PageQuery,
+) {
     b.push_str("<section id=\"rows\"><h3>Row changes</h3>");
     if data.is_empty() {
         b.push_str("<p class=\"muted\">none</p>");
@@ -100,7 +116,11 @@ pub(super) fn rows_section(b: &mut String, id: &str, data: &[TableDiff], all_row
         let s = &t.samples;
         let held = s.inserted.len() + s.deleted.len() + s.updated.len();
         let pages = held.div_ceil(ROWS_PAGE).max(1);
-        let page = if q.table == Some(i) { q.page.unwrap_or(0).min(pages - 1) } else { 0 };
+        let page = if q.table == Some(i) {
+            q.page.unwrap_or(0).min(pages - 1)
+        } else {
+            0
+        };
         let from = page * ROWS_PAGE;
         let _ = write!(b, "<div class=\"tablediff\" id=\"t{i}\">");
         html::table(b, &page_of(t, from, ROWS_PAGE));
@@ -111,13 +131,25 @@ pub(super) fn rows_section(b: &mut String, id: &str, data: &[TableDiff], all_row
                 "<p class=\"pager\">rows {}–{} of {held}{}",
                 from + 1,
                 (from + ROWS_PAGE).min(held),
-                if (held as u64) < total { format!(" held ({total} changed)") } else { String::new() }
+                if (held as u64) < total {
+                    format!(" held ({total} changed)")
+                } else {
+                    String::new()
+                }
             );
             if page > 0 {
-                let _ = write!(b, " · <a rel=\"prev\" href=\"{}#t{i}\">previous {ROWS_PAGE}</a>", q.link(id, Some(i), Some(page - 1), q.after));
+                let _ = write!(
+                    b,
+                    " · <a rel=\"prev\" href=\"{}#t{i}\">previous {ROWS_PAGE}</a>",
+                    q.link(id, Some(i), Some(page - 1), q.after)
+                );
             }
             if page + 1 < pages {
-                let _ = write!(b, " · <a class=\"next\" rel=\"next\" href=\"{}#t{i}\">next {ROWS_PAGE}</a>", q.link(id, Some(i), Some(page + 1), q.after));
+                let _ = write!(
+                    b,
+                    " · <a class=\"next\" rel=\"next\" href=\"{}#t{i}\">next {ROWS_PAGE}</a>",
+                    q.link(id, Some(i), Some(page + 1), q.after)
+                );
             }
             b.push_str("</p>");
         }
@@ -128,12 +160,22 @@ pub(super) fn rows_section(b: &mut String, id: &str, data: &[TableDiff], all_row
 
 /// The statement log: writes (write, DDL, privilege) by default, every statement with
 /// `?log=all`; [`LOG_PAGE`] statements of the log per page.
-pub(super) fn log_section(b: &mut String, path: &std::path::Path, id: &str, review: Option<&Review>, q: &PageQuery) {
+pub(super) fn log_section(
+    b: &mut String,
+    path: &std::path::Path,
+    id: &str,
+    review: Option<&Review>,
+    q: &PageQuery,
+) {
     b.push_str("<section id=\"statements\"><h2>Statement log</h2>");
     let page = match log::read_page(path, q.after.unwrap_or(0), LOG_PAGE) {
         Ok(p) => p,
         Err(e) => {
-            let _ = write!(b, "<p class=\"fail\">The log could not be read: {}</p></section>", esc(&e.to_string()));
+            let _ = write!(
+                b,
+                "<p class=\"fail\">The log could not be read: {}</p></section>",
+                esc(&e.to_string())
+            );
             return;
         }
     };
@@ -142,28 +184,56 @@ pub(super) fn log_section(b: &mut String, path: &std::path::Path, id: &str, revi
         let failed = st.outcome.as_ref().is_none_or(|o| o.sqlstate.is_some());
         WRITE_KINDS.contains(&st.statement.kind.as_str()) || (failed && st.statement.kind != "read")
     };
-    let shown: Vec<&LoggedStatement> = page.statements.iter().filter(|s| all || is_write(s)).collect();
+    let shown: Vec<&LoggedStatement> = page
+        .statements
+        .iter()
+        .filter(|s| all || is_write(s))
+        .collect();
     if let Some(r) = review {
         let s = &r.statements;
-        let kinds: Vec<String> = s.by_kind.iter().map(|(k, n)| format!("{} {n}", esc(k))).collect();
-        let _ = write!(b, "<p>{} statements in all ({}); {} failed; {} unfinished.</p>", s.total, kinds.join(", "), s.failed.len(), s.unfinished);
+        let kinds: Vec<String> = s
+            .by_kind
+            .iter()
+            .map(|(k, n)| format!("{} {n}", esc(k)))
+            .collect();
+        let _ = write!(
+            b,
+            "<p>{} statements in all ({}); {} failed; {} unfinished.</p>",
+            s.total,
+            kinds.join(", "),
+            s.failed.len(),
+            s.unfinished
+        );
     }
     let (first, last) = (
-        page.statements.first().map(|s| s.statement.seq).unwrap_or(0),
+        page.statements
+            .first()
+            .map(|s| s.statement.seq)
+            .unwrap_or(0),
         page.statements.last().map(|s| s.statement.seq).unwrap_or(0),
     );
     let toggle = if all {
-        format!("<a id=\"log-writes\" href=\"{}#statements\">show only writes</a>", PageQuery::default().link(id, q.table, q.page, q.after))
+        format!(
+            "<a id=\"log-writes\" href=\"{}#statements\">show only writes</a>",
+            PageQuery::default().link(id, q.table, q.page, q.after)
+        )
     } else {
         let mut everything = q.clone();
         everything.log = Some("all".into());
-        format!("<a id=\"log-all\" href=\"{}#statements\">show all statements</a>", everything.link(id, q.table, q.page, q.after))
+        format!(
+            "<a id=\"log-all\" href=\"{}#statements\">show all statements</a>",
+            everything.link(id, q.table, q.page, q.after)
+        )
     };
     let _ = write!(
         b,
         "<p id=\"log-view\">Showing {} {} of statements #{first}–#{last} · {toggle}</p>",
         shown.len(),
-        if all { "statements" } else { "writes (write, DDL, privilege, and failed or unfinished statements)" }
+        if all {
+            "statements"
+        } else {
+            "writes (write, DDL, privilege, and failed or unfinished statements)"
+        }
     );
     if !shown.is_empty() {
         b.push_str("<div class=\"box\">");
@@ -171,7 +241,11 @@ pub(super) fn log_section(b: &mut String, path: &std::path::Path, id: &str, revi
         b.push_str("</div>");
     }
     if let Some(next) = page.next_after {
-        let _ = write!(b, "<p><a id=\"log-next\" href=\"{}#statements\">next {LOG_PAGE} statements</a></p>", q.link(id, q.table, q.page, Some(next)));
+        let _ = write!(
+            b,
+            "<p><a id=\"log-next\" href=\"{}#statements\">next {LOG_PAGE} statements</a></p>",
+            q.link(id, q.table, q.page, Some(next))
+        );
     }
     b.push_str("</section>");
 }
@@ -192,4 +266,53 @@ pub(super) fn patch_section(b: &mut String, r: &Review) {
         show_lines(&crate::review::verify::text(r.verification.as_ref())),
         show_lines(&r.patch)
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::model::UpdatedRow;
+
+    fn row(n: usize) -> Vec<Option<String>> {
+        vec![Some(n.to_string())]
+    }
+
+    #[test]
+    fn pages_run_through_inserted_then_deleted_then_updated_rows() {
+        let t = TableDiff {
+            samples: Samples {
+                inserted: (0..3).map(row).collect(),
+                deleted: (3..5).map(row).collect(),
+                updated: (5..9)
+                    .map(|n| UpdatedRow {
+                        before: row(n),
+                        after: row(n),
+                        changed: vec![],
+                    })
+                    .collect(),
+                showing: Default::default(),
+            },
+            ..Default::default()
+        };
+        // (from, n) -> (inserted, deleted, updated) first values shown.
+        let cases: [(usize, usize, [usize; 3]); 5] = [
+            (0, 2, [2, 0, 0]),
+            (2, 2, [1, 1, 0]),
+            (4, 3, [0, 1, 2]),
+            (8, 5, [0, 0, 1]),
+            (9, 5, [0, 0, 0]),
+        ];
+        for (from, n, want) in cases {
+            let p = page_of(&t, from, n);
+            let got = [
+                p.samples.inserted.len(),
+                p.samples.deleted.len(),
+                p.samples.updated.len(),
+            ];
+            assert_eq!(got, want, "from {from}, {n} rows");
+        }
+        let p = page_of(&t, 4, 3);
+        assert_eq!(p.samples.deleted[0], row(4));
+        assert_eq!(p.samples.updated[1].before, row(6));
+    }
 }

@@ -32,7 +32,12 @@ pub(super) fn why_section(b: &mut String, rec: &TokenRecord) {
     }
     b.push_str("<div class=\"box\"><table id=\"metadata\"><tbody>");
     for (k, v) in &rec.metadata {
-        let _ = write!(b, "<tr><th scope=\"row\">{}</th><td>{}</td></tr>", show(k), show(v));
+        let _ = write!(
+            b,
+            "<tr><th scope=\"row\">{}</th><td>{}</td></tr>",
+            show(k),
+            show(v)
+        );
     }
     b.push_str("</tbody></table></div></section>");
 }
@@ -40,7 +45,10 @@ pub(super) fn why_section(b: &mut String, rec: &TokenRecord) {
 /// The patch check's verdict as one line, with a class saying whether it blocks.
 pub(super) fn verdict(stored: Option<&Review>) -> (&'static str, String) {
     match stored.and_then(|r| r.verification.as_ref()) {
-        None => ("muted", "patch not verified: no stored review with a patch check".into()),
+        None => (
+            "muted",
+            "patch not verified: no stored review with a patch check".into(),
+        ),
         Some(v) => (
             match v.status {
                 VerifyStatus::Exact => "pass",
@@ -87,11 +95,19 @@ pub(super) fn promotability_section(b: &mut String, s: &ApiState, p: &Promotabil
     } else if p.change.is_none() {
         b.push_str("<p id=\"promotable\" class=\"fail\">No: no change was captured for promotion when the token ended.</p>");
     } else if let Some(c) = incomplete {
-        let _ = write!(b, "<p id=\"promotable\" class=\"fail\">No: the captured change is incomplete ({}).</p>", show(c.reason.as_deref().unwrap_or("")));
+        let _ = write!(
+            b,
+            "<p id=\"promotable\" class=\"fail\">No: the captured change is incomplete ({}).</p>",
+            show(c.reason.as_deref().unwrap_or(""))
+        );
     } else {
         b.push_str("<p id=\"promotable\" class=\"pass\">Yes: nothing found blocks promotion. A dry run checks it against the target.</p>");
     }
-    let _ = write!(b, "<p>Patch check: <span class=\"{class}\">{}</span></p>", show(&line));
+    let _ = write!(
+        b,
+        "<p>Patch check: <span class=\"{class}\">{}</span></p>",
+        show(&line)
+    );
     if let Some(ch) = p.change {
         let masked: plan::Masked = ch.masked.iter().cloned().collect();
         let pl = plan::build(&ch.review, &masked);
@@ -104,7 +120,11 @@ pub(super) fn promotability_section(b: &mut String, s: &ApiState, p: &Promotabil
         );
         let ddl: Vec<&String> = pl.before_data.iter().chain(pl.after_data.iter()).collect();
         if !ddl.is_empty() {
-            let _ = write!(b, "<details><summary>Schema statements it runs ({})</summary><pre>", ddl.len());
+            let _ = write!(
+                b,
+                "<details><summary>Schema statements it runs ({})</summary><pre>",
+                ddl.len()
+            );
             for d in ddl {
                 let _ = writeln!(b, "{}", show_lines(d));
             }
@@ -114,7 +134,12 @@ pub(super) fn promotability_section(b: &mut String, s: &ApiState, p: &Promotabil
     dry_runs(b, p.r);
     let undecided = matches!(p.r.state, ReviewState::NeedsReview);
     // A change with blockers would only be refused: no dry run is offered for it.
-    if undecided && p.may_promote && p.change.is_some() && !p.rec.state.is_usable() && p.blockers.is_empty() {
+    if undecided
+        && p.may_promote
+        && p.change.is_some()
+        && !p.rec.state.is_usable()
+        && p.blockers.is_empty()
+    {
         target_form(b, s, &p.rec.id, p.csrf, p.default_target, true);
     }
     b.push_str("</section>");
@@ -128,7 +153,10 @@ fn dry_runs(b: &mut String, r: &ReviewRecord) {
     };
     let what = match d.outcome.as_str() {
         "dry_run" => "<span class=\"pass\">would apply</span>".to_string(),
-        "conflicts" => format!("<span class=\"fail\">{} conflicts</span>", d.conflicts_total),
+        "conflicts" => format!(
+            "<span class=\"fail\">{} conflicts</span>",
+            d.conflicts_total
+        ),
         "refused" => "<span class=\"fail\">refused</span>".to_string(),
         o => format!("<span class=\"fail\">{}</span>", esc(o)),
     };
@@ -139,7 +167,12 @@ fn dry_runs(b: &mut String, r: &ReviewRecord) {
         esc(&d.at),
         esc(&d.by)
     );
-    let why: Vec<&String> = d.conflicts.iter().chain(d.refusals.iter()).chain(d.error.iter()).collect();
+    let why: Vec<&String> = d
+        .conflicts
+        .iter()
+        .chain(d.refusals.iter())
+        .chain(d.error.iter())
+        .collect();
     if !why.is_empty() {
         b.push_str("<ul>");
         for w in why {
@@ -207,7 +240,11 @@ pub(super) fn decision_section(
             .iter()
             .rev()
             .find(|e| e.action == "approved" || e.action == "rejected");
-        let _ = write!(b, "<p id=\"decided\">{}", esc(&capitalised(r.state.words())));
+        let _ = write!(
+            b,
+            "<p id=\"decided\">{}",
+            esc(&capitalised(r.state.words()))
+        );
         if let Some(e) = last {
             let _ = write!(b, " by {} at {}", esc(&e.by), esc(&e.at));
             if !e.comment.is_empty() {
@@ -218,7 +255,9 @@ pub(super) fn decision_section(
         return;
     }
     if rec.state.is_usable() {
-        b.push_str("<p>The token is still live; its change can be decided once it ends.</p></section>");
+        b.push_str(
+            "<p>The token is still live; its change can be decided once it ends.</p></section>",
+        );
         return;
     }
     let blocked = !blockers.is_empty();

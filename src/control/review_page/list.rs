@@ -116,7 +116,10 @@ fn row_html(b: &mut String, row: &Row) {
     let id = esc(&r.token);
     let promotable = match &row.blocked {
         None => "<span class=\"pass\">yes</span>".to_string(),
-        Some(why) => format!("<span class=\"muted\">no: {}</span>", show(&cap(why, WHY_MAX))),
+        Some(why) => format!(
+            "<span class=\"muted\">no: {}</span>",
+            show(&cap(why, WHY_MAX))
+        ),
     };
     // No stored review: no count, no validator verdict, only why (never a "0").
     if let Some(why) = r.review.as_deref().filter(|v| *v != "stored") {

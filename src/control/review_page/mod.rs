@@ -368,7 +368,10 @@ async fn token_page(
             let _ = write!(b, "<p id=\"headline\">{}</p>", esc(&headline(review)));
             html_review::schema(&mut b, review);
             // Every changed row when the capture holds them all, else the review's samples.
-            match change.as_ref().filter(|_| r.capture.as_ref().is_some_and(|c| c.complete)) {
+            match change
+                .as_ref()
+                .filter(|_| r.capture.as_ref().is_some_and(|c| c.complete))
+            {
                 Some(ch) => changes::rows_section(&mut b, &rec.id, &ch.review.data, true, q),
                 None => changes::rows_section(&mut b, &rec.id, &review.data, false, q),
             }
@@ -378,7 +381,13 @@ async fn token_page(
     b.push_str("</section>");
     validators_section(&mut b, &r);
     decision::decision_section(&mut b, &rec, &r, stored.as_ref(), &blockers, csrf);
-    promote_section(&mut b, s, &r, csrf, target.as_ref().filter(|_| r.state == ReviewState::Approved));
+    promote_section(
+        &mut b,
+        s,
+        &r,
+        csrf,
+        target.as_ref().filter(|_| r.state == ReviewState::Approved),
+    );
     let log_path = crate::journal::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
     changes::log_section(&mut b, &log_path, &rec.id, stored.as_ref(), q);
     if let Some(review) = &stored {
@@ -451,7 +460,16 @@ pub(crate) async fn decide(
         }
         Err(e) => {
             let status = super::promote::promote_error_status(&e);
-            token_page(&s, &id, &who, &csrf, Some((false, e.to_string())), status, &PageQuery::default()).await
+            token_page(
+                &s,
+                &id,
+                &who,
+                &csrf,
+                Some((false, e.to_string())),
+                status,
+                &PageQuery::default(),
+            )
+            .await
         }
     }
 }
@@ -510,11 +528,29 @@ pub(crate) async fn promote(
                 "refused" => format!("Refused: {}", rep.refusals.join("; ")),
                 _ => format!("Failed: {}", rep.error.unwrap_or_default()),
             };
-            token_page(&s, &id, &who, &f.csrf, Some((ok, m)), StatusCode::OK, &PageQuery::default()).await
+            token_page(
+                &s,
+                &id,
+                &who,
+                &f.csrf,
+                Some((ok, m)),
+                StatusCode::OK,
+                &PageQuery::default(),
+            )
+            .await
         }
         Err(e) => {
             let status = super::promote::promote_error_status(&e);
-            token_page(&s, &id, &who, &f.csrf, Some((false, e.to_string())), status, &PageQuery::default()).await
+            token_page(
+                &s,
+                &id,
+                &who,
+                &f.csrf,
+                Some((false, e.to_string())),
+                status,
+                &PageQuery::default(),
+            )
+            .await
         }
     }
 }
