@@ -447,7 +447,7 @@ fn list_review_approve_promote_in_headless_chromium() {
         b.enter_and_wait();
         let page = b.text();
         assert!(page.contains("Promoted to postgresql://"), "{page}");
-        assert!(page.contains("promoted"), "{page}");
+        assert!(page.contains("promoted") && page.contains("Promoted already"), "{page}");
         b.screenshot(&out, "5-promoted.png");
 
         // The change is in the target, and only it.

@@ -8,8 +8,10 @@ use std::fmt::Write;
 use serde::Deserialize;
 
 use crate::journal::log::{self, LoggedStatement};
+use crate::promote::change::Change;
 use crate::review::html::{self, esc, show, show_lines};
 use crate::review::model::{Review, Samples, TableDiff};
+use crate::review::render::headline;
 
 /// Changed rows shown per table and page.
 pub(super) const ROWS_PAGE: usize = 50;
@@ -95,15 +97,34 @@ fn page_of(t: &TableDiff, from: usize, n: usize) -> TableDiff {
     }
 }
 
-/// The row changes of `data`: every row held (`all_rows`: the change captured for
-/// promotion) or the review's samples, [`ROWS_PAGE`] per table and page.
-pub(super) fn rows_section(
+/// What the task changed: the stored review's headline and schema changes, then every
+/// changed row of `complete` (the change captured for promotion, when it holds them all)
+/// or else the review's samples.
+pub(super) fn review_section(
     b: &mut String,
     id: &str,
-    data: &[TableDiff],
-    all_rows: bool,
+    stored: Option<&Review>,
+    complete: Option<&Change>,
     q: &PageQuery,
 ) {
+    b.push_str("<section class=\"review\" id=\"review\"><h2>What the task changed</h2>");
+    match stored {
+        Some(review) => {
+            let _ = write!(b, "<p id=\"headline\">{}</p>", esc(&headline(review)));
+            html::schema(b, review);
+            match complete {
+                Some(ch) => rows_section(b, id, &ch.review.data, true, q),
+                None => rows_section(b, id, &review.data, false, q),
+            }
+        }
+        None => b.push_str("<p>No stored review yet: it is written when the token ends.</p>"),
+    }
+    b.push_str("</section>");
+}
+
+/// The row changes of `data`: every row held (`all_rows`: the change captured for
+/// promotion) or the review's samples, [`ROWS_PAGE`] per table and page.
+fn rows_section(b: &mut String, id: &str, data: &[TableDiff], all_rows: bool, q: &PageQuery) {
     b.push_str("<section id=\"rows\"><h3>Row changes</h3>");
     if data.is_empty() {
         b.push_str("<p class=\"muted\">none</p>");

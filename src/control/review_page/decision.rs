@@ -87,7 +87,11 @@ pub(super) fn promotability_section(b: &mut String, s: &ApiState, p: &Promotabil
     b.push_str("<section id=\"promotability\"><h2>Can this change be promoted?</h2>");
     let (class, line) = verdict(p.stored);
     let incomplete = p.r.capture.as_ref().filter(|c| !c.complete);
-    if p.rec.state.is_usable() {
+    if p.r.state == ReviewState::Promoted {
+        b.push_str("<p id=\"promotable\">Promoted already: see Promotion below.</p>");
+    } else if p.r.state == ReviewState::Rejected {
+        b.push_str("<p id=\"promotable\">No: the change was rejected.</p>");
+    } else if p.rec.state.is_usable() {
         b.push_str("<p id=\"promotable\">Not yet: the token is still live.</p>");
     } else if !p.blockers.is_empty() {
         b.push_str("<p id=\"promotable\" class=\"fail\">No: approval is blocked.</p>");

@@ -32,8 +32,7 @@ use crate::promote::decisions::{ReviewRecord, ReviewState};
 use crate::promote::resolve::{self, Resolved};
 use crate::promote::{self, Decision, PromoteRequest, Who};
 use crate::registry::TokenRecord;
-use crate::review::html::{self as html_review, esc, show};
-use crate::review::render::headline;
+use crate::review::html::{esc, show};
 use crate::review::store;
 
 mod changes;
@@ -291,6 +290,38 @@ async fn default_target(
     )
 }
 
+/// The page's title, state line, the outcome of the form just posted, and a warning when the
+/// end-of-token review is missing.
+fn title(b: &mut String, rec: &TokenRecord, state: ReviewState, msg: Option<(bool, String)>) {
+    let _ = write!(
+        b,
+        "<main><h1>Task {} <small>token <code>{}</code></small></h1>\
+         <p>Review: {} · token {} · golden {}</p>",
+        show(&rec.task),
+        esc(&rec.id),
+        state_badge(state),
+        esc(rec.state.as_str()),
+        esc(rec.golden.as_deref().unwrap_or("–"))
+    );
+    if let Some((ok, m)) = msg {
+        let _ = write!(
+            b,
+            "<p id=\"message\" class=\"msg{}\" role=\"{}\">{}</p>",
+            if ok { "" } else { " err" },
+            if ok { "status" } else { "alert" },
+            esc(&m)
+        );
+    }
+    if let Some(why) = crate::registry::end::review_status(rec).filter(|v| v != "stored") {
+        let _ = write!(
+            b,
+            "<p id=\"review-missing\" class=\"msg err\" role=\"alert\">End-of-token review {}: \
+             nothing below is a review of this token's change, and approval is refused.</p>",
+            show(&why)
+        );
+    }
+}
+
 /// One task's page, top to bottom in the order a decision needs: why, whether it can be
 /// promoted (with a dry run), what changed, validators, the decision, the promotion, then
 /// the statement log, the patch and the audit trail.
@@ -322,33 +353,7 @@ async fn token_page(
     let target = default_target(s, &rec, &r).await;
     let mut b = String::new();
     header_bar(&mut b, who, csrf);
-    let _ = write!(
-        b,
-        "<main><h1>Task {} <small>token <code>{}</code></small></h1>\
-         <p>Review: {} · token {} · golden {}</p>",
-        show(&rec.task),
-        esc(&rec.id),
-        state_badge(r.state),
-        esc(rec.state.as_str()),
-        esc(rec.golden.as_deref().unwrap_or("–"))
-    );
-    if let Some((ok, m)) = msg {
-        let _ = write!(
-            b,
-            "<p id=\"message\" class=\"msg{}\" role=\"{}\">{}</p>",
-            if ok { "" } else { " err" },
-            if ok { "status" } else { "alert" },
-            esc(&m)
-        );
-    }
-    if let Some(why) = crate::registry::end::review_status(&rec).filter(|v| v != "stored") {
-        let _ = write!(
-            b,
-            "<p id=\"review-missing\" class=\"msg err\" role=\"alert\">End-of-token review {}: \
-             nothing below is a review of this token's change, and approval is refused.</p>",
-            show(&why)
-        );
-    }
+    title(&mut b, &rec, r.state, msg);
     decision::why_section(&mut b, &rec);
     let may_promote = *who == Who::Admin || s.gw.config.promote.reviewers_may_promote;
     let p = decision::Promotability {
@@ -362,23 +367,14 @@ async fn token_page(
         default_target: target.as_ref(),
     };
     decision::promotability_section(&mut b, s, &p);
-    b.push_str("<section class=\"review\" id=\"review\"><h2>What the task changed</h2>");
-    match &stored {
-        Some(review) => {
-            let _ = write!(b, "<p id=\"headline\">{}</p>", esc(&headline(review)));
-            html_review::schema(&mut b, review);
-            // Every changed row when the capture holds them all, else the review's samples.
-            match change
-                .as_ref()
-                .filter(|_| r.capture.as_ref().is_some_and(|c| c.complete))
-            {
-                Some(ch) => changes::rows_section(&mut b, &rec.id, &ch.review.data, true, q),
-                None => changes::rows_section(&mut b, &rec.id, &review.data, false, q),
-            }
-        }
-        None => b.push_str("<p>No stored review yet: it is written when the token ends.</p>"),
-    }
-    b.push_str("</section>");
+    let complete = r.capture.as_ref().is_some_and(|c| c.complete);
+    changes::review_section(
+        &mut b,
+        &rec.id,
+        stored.as_ref(),
+        change.as_ref().filter(|_| complete),
+        q,
+    );
     validators_section(&mut b, &r);
     decision::decision_section(&mut b, &rec, &r, stored.as_ref(), &blockers, csrf);
     promote_section(
