@@ -66,7 +66,7 @@ form{margin:.5em 0}button{font:inherit;padding:3px 12px;margin-right:.4em}\
 .review .cols{display:block}pre{white-space:pre-wrap;word-break:break-word;overflow:auto;max-height:40em}\
 .ins{background:#e6ffec}.del{background:#ffebe9}.upd{background:#fff8c5}\
 td.chg{background:#ffd33d;font-weight:700;outline:2px solid #bf8700;outline-offset:-2px}\
-.failed{background:#ffebe9}.muted{color:#666}.pager{margin:-.6em 0 1.2em}\
+.failed{background:#ffebe9}.muted{color:#666}.pager{margin:.4em 0 1.4em}\
 bdi{unicode-bidi:isolate}.cc{color:#a00;background:#fee;border:1px dotted #a00;font:11px ui-monospace,monospace}\
 section{margin-bottom:1.2em}#why table th{background:#f6f8fa}\
 .decide{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start;border:2px solid #d0d7de;padding:.6em .8em;background:#f6f8fa}\
