@@ -21,7 +21,10 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod book;
+mod compact;
+mod defs;
 mod fill;
+mod intern;
 mod line;
 mod mapped;
 mod read;
@@ -196,6 +199,9 @@ struct Writer {
     seen: Option<u64>,
     /// Parts of the last records kept formatted (text, token and task, date and time).
     escaped: line::EscapeCache,
+    /// Set for a version 2 log (compact records, see `compact`); None: JSON lines only
+    /// (a log begun by an earlier version goes on as it began).
+    intern: Option<intern::Interner>,
     /// Set while the log is busy: records are copied into this mapping of the file's
     /// reserved tail instead of written (the file is then longer than `len`).
     tail: Option<mapped::MappedTail>,
@@ -248,7 +254,23 @@ impl TokenLog {
         if len < file.metadata().map_err(io)?.len() {
             file.set_len(len).map_err(io)?;
         }
-        let torn = len > 0 && last_byte(&file, len).map_err(io)? != b'\n';
+        let mut torn = len > 0 && last_byte(&file, len).map_err(io)? != b'\n';
+        let (intern, len) = match defs::header_of(&file).map_err(io)? {
+            Some(h) => (Some(intern::Interner::new(&h.token, &h.task, h.epoch_ns)), len),
+            None if len == 0 => {
+                // A new log: version 2, its times counted from now.
+                let i = intern::Interner::new(token, task, line::now_ns());
+                let mut head = Vec::new();
+                i.header_line(&mut head);
+                (&file).write_all(&head).map_err(|source| {
+                    let _ = file.set_len(0);
+                    io(source)
+                })?;
+                torn = false;
+                (Some(i), head.len() as u64)
+            }
+            None => (None, len),
+        };
         Ok(TokenLog {
             path,
             writer: Mutex::new(Writer {
@@ -262,6 +284,7 @@ impl TokenLog {
                 carried: 0,
                 seen: None,
                 escaped: line::EscapeCache::default(),
+                intern,
                 tail: None,
                 writes: 0,
                 writes_at_tick: 0,
@@ -312,11 +335,19 @@ impl TokenLog {
         let w_ = &mut *w;
         start_line(w_);
         let outcomes = w_.line.len();
-        line::statement_line(&mut w_.line, s, &mut w_.escaped);
+        let at = w_.len;
+        let compact = match w_.intern.as_mut() {
+            Some(i) => i.statement(&mut w_.line, at, s),
+            None => false,
+        };
+        if !compact {
+            line::statement_line(&mut w_.line, s, &mut w_.escaped);
+        }
         let result = if self.max_bytes > 0 && w_.len + w_.line.len() as u64 > self.max_bytes {
             metrics::counter!("sandpit_log_quota_exceeded_total").increment(1);
             // The deferred outcomes are written all the same (outcomes are never refused).
             w_.line.truncate(outcomes);
+            forget_definitions(w_);
             let written = if w_.pending.is_empty() {
                 Ok(())
             } else {
@@ -329,6 +360,9 @@ impl TokenLog {
         } else {
             self.write_line(w_)
         };
+        if matches!(result, Err(LogError::Io { .. })) {
+            forget_definitions(w_);
+        }
         if !matches!(result, Err(LogError::Io { .. })) && !w_.pending.is_empty() {
             // Written (or refused after they were): they no longer wait.
             w_.pending.clear();
@@ -348,9 +382,8 @@ impl TokenLog {
     /// Append an outcome record now (see [`TokenLog::append`]); deferred outcomes go first.
     pub fn append_outcome(&self, o: &OutcomeRef<'_>) -> Result<(), LogError> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let w_ = &mut *w;
-        line::outcome_line(&mut w_.pending, o, &mut w_.escaped);
-        self.flush_locked(w_)
+        put_outcome(&mut w, o);
+        self.flush_locked(&mut w)
     }
 
     /// Keep an outcome record to be written with the next statement record (in the same
@@ -359,10 +392,10 @@ impl TokenLog {
     /// it: its statement then reads as never completed.
     pub fn defer_outcome(&self, o: &OutcomeRef<'_>) -> Result<(), LogError> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let w_ = &mut *w;
-        line::outcome_line(&mut w_.pending, o, &mut w_.escaped);
-        if w_.pending.len() >= PENDING_MAX {
-            return self.flush_locked(w_);
+        // One that defined a text is written at once: a definition's offset holds only
+        // while nothing else is written first.
+        if put_outcome(&mut w, o) || w.pending.len() >= PENDING_MAX {
+            return self.flush_locked(&mut w);
         }
         Ok(())
     }
@@ -382,6 +415,8 @@ impl TokenLog {
         if result.is_ok() {
             w.pending.clear();
             w.carried += 1;
+        } else {
+            forget_definitions(w);
         }
         result
     }
@@ -565,6 +600,28 @@ fn start_line(w: &mut Writer) {
         w.line.push(b'\n');
     }
     w.line.extend_from_slice(&w.pending);
+}
+
+/// Formats an outcome record into the deferred ones: compact when the log is version 2 and
+/// it can be. True when it carries a definition.
+fn put_outcome(w: &mut Writer, o: &OutcomeRef<'_>) -> bool {
+    // Deferred records land after the newline a torn file gets first (see `start_line`).
+    let at = w.len + u64::from(w.torn);
+    match w.intern.as_mut().and_then(|i| i.outcome(&mut w.pending, at, o)) {
+        Some(defined) => defined,
+        None => {
+            line::outcome_line(&mut w.pending, o, &mut w.escaped);
+            false
+        }
+    }
+}
+
+/// After a write that was refused or failed: the definitions it carried may not be in the
+/// file, so none is referred to again (each is defined anew at its next use).
+fn forget_definitions(w: &mut Writer) {
+    if let Some(i) = w.intern.as_mut() {
+        i.forget();
+    }
 }
 
 fn last_byte(f: &std::fs::File, len: u64) -> std::io::Result<u8> {
