@@ -34,7 +34,9 @@ pub use fill::FILL_WARNINGS;
 
 pub use book::{LogBook, SyncTicker, OUTCOME_IDLE, SYNC_INTERVAL};
 pub use line::{param_text, to_line, OutcomeRef, StatementRef};
-pub use read::{read_page, read_statements, scan, statement_at, LogEntry, Page};
+pub use read::{
+    read_page, read_statements, scan, statement_at, unreadable_lines, LogEntry, Page,
+};
 
 /// One line of the log.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

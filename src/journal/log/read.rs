@@ -383,6 +383,27 @@ pub fn scan(path: &Path, mut f: impl FnMut(LogEntry)) -> Result<(), LogError> {
     Ok(())
 }
 
+/// Where the lines of a log start that are neither a record nor a definition (a torn last
+/// record after a SIGKILL, or damage); the reserved zeros of a mapped log are not lines.
+pub fn unreadable_lines(path: &Path) -> Result<Vec<u64>, LogError> {
+    let err = io_err(path);
+    let mut bad = Vec::new();
+    let Some(file) = open(path)? else {
+        return Ok(bad);
+    };
+    let mut defs = Defs::open(&file).map_err(&err)?;
+    let mut lines = Lines::at(file, 0).map_err(&err)?;
+    let mut buf = Vec::new();
+    while let Some(offset) = lines.next(&mut buf).map_err(&err)? {
+        let meta = lines.complete && defs::is_meta(&buf) && buf.last() == Some(&b'}');
+        let record = head(&buf, lines.complete) != Head::Other && stored(&mut defs, &buf).is_some();
+        if !meta && !record {
+            bad.push(offset);
+        }
+    }
+    Ok(bad)
+}
+
 /// The statement record whose line starts at `offset` (from a [`LogEntry::Statement`]).
 pub fn statement_at(path: &Path, offset: u64) -> Result<Option<StatementRecord>, LogError> {
     let err = io_err(path);
