@@ -391,11 +391,19 @@ fn statements_of_a_busy_session_killed_mid_stream_are_in_the_log_after_restart()
     assert!(last > 16, "only {last} statements answered");
     let repeated = repeats.load(std::sync::atomic::Ordering::SeqCst);
     // Only a torn last record may be unreadable.
-    assert!(sandpit::journal::log::unreadable_lines(&path).expect("check").len() <= 1);
+    assert!(
+        sandpit::journal::log::unreadable_lines(&path)
+            .expect("check")
+            .len()
+            <= 1
+    );
     let g2 = Gateway::start_in(tmp.path(), Some(GOLDEN), None);
     let all = all_statements(&g2, &id);
     let again = all.iter().filter(|s| s["text"] == "select 'again'").count() as u64;
-    assert!(again >= repeated, "{again} of {repeated} repeated statements logged");
+    assert!(
+        again >= repeated,
+        "{again} of {repeated} repeated statements logged"
+    );
     let logged: std::collections::HashSet<String> = all
         .iter()
         .filter_map(|s| s["text"].as_str().map(str::to_string))

@@ -4,8 +4,8 @@
 //! and a cut or damaged file never crashes a reader.
 
 use sandpit::journal::log::{
-    read_page, read_statements, to_line, unreadable_lines, LogRecord, OutcomeRecord,
-    OutcomeRef, StatementRecord, StatementRef, TokenLog,
+    read_page, read_statements, to_line, unreadable_lines, LogRecord, OutcomeRecord, OutcomeRef,
+    StatementRecord, StatementRef, TokenLog,
 };
 
 const TOKEN: &str = "sp_compacttesttoken";
@@ -14,7 +14,11 @@ const TASK: &str = "compact";
 fn statement(seq: u64, text: &str, params: Vec<Option<String>>) -> StatementRecord {
     StatementRecord {
         seq,
-        ts: format!("2030-12-03T21:00:{:02}.{:09}Z", seq % 60, seq * 7919 % 1_000_000_000),
+        ts: format!(
+            "2030-12-03T21:00:{:02}.{:09}Z",
+            seq % 60,
+            seq * 7919 % 1_000_000_000
+        ),
         token: TOKEN.into(),
         task: TASK.into(),
         session: seq % 3 + 1,
@@ -28,7 +32,11 @@ fn statement(seq: u64, text: &str, params: Vec<Option<String>>) -> StatementReco
 fn outcome(seq: u64) -> OutcomeRecord {
     OutcomeRecord {
         seq,
-        ts: format!("2030-12-03T21:01:{:02}.{:09}Z", seq % 60, seq * 104_729 % 1_000_000_000),
+        ts: format!(
+            "2030-12-03T21:01:{:02}.{:09}Z",
+            seq % 60,
+            seq * 104_729 % 1_000_000_000
+        ),
         rows: (seq % 4 != 0).then_some(seq * 3),
         capped: seq % 5 == 0,
         duration_ms: (seq * 1_234 % 100_000) as f64 / 1000.0,
@@ -98,10 +106,16 @@ fn compact_records_read_back_exactly_as_json_lines_do() {
     let raw = std::fs::read(&v2).expect("v2");
     assert!(raw.starts_with(b"{\"type\":\"log\",\"version\":2,"));
     // Times after the log's start are stored compact (others stay JSON lines).
-    let compact = raw.split(|&b| b == b'\n').filter(|l| l.first() == Some(&b'S')).count();
+    let compact = raw
+        .split(|&b| b == b'\n')
+        .filter(|l| l.first() == Some(&b'S'))
+        .count();
     assert_eq!(compact, 60);
     assert!(raw.len() < std::fs::metadata(&v1).expect("v1").len() as usize);
-    let (two, one) = (read_statements(&v2).expect("v2"), read_statements(&v1).expect("v1"));
+    let (two, one) = (
+        read_statements(&v2).expect("v2"),
+        read_statements(&v1).expect("v1"),
+    );
     assert_eq!(two.len(), 60);
     assert_eq!(json(&two), json(&one));
     // Paged from the middle (bisected), the same.
@@ -182,7 +196,9 @@ fn a_repeated_statement_costs_at_most_48_bytes_with_its_outcome() {
     assert!(per <= 48.0, "{per} bytes per statement");
     let all = read_statements(&path).expect("read");
     assert_eq!(all.len() as u64, n);
-    assert!(all.iter().all(|s| s.outcome.as_ref().and_then(|o| o.tag.as_deref()) == Some("SELECT 1")));
+    assert!(all
+        .iter()
+        .all(|s| s.outcome.as_ref().and_then(|o| o.tag.as_deref()) == Some("SELECT 1")));
 }
 
 #[test]
@@ -201,7 +217,10 @@ fn a_cut_or_damaged_log_reads_without_crashing() {
     for cut in whole.len().saturating_sub(600)..whole.len() {
         std::fs::write(&path, &whole[..cut]).expect("cut");
         let got = read_statements(&path).expect("read cut");
-        assert!(got.len() <= full.len() && got.len() + 2 >= full.len(), "cut at {cut}");
+        assert!(
+            got.len() <= full.len() && got.len() + 2 >= full.len(),
+            "cut at {cut}"
+        );
         for (g, f) in got.iter().zip(&full) {
             assert_eq!(g.statement, f.statement, "cut at {cut}");
         }

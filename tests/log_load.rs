@@ -78,10 +78,7 @@ fn a_million_statements_fit_the_default_quota_and_all_read_back() {
     assert_eq!(seen, n, "statements read back");
     // Outcomes are written after their statements: all there once the session went idle.
     assert_eq!(with_outcome, n, "outcomes read back");
-    let path = tmp
-        .path()
-        .join("logs/log-load")
-        .join(format!("{id}.jsonl"));
+    let path = tmp.path().join("logs/log-load").join(format!("{id}.jsonl"));
     let bytes = std::fs::read(&path)
         .expect("log")
         .iter()

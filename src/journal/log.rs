@@ -34,9 +34,7 @@ pub use fill::FILL_WARNINGS;
 
 pub use book::{LogBook, SyncTicker, OUTCOME_IDLE, SYNC_INTERVAL};
 pub use line::{param_text, to_line, OutcomeRef, StatementRef};
-pub use read::{
-    read_page, read_statements, scan, statement_at, unreadable_lines, LogEntry, Page,
-};
+pub use read::{read_page, read_statements, scan, statement_at, unreadable_lines, LogEntry, Page};
 
 /// One line of the log.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -258,7 +256,10 @@ impl TokenLog {
         }
         let mut torn = len > 0 && last_byte(&file, len).map_err(io)? != b'\n';
         let (intern, len) = match defs::header_of(&file).map_err(io)? {
-            Some(h) => (Some(intern::Interner::new(&h.token, &h.task, h.epoch_ns)), len),
+            Some(h) => (
+                Some(intern::Interner::new(&h.token, &h.task, h.epoch_ns)),
+                len,
+            ),
             None if len == 0 => {
                 // A new log: version 2, its times counted from now.
                 let i = intern::Interner::new(token, task, line::now_ns());
@@ -609,7 +610,11 @@ fn start_line(w: &mut Writer) {
 fn put_outcome(w: &mut Writer, o: &OutcomeRef<'_>) -> bool {
     // Deferred records land after the newline a torn file gets first (see `start_line`).
     let at = w.len + u64::from(w.torn);
-    match w.intern.as_mut().and_then(|i| i.outcome(&mut w.pending, at, o)) {
+    match w
+        .intern
+        .as_mut()
+        .and_then(|i| i.outcome(&mut w.pending, at, o))
+    {
         Some(defined) => defined,
         None => {
             line::outcome_line(&mut w.pending, o, &mut w.escaped);

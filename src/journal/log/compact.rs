@@ -70,7 +70,10 @@ pub(super) enum Ref {
 impl Ref {
     /// The word's number when `s` is one of [`WORDS`].
     pub(super) fn word(s: &str) -> Option<Ref> {
-        WORDS.iter().position(|w| *w == s).map(|i| Ref::Word(i as u8))
+        WORDS
+            .iter()
+            .position(|w| *w == s)
+            .map(|i| Ref::Word(i as u8))
     }
 
     fn code(self) -> u64 {
@@ -312,7 +315,11 @@ pub(super) fn outcome(line: &[u8]) -> Option<Outcome> {
     }
     let on = |f: u64| flags & f != 0;
     let rows = if on(F_ROWS) { Some(c.v()?) } else { None };
-    let sqlstate = if on(F_SQLSTATE) { Some(c.r#ref()?) } else { None };
+    let sqlstate = if on(F_SQLSTATE) {
+        Some(c.r#ref()?)
+    } else {
+        None
+    };
     let tag = if on(F_TAG) {
         let r = c.r#ref()?;
         Some((r, c.v()?.checked_sub(1)))

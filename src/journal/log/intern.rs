@@ -87,7 +87,9 @@ impl Interner {
         out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
         put_str(out, text);
         if let Some((len, sha)) = cut {
-            out.extend_from_slice(format!(",\"text_len\":{len},\"text_sha256\":\"{sha}\"").as_bytes());
+            out.extend_from_slice(
+                format!(",\"text_len\":{len},\"text_sha256\":\"{sha}\"").as_bytes(),
+            );
         }
         out.extend_from_slice(b"}\n");
         *defined = true;
@@ -139,7 +141,12 @@ impl Interner {
     /// Appends the outcome's compact record to `out` (first byte at file offset `at`), after
     /// the definitions it needs: Some(whether it defined any), or None (nothing appended)
     /// when it cannot be compact.
-    pub(super) fn outcome(&mut self, out: &mut Vec<u8>, at: u64, o: &OutcomeRef<'_>) -> Option<bool> {
+    pub(super) fn outcome(
+        &mut self,
+        out: &mut Vec<u8>,
+        at: u64,
+        o: &OutcomeRef<'_>,
+    ) -> Option<bool> {
         let ts = self.ts(o.ts)?;
         let mut defined = false;
         let sqlstate = o.sqlstate.map(|s| self.word_ref(out, at, s, &mut defined));

@@ -542,7 +542,11 @@ mod tests {
             assert_eq!(time_text(ns), ts);
         }
         // Not in the writer's own shape: kept as JSON.
-        for ts in ["2026-01-01T00:00:00Z", "2026-01-01T00:00:00.5+01:00", "nope"] {
+        for ts in [
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:00:00.5+01:00",
+            "nope",
+        ] {
             assert_eq!(time_ns(ts), None, "{ts}");
         }
         let mut cache = EscapeCache::default();

@@ -413,8 +413,7 @@ pub fn statement_at(path: &Path, offset: u64) -> Result<Option<StatementRecord>,
     let mut defs = Defs::open(&file).map_err(&err)?;
     let mut lines = Lines::at(file, offset).map_err(&err)?;
     let mut buf = Vec::new();
-    if lines.next(&mut buf).map_err(&err)?.is_none() || head(&buf, lines.complete) == Head::Other
-    {
+    if lines.next(&mut buf).map_err(&err)?.is_none() || head(&buf, lines.complete) == Head::Other {
         return Ok(None);
     }
     match stored(&mut defs, &buf) {

@@ -43,7 +43,10 @@ fn heads_are_read_from_the_stored_lines() {
     assert_eq!(head(b"garbage", true), Head::Other);
     // Keys in another order (a log written by hand or another tool).
     assert_eq!(
-        head(br#"{"kind":"read","seq":5,"text":"x","type":"statement"}"#, true),
+        head(
+            br#"{"kind":"read","seq":5,"text":"x","type":"statement"}"#,
+            true
+        ),
         Head::Statement(5)
     );
 }
