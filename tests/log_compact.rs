@@ -192,10 +192,19 @@ fn a_repeated_statement_costs_at_most_48_bytes_with_its_outcome() {
     log.flush_outcomes().expect("flush");
     let per = (log.data_len() - before) as f64 / n as f64;
     drop(log);
-    println!("{per:.1} bytes per statement with its outcome");
-    assert!(per <= 48.0, "{per} bytes per statement");
     let all = read_statements(&path).expect("read");
     assert_eq!(all.len() as u64, n);
+    // The same pair as version 1 stored it (JSON lines), for comparison.
+    let last = all.last().expect("one");
+    let v1 = to_line(&LogRecord::Statement(last.statement.clone()))
+        .expect("line")
+        .len()
+        + to_line(&LogRecord::Outcome(last.outcome.clone().expect("outcome")))
+            .expect("line")
+            .len();
+    println!("{per:.1} bytes per statement with its outcome (version 1: {v1})");
+    assert!(per <= 48.0, "{per} bytes per statement");
+    assert!(per * 5.0 < v1 as f64, "{per} vs {v1}");
     assert!(all
         .iter()
         .all(|s| s.outcome.as_ref().and_then(|o| o.tag.as_deref()) == Some("SELECT 1")));
