@@ -37,18 +37,18 @@ fn outcome(seq: u64) -> OutcomeRecord {
             seq % 60,
             seq * 104_729 % 1_000_000_000
         ),
-        rows: (seq % 4 != 0).then_some(seq * 3),
-        capped: seq % 5 == 0,
+        rows: (!seq.is_multiple_of(4)).then_some(seq * 3),
+        capped: seq.is_multiple_of(5),
         duration_ms: (seq * 1_234 % 100_000) as f64 / 1000.0,
-        sqlstate: (seq % 4 == 0).then(|| "23505".to_string()),
+        sqlstate: seq.is_multiple_of(4).then(|| "23505".to_string()),
         tag: match seq % 4 {
             0 => None,
             1 => Some(format!("SELECT {}", seq * 3)),
             2 => Some("INSERT 0 1".into()),
             _ => Some("ODD TAG 007".into()),
         },
-        skipped: seq % 7 == 0,
-        denied: seq % 11 == 0,
+        skipped: seq.is_multiple_of(7),
+        denied: seq.is_multiple_of(11),
         kind: (seq % 4 == 1).then(|| "read".to_string()),
     }
 }
