@@ -119,7 +119,6 @@ impl ClaimJournal {
         }
         let upto = self.appended.load(Ordering::SeqCst);
         self.file.sync_data()?;
-        metrics::counter!("sandpit_registry_claim_syncs_total").increment(1);
         *synced = upto;
         Ok(())
     }
