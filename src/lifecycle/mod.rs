@@ -374,7 +374,13 @@ impl Gateway {
             .record(took.as_secs_f64());
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
         if self.provider.claims_by_record() {
-            self.record_claim(id, &b, tag).await?;
+            if let Err(e) = self.record_claim(id, &b, tag).await {
+                // Not recorded, and (a pool member) still tagged as the pool's: nobody's.
+                if let Err(e2) = self.provider.destroy(&b.handle).await {
+                    tracing::warn!(handle = %b.handle, error = %e2, "destroying an unrecorded claim failed");
+                }
+                return Err(e);
+            }
         } else {
             let (handle, golden) = (b.handle.clone(), b.golden.clone());
             self.registry
