@@ -177,10 +177,10 @@ fn recorded_backend(g: &Gateway, id: &str) -> Option<String> {
     let journaled = std::fs::read_to_string(dir.join("claims.log"))
         .unwrap_or_default()
         .lines()
+        .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|l| l["token"] == id)
-        .filter_map(|l| l["backend"].as_str().map(str::to_string))
-        .last();
+        .find_map(|l| l["backend"].as_str().map(str::to_string));
     rec["backend"].as_str().map(str::to_string).or(journaled)
 }
 

@@ -124,7 +124,7 @@ impl ClaimJournal {
     }
 
     /// Bytes in the journal now.
-    pub fn len(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         self.len.load(Ordering::SeqCst)
     }
 

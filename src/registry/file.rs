@@ -78,7 +78,7 @@ impl FileStore {
                 into.insert(rec.id.clone(), rec);
             }
         }
-        if store.journal.len() > 0 {
+        if store.journal.bytes() > 0 {
             store.compact(into)?;
         }
         // Tokens written before reserves existed, or whose reserve a full disk used up.
@@ -193,7 +193,7 @@ impl FileStore {
             .await
             .map_err(|e| io(std::io::Error::other(e)))?
             .map_err(io)?;
-        if self.journal.len() > JOURNAL_COMPACT_BYTES {
+        if self.journal.bytes() > JOURNAL_COMPACT_BYTES {
             let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
             self.compact(cache)?;
         }
