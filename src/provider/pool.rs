@@ -84,7 +84,7 @@ impl WarmPool {
         if let Ok(all) = self.inner.list().await {
             for (handle, tag) in all {
                 if tag.is_some_and(|t| t.token_id.starts_with(POOL_PREFIX)) {
-                    if let Some(owner) = claimed.get(&handle).filter(|_| false) {
+                    if let Some(owner) = claimed.get(&handle) {
                         if let Err(e) = self.inner.retag(&handle, owner).await {
                             tracing::warn!(handle, error = %e, "re-tagging a claimed pool member failed");
                         }
