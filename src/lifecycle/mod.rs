@@ -364,6 +364,7 @@ impl Gateway {
         // provider's fork (a warm-pool claim), recording the backend.
         claim_phase("claim_lock", claim_started, started);
         let b = self.provider.fork(&tag).await?;
+        crate::registry::end::crash_point("claim:taken");
         let took = started.elapsed();
         claim_phase("claim_provider", started, std::time::Instant::now());
         let record_started = std::time::Instant::now();
@@ -372,29 +373,58 @@ impl Gateway {
         metrics::histogram!("sandpit_fork_seconds", "method" => b.method.clone())
             .record(took.as_secs_f64());
         tracing::info!(token = %id, method = %b.method, netns = b.netns, ms = took.as_millis() as u64, "backend forked");
-        let handle = b.handle.clone();
-        let golden = b.golden.clone();
-        let record = |r: &mut TokenRecord| {
-            r.backend = Some(handle);
-            r.golden = golden;
-            r.fork_count += 1;
-            // An end that raced the fork keeps its state; its destroy comes next.
-            if r.state == TokenState::Issued {
-                r.state = TokenState::Live;
+        if self.provider.claims_by_record() {
+            if let Err(e) = self.record_claim(id, &b, tag).await {
+                // Not recorded, and (a pool member) still tagged as the pool's: nobody's.
+                if let Err(e2) = self.provider.destroy(&b.handle).await {
+                    tracing::warn!(handle = %b.handle, error = %e2, "destroying an unrecorded claim failed");
+                }
+                return Err(e);
             }
-        };
-        if self.provider.name() == "instance" {
-            // An instance backend runs with fsync=off: a host crash loses its data anyway,
-            // so its record may skip the directory sync (most of the first query's claim).
-            // A crash that undoes it leaves the token unforked; the janitor reaps the
-            // backend it named.
-            self.registry.update_undoable(id, record).await?;
         } else {
-            self.registry.update(id, record).await?;
+            let (handle, golden) = (b.handle.clone(), b.golden.clone());
+            self.registry
+                .update(id, |r| crate::registry::claims::claim(r, &handle, golden))
+                .await?;
         }
         claim_phase("claim_record", record_started, std::time::Instant::now());
         *slot = Some(b.clone());
         Ok(b)
+    }
+
+    /// Record a claim with no disk sync on the first query's path (providers whose claims
+    /// the registry records alone): one journal line now; its sync (shared with claims
+    /// made meanwhile) and the member's new tag follow in the background. A crash before
+    /// the line leaves the member the pool's (destroyed at start), after it the token's
+    /// (the pool skips it at start and re-tags it).
+    async fn record_claim(
+        self: &Arc<Self>,
+        id: &str,
+        b: &Backend,
+        tag: BackendTag,
+    ) -> Result<(), LifecycleError> {
+        let (_, ticket) = self
+            .registry
+            .claim(id, &b.handle, b.golden.clone())
+            .await?
+            .ok_or_else(|| LifecycleError::Unknown(id.into()))?;
+        crate::registry::end::crash_point("claim:journaled");
+        let gw = self.clone();
+        let handle = b.handle.clone();
+        tokio::spawn(async move {
+            if let Err(e) = gw.registry.commit_claim(ticket).await {
+                tracing::warn!(token = %tag.token_id, error = %e, "syncing a claim failed; a host crash may undo it");
+            }
+            crate::registry::end::crash_point("claim:committed");
+            if handle.starts_with(crate::provider::pool::POOL_PREFIX) {
+                // The tag is the janitor's hint after a crash; the registry names the owner.
+                if let Err(e) = gw.provider.retag(&handle, &tag).await {
+                    tracing::debug!(handle, error = %e, "re-tagging a claimed pool member failed");
+                }
+                crate::registry::end::crash_point("claim:retagged");
+            }
+        });
+        Ok(())
     }
 
     /// End a token: mark it, end its sessions with the reason, destroy its backend.

@@ -163,6 +163,12 @@ pub trait Provider: Send + Sync + 'static {
     fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>>;
     /// Strings that must never reach a client (socket dirs, data paths, superuser names).
     fn secrets(&self) -> Vec<String>;
+    /// Whether a warm-pool claim of this provider's members is recorded by the registry
+    /// alone: the pool then hands a member out without re-tagging it, and the lifecycle
+    /// re-tags it after the claim's record, off the first query's path.
+    fn claims_by_record(&self) -> bool {
+        false
+    }
     /// Re-tag an existing backend (a warm-pool member claimed by a token). Providers that
     /// keep no tag of their own may leave this as is.
     fn retag<'a>(

@@ -77,11 +77,19 @@ impl WarmPool {
     }
 
     /// Destroy members left by an earlier run (their golden may be stale), then keep the
-    /// pool full in the background until the process ends.
-    pub async fn start(self: &Arc<Self>) {
+    /// pool full in the background until the process ends. `claimed` maps the handles a
+    /// token's record names to that token's tag: a member claimed just before a crash,
+    /// still tagged as the pool's, is the token's and gets its tag instead.
+    pub async fn start(self: &Arc<Self>, claimed: &std::collections::HashMap<String, BackendTag>) {
         if let Ok(all) = self.inner.list().await {
             for (handle, tag) in all {
                 if tag.is_some_and(|t| t.token_id.starts_with(POOL_PREFIX)) {
+                    if let Some(owner) = claimed.get(&handle) {
+                        if let Err(e) = self.inner.retag(&handle, owner).await {
+                            tracing::warn!(handle, error = %e, "re-tagging a claimed pool member failed");
+                        }
+                        continue;
+                    }
                     if let Err(e) = self.inner.destroy(&handle).await {
                         tracing::warn!(handle, error = %e, "removing a stale pool member failed");
                     }
@@ -321,6 +329,11 @@ impl Provider for WarmPool {
             self.refill.notify_one();
             self.publish();
             if let Some(mut b) = claimed {
+                if self.inner.claims_by_record() {
+                    // The caller's registry record makes it the token's (and re-tags it).
+                    b.method = format!("pool({})", b.method);
+                    return Ok(b);
+                }
                 match self.inner.retag(&b.handle, tag).await {
                     Ok(()) => {
                         b.method = format!("pool({})", b.method);
@@ -334,6 +347,10 @@ impl Provider for WarmPool {
             }
             self.inner.fork(tag).await
         })
+    }
+
+    fn claims_by_record(&self) -> bool {
+        self.inner.claims_by_record()
     }
 
     fn ensure_running<'a>(

@@ -20,6 +20,17 @@ pub fn read(dir: &Path) -> Option<BackendTag> {
 /// Write `tag` into `dir`: whole, owner-only, synced, then renamed over the old one, so a
 /// janitor never reads a half-written tag.
 pub fn write(dir: &Path, tag: &BackendTag) -> Result<(), ProviderError> {
+    write_with(dir, tag, true)
+}
+
+/// [`write`] without the sync, for a tag that is only a hint because a synced record
+/// elsewhere names the owner (a claimed pool member: the registry's claim). A host crash
+/// may leave the old tag or none; a process crash leaves the old one or the new one.
+pub fn write_hint(dir: &Path, tag: &BackendTag) -> Result<(), ProviderError> {
+    write_with(dir, tag, false)
+}
+
+fn write_with(dir: &Path, tag: &BackendTag, sync: bool) -> Result<(), ProviderError> {
     let bytes =
         serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Other(format!("tag: {e}")))?;
     let tmp = dir.join(format!("{TAG_FILE}.tmp"));
@@ -31,7 +42,9 @@ pub fn write(dir: &Path, tag: &BackendTag) -> Result<(), ProviderError> {
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(&bytes)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
     }
     std::fs::rename(&tmp, dir.join(TAG_FILE))?;
     Ok(())

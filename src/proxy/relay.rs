@@ -79,8 +79,10 @@ pub async fn run(
     // Looked up once: a labelled lookup per write hashes and allocates its key.
     let bytes_up = metrics::counter!("sandpit_bytes_total", "direction" => "client_to_backend");
     let bytes_down = metrics::counter!("sandpit_bytes_total", "direction" => "backend_to_client");
-    let mut to_backend = BytesMut::with_capacity(16 * 1024);
-    let mut to_client = BytesMut::with_capacity(16 * 1024);
+    // Write buffers grow on first use: an idle session's small exchanges need a few hundred
+    // bytes, not 16 KiB each (memory per idle session).
+    let mut to_backend = BytesMut::new();
+    let mut to_client = BytesMut::new();
     let mut terminated = false;
     let mut watching = true;
     // Requests (Query, Sync, FunctionCall) not yet answered by ReadyForQuery, and since when

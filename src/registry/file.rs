@@ -20,13 +20,19 @@ use std::sync::Mutex;
 
 use dashmap::DashMap;
 
+use super::claims::{self, ClaimJournal, ClaimLine};
 use super::{RegistryError, TokenRecord};
+
+/// Journal size above which its lines are written into their token files and it is emptied.
+const JOURNAL_COMPACT_BYTES: u64 = 256 * 1024;
 
 /// Token files under one directory.
 pub struct FileStore {
     dir: PathBuf,
     // Serialises file writes so an older state can never overwrite a newer one.
     write_lock: Mutex<()>,
+    /// First connections' claims, one line each (see `claims`).
+    journal: std::sync::Arc<ClaimJournal>,
 }
 
 impl FileStore {
@@ -56,10 +62,25 @@ impl FileStore {
                 })?;
             into.insert(rec.id.clone(), rec);
         }
+        let (journal, lines) = ClaimJournal::open(dir).map_err(io)?;
         let store = FileStore {
             dir: dir.to_path_buf(),
             write_lock: Mutex::new(()),
+            journal: std::sync::Arc::new(journal),
         };
+        // Claims journaled before a crash or stop: into their token files, then emptied.
+        for line in &lines {
+            let Some(mut rec) = into.get(&line.token).map(|r| r.clone()) else {
+                continue;
+            };
+            if line.apply(&mut rec) {
+                tracing::info!(token = %rec.id, backend = %line.backend, "claim replayed from the journal");
+                into.insert(rec.id.clone(), rec);
+            }
+        }
+        if store.journal.bytes() > 0 {
+            store.compact(into)?;
+        }
         // Tokens written before reserves existed, or whose reserve a full disk used up.
         for rec in into.iter() {
             let len = std::fs::metadata(store.dir.join(format!("{}.json", rec.id)))
@@ -104,6 +125,102 @@ impl FileStore {
         self.persist_with(&rec, sync_rename)?;
         cache.insert(id.to_string(), rec.clone());
         Ok(Some(rec))
+    }
+
+    /// Record that token `id` got `backend` (its first connection's claim) with one journal
+    /// line and no sync; returns the new record and the line's sequence number for
+    /// [`FileStore::commit_claims`]. Should the append fail (a full disk), the record is
+    /// written whole and synced instead (sequence 0: nothing to commit).
+    pub fn claim(
+        &self,
+        cache: &DashMap<String, TokenRecord>,
+        id: &str,
+        backend: &str,
+        golden: Option<String>,
+    ) -> Result<Option<(TokenRecord, u64)>, RegistryError> {
+        let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mut rec) = cache.get(id).map(|r| r.clone()) else {
+            return Ok(None);
+        };
+        let line = ClaimLine {
+            token: id.to_string(),
+            backend: backend.to_string(),
+            golden: golden.clone(),
+            fork_count: rec.fork_count,
+        };
+        // A record that already names a backend (one that vanished) is not what a replayed
+        // line may change: write it whole.
+        let journaled = if rec.backend.is_none() && rec.state.is_usable() {
+            match self.journal.append(&line) {
+                Ok(seq) => Some(seq),
+                Err(e) => {
+                    tracing::warn!(token = %id, error = %e, "claim journal append failed; writing the token file");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        claims::claim(&mut rec, backend, golden);
+        let seq = match journaled {
+            Some(seq) => seq,
+            None => {
+                self.persist(&rec)?;
+                0
+            }
+        };
+        cache.insert(id.to_string(), rec.clone());
+        Ok(Some((rec, seq)))
+    }
+
+    /// Make the claims up to `seq` durable (one sync for all claims appended meanwhile);
+    /// when the journal has grown large, its lines go into their token files first.
+    pub async fn commit_claims(
+        &self,
+        cache: &DashMap<String, TokenRecord>,
+        seq: u64,
+    ) -> Result<(), RegistryError> {
+        if seq == 0 {
+            return Ok(());
+        }
+        let j = self.journal.clone();
+        let path = j.path().to_path_buf();
+        let io = |source| RegistryError::Io {
+            path: path.clone(),
+            source,
+        };
+        tokio::task::spawn_blocking(move || j.sync_upto(seq))
+            .await
+            .map_err(|e| io(std::io::Error::other(e)))?
+            .map_err(io)?;
+        if self.journal.bytes() > JOURNAL_COMPACT_BYTES {
+            let _w = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.compact(cache)?;
+        }
+        Ok(())
+    }
+
+    /// Write every token file whole (synced), then empty the journal. Callers hold the
+    /// write lock or are the only user (open), so no claim is appended meanwhile.
+    fn compact(&self, cache: &DashMap<String, TokenRecord>) -> Result<(), RegistryError> {
+        let path = self.journal.path().to_path_buf();
+        let bytes = std::fs::read(&path).map_err(|source| RegistryError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let named: std::collections::BTreeSet<String> = bytes
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice::<ClaimLine>(l).ok())
+            .map(|l| l.token)
+            .collect();
+        for id in named {
+            if let Some(rec) = cache.get(&id).map(|r| r.clone()) {
+                self.persist(&rec)?;
+            }
+        }
+        self.journal
+            .clear()
+            .map_err(|source| RegistryError::Io { path, source })
     }
 
     fn persist(&self, rec: &TokenRecord) -> Result<(), RegistryError> {

@@ -4,6 +4,7 @@
 //! another replica a moment ago works at once) and changes made elsewhere arrive by
 //! LISTEN/NOTIFY, with a periodic full re-read as the fallback.
 
+pub mod claims;
 pub mod end;
 pub mod file;
 pub mod postgres;
@@ -358,18 +359,6 @@ impl Registry {
         self.update_with(id, true, f).await
     }
 
-    /// [`Registry::update`] for a change a host crash may undo (the first connection's
-    /// claim record: the scratch server it names runs with `fsync=off`, so its data does
-    /// not survive such a crash either): the file store skips the directory sync after
-    /// the rename, which is most of the write's time on the first-query path.
-    pub async fn update_undoable(
-        &self,
-        id: &str,
-        f: impl FnOnce(&mut TokenRecord),
-    ) -> Result<Option<TokenRecord>, RegistryError> {
-        self.update_with(id, false, f).await
-    }
-
     async fn update_with(
         &self,
         id: &str,
@@ -385,6 +374,36 @@ impl Registry {
                 }
                 Ok(rec)
             }
+        }
+    }
+
+    /// Record a first connection's claim: token `id` got `backend` (copied from `golden`).
+    /// The file store appends one journal line and syncs nothing (a process crash loses no
+    /// claim; a host crash may undo it, as it undoes the `fsync=off` server it names); call
+    /// [`Registry::commit_claim`] with the returned ticket, off the first query's path, to
+    /// make it durable. The shared store commits it in its transaction (ticket 0).
+    pub async fn claim(
+        &self,
+        id: &str,
+        backend: &str,
+        golden: Option<String>,
+    ) -> Result<Option<(TokenRecord, ClaimTicket)>, RegistryError> {
+        match &self.store {
+            Store::File(s) => Ok(s
+                .claim(&self.cache, id, backend, golden)?
+                .map(|(r, seq)| (r, ClaimTicket(seq)))),
+            Store::Postgres(_) => Ok(self
+                .update(id, |r| claims::claim(r, backend, golden))
+                .await?
+                .map(|r| (r, ClaimTicket(0)))),
+        }
+    }
+
+    /// Make a claim durable; claims waiting together share one sync (group commit).
+    pub async fn commit_claim(&self, ticket: ClaimTicket) -> Result<(), RegistryError> {
+        match &self.store {
+            Store::File(s) => s.commit_claims(&self.cache, ticket.0).await,
+            Store::Postgres(_) => Ok(()),
         }
     }
 
@@ -404,6 +423,10 @@ impl Registry {
         }
     }
 }
+
+/// What [`Registry::commit_claim`] makes durable (a journal position; 0: nothing left to do).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimTicket(u64);
 
 fn sort(v: &mut [TokenRecord]) {
     v.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));

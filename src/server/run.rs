@@ -400,7 +400,22 @@ pub async fn run(
     });
     let provider = match &pool {
         Some(p) => {
-            p.start().await;
+            // Members the registry names (claimed just before a crash) are tokens', not the pool's.
+            let claimed = registry
+                .list()
+                .into_iter()
+                .filter_map(|r| {
+                    let tag = crate::provider::BackendTag {
+                        token_id: r.id.clone(),
+                        task: r.task.clone(),
+                        expires_at: crate::rfc3339::format(r.expires_at),
+                        gateway_id: gateway_id.clone(),
+                        golden: r.golden.clone(),
+                    };
+                    Some((r.backend?, tag))
+                })
+                .collect();
+            p.start(&claimed).await;
             p.clone() as Arc<dyn crate::provider::Provider>
         }
         None => provider,

@@ -21,6 +21,9 @@ pub enum FrameError {
     Io(#[from] std::io::Error),
 }
 
+/// Capacity of a reader's buffer: one per direction per session, kept for its whole life.
+pub const READ_BUF: usize = 16 * 1024;
+
 /// One complete message: the tag and the whole raw frame (tag + length + body).
 #[derive(Debug, Clone)]
 pub struct Frame {
@@ -49,15 +52,17 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn new(inner: R, max_len: usize) -> Self {
         FrameReader {
             inner,
-            buf: BytesMut::with_capacity(16 * 1024),
+            buf: BytesMut::with_capacity(READ_BUF),
             max_len,
         }
     }
 
-    /// Wrap a stream that already delivered `leftover` bytes.
+    /// Wrap a stream that already delivered `leftover` bytes, reading on into the same
+    /// buffer: once no frame taken from it is alive, its whole capacity is reused (the
+    /// unread bytes moved to its start) rather than a second buffer allocated.
     pub fn with_buffer(inner: R, leftover: BytesMut, max_len: usize) -> Self {
         let mut buf = leftover;
-        buf.reserve(16 * 1024);
+        buf.reserve(READ_BUF.saturating_sub(buf.len()));
         FrameReader {
             inner,
             buf,

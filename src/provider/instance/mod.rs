@@ -423,7 +423,12 @@ impl Provider for InstanceProvider {
         handle: &'a str,
         tag: &'a BackendTag,
     ) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move { tag_file::write(&self.inst_dir(handle)?, tag) })
+        // Only a hint: the registry's claim record names the owner (see claims_by_record).
+        Box::pin(async move { tag_file::write_hint(&self.inst_dir(handle)?, tag) })
+    }
+
+    fn claims_by_record(&self) -> bool {
+        true
     }
 
     fn reference<'a>(

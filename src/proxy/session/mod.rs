@@ -250,7 +250,7 @@ async fn attach(
     // A connection that fails on a backend the gateway believed running (its server
     // crashed) is tried once more after the backend is checked again and restarted.
     let mut retried = false;
-    let (login, conn) = loop {
+    let (login, mut conn) = loop {
         let claim_started = std::time::Instant::now();
         let backend = match proxy.gw.backend_for(&rec.id).await {
             Ok(b) => b,
@@ -336,9 +336,14 @@ async fn attach(
     }
     hello.extend_from_slice(&messages::backend_key_data(key.pid, key.secret));
     hello.extend_from_slice(&conn.ready);
+    // The greeting's frames are views into the backend's read buffer: released now, so the
+    // relay reads into that same buffer instead of allocating a second one.
+    conn.greeting = Vec::new();
+    conn.ready = bytes::Bytes::new();
     write(client.get_mut(), &hello)
         .await
         .map_err(|_| SessionError::Closed)?;
+    drop(hello);
     tracing::info!("session started");
     client.set_max_len(max_message);
     let log = if proxy.gw.config.log.statements {
