@@ -124,7 +124,7 @@ impl TemplateProvider {
             self.put_role_record(c, &role, &verifier).await?;
             let q = quote_ident(&role);
             c.batch_execute(&format!(
-                "CREATE ROLE {q} {PLAIN} INHERIT PASSWORD {}; GRANT {group}, {} TO {q}",
+                "CREATE ROLE {q} {PLAIN} INHERIT PASSWORD {} VALID UNTIL '-infinity'; GRANT {group}, {} TO {q}",
                 quote_literal(&verifier),
                 TASKS_GROUP
             ))
