@@ -118,7 +118,11 @@ fn own_password_change_opens_nothing_and_locks_nothing_out() {
             assert_eq!(sqlstate(&e), "42501", "{sql}");
         }
         for role in [h.clone(), format!("{h}_r"), format!("{h}_w")] {
-            assert_eq!(role_state(&pg, &role).await, (true, None), "{role} closed at rest");
+            assert_eq!(
+                role_state(&pg, &role).await,
+                (true, None),
+                "{role} closed at rest"
+            );
         }
 
         // PostgreSQL lets every role change its own password: it changes, and opens nothing
@@ -155,11 +159,19 @@ fn own_password_change_opens_nothing_and_locks_nothing_out() {
         assert_eq!(g.show(&h)["state"], "live", "{}", g.show(&h));
         let n = connect(&dsn(&t)).await.expect("a session after the pass");
         n.simple_query("select 1").await.expect("select");
-        c.simple_query("select 1").await.expect("the first session still");
+        c.simple_query("select 1")
+            .await
+            .expect("the first session still");
         // The gateway's logins set passwords of their own; none of them is left usable.
-        let e = direct(&pg, &h, "agent-chosen-password").await.expect_err("still closed");
+        let e = direct(&pg, &h, "agent-chosen-password")
+            .await
+            .expect_err("still closed");
         assert_eq!(sqlstate_sqlx(&e), "28P01", "{e}");
-        assert_eq!(role_state(&pg, &h).await, (true, None), "closed after the logins");
+        assert_eq!(
+            role_state(&pg, &h).await,
+            (true, None),
+            "closed after the logins"
+        );
         let p = provider(&pg, &g).await;
         p.check_access(&h).await.expect("nothing to report");
     });
@@ -182,12 +194,17 @@ fn a_password_changed_inside_a_login_window_ends_the_role_sessions() {
         let p = provider(&pg, &g).await;
         let backend = p.ensure_running(&h).await.expect("backend");
         let target = p.session_target(&backend, None);
-        let gate = target.gate.clone().expect("template targets carry a login gate");
+        let gate = target
+            .gate
+            .clone()
+            .expect("template targets carry a login gate");
         assert_eq!(target.password, None, "no password at rest");
 
         // An untouched window: the gate's own password logs in, and the close is clean.
         let w = gate.open(&h).await.expect("open");
-        let d = direct(&pg, &h, &w.password).await.expect("the window's password");
+        let d = direct(&pg, &h, &w.password)
+            .await
+            .expect("the window's password");
         drop(d);
         gate.close(&h, w).await.expect("nothing changed");
         assert_eq!(role_state(&pg, &h).await, (true, None));
@@ -198,7 +215,9 @@ fn a_password_changed_inside_a_login_window_ends_the_role_sessions() {
         c.batch_execute("alter role current_user password 'raced-in'")
             .await
             .expect("password change");
-        let mut d = direct(&pg, &h, "raced-in").await.expect("in, inside the window");
+        let mut d = direct(&pg, &h, "raced-in")
+            .await
+            .expect("in, inside the window");
         let e = gate.close(&h, w).await.expect_err("the change is seen");
         assert!(e.contains("changed during a gateway login"), "{e}");
         assert!(
@@ -214,10 +233,16 @@ fn a_password_changed_inside_a_login_window_ends_the_role_sessions() {
             Err(ProviderError::Tampered(m)) => assert!(m.contains(&h), "{m}"),
             other => panic!("expected Tampered, got {other:?}"),
         }
-        connect(&dsn(&t)).await.expect_err("the check ends the token");
+        connect(&dsn(&t))
+            .await
+            .expect_err("the check ends the token");
         let e = connect(&dsn(&t)).await.expect_err("the token ended");
         assert_eq!(sqlstate(&e), "28000", "{e:?}");
-        assert!(g.log().contains("backend access tampered with"), "{}", g.log());
+        assert!(
+            g.log().contains("backend access tampered with"),
+            "{}",
+            g.log()
+        );
     });
 }
 

@@ -393,7 +393,10 @@ fn a_changed_password_opens_no_direct_login_and_locks_nothing_out() {
             let Err(e) = direct_from_gateway_address(&pg, &h, pw).await else {
                 panic!("a direct login with {pw:?} got in");
             };
-            assert!(e.to_string().contains("password authentication failed"), "{pw:?}: {e}");
+            assert!(
+                e.to_string().contains("password authentication failed"),
+                "{pw:?}: {e}"
+            );
         }
         // From elsewhere no password gets past pg_hba.conf.
         for pw in ["agent-chosen", "anything-else", ""] {

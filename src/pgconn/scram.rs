@@ -118,7 +118,12 @@ pub fn is_cached(user: &str, password: &[u8], salt: &[u8], iterations: u32) -> b
 
 /// The keys of `password` for `user` under this salt and count: from the cache, or derived
 /// on a blocking thread (at most [`DERIVE_SLOTS`] at once) and remembered.
-pub async fn keys(user: &str, password: &[u8], salt: &[u8], iterations: u32) -> io::Result<ScramKeys> {
+pub async fn keys(
+    user: &str,
+    password: &[u8],
+    salt: &[u8],
+    iterations: u32,
+) -> io::Result<ScramKeys> {
     if iterations == 0 || iterations > MAX_ITERATIONS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -157,7 +162,9 @@ pub async fn new_verifier(user: &str, password: &str, iterations: u32) -> io::Re
 /// Where one exchange is.
 enum State {
     /// Client-first sent; the nonce in it.
-    First { nonce: String },
+    First {
+        nonce: String,
+    },
     /// Client-final sent: what the server's signature must match.
     Final {
         server_key: [u8; 32],
@@ -303,7 +310,10 @@ mod tests {
         let first = std::str::from_utf8(client_first).unwrap();
         let bare = first.strip_prefix("n,,").unwrap().to_string();
         let cnonce = bare.strip_prefix("n=,r=").unwrap().to_string();
-        let server_first = format!("r={cnonce}SRVNONCE,s={},i={iterations}", STANDARD.encode(salt));
+        let server_first = format!(
+            "r={cnonce}SRVNONCE,s={},i={iterations}",
+            STANDARD.encode(salt)
+        );
         let stored: [u8; 32] = Sha256::digest(keys.client_key).into();
         let server_key = keys.server_key;
         let sf = server_first.clone();
@@ -335,17 +345,25 @@ mod tests {
     async fn logs_in_then_hits_the_cache_and_never_reuses_a_stale_key() {
         let salt = b"salt-one-16bytes";
         assert!(!is_cached("u1", b"pw-one", salt, 4096));
-        exchange("u1", "pw-one", "pw-one", salt).await.expect("login");
+        exchange("u1", "pw-one", "pw-one", salt)
+            .await
+            .expect("login");
         assert!(is_cached("u1", b"pw-one", salt, 4096));
-        exchange("u1", "pw-one", "pw-one", salt).await.expect("cached login");
+        exchange("u1", "pw-one", "pw-one", salt)
+            .await
+            .expect("cached login");
         // A changed password, salt or count is another entry; the old one proves nothing.
         assert!(!is_cached("u1", b"pw-two", salt, 4096));
         assert!(!is_cached("u1", b"pw-one", b"salt-two-16bytes", 4096));
         assert!(!is_cached("u1", b"pw-one", salt, 4097));
         assert!(!is_cached("u2", b"pw-one", salt, 4096));
-        let e = exchange("u1", "pw-one", "pw-two", salt).await.expect_err("server has pw-two");
+        let e = exchange("u1", "pw-one", "pw-two", salt)
+            .await
+            .expect_err("server has pw-two");
         assert!(e.to_string().contains("proof refused"), "{e}");
-        exchange("u1", "pw-two", "pw-two", b"salt-two-16bytes").await.expect("new password");
+        exchange("u1", "pw-two", "pw-two", b"salt-two-16bytes")
+            .await
+            .expect("new password");
         let k = keys("u1", b"pw-one", salt, 4096).await.unwrap();
         assert_eq!(k, ScramKeys::derive(b"pw-one", salt, 4096));
     }
@@ -356,7 +374,12 @@ mod tests {
         exchange("u3", "p\u{e4}ssw\u{f6}rd", "p\u{e4}ssw\u{f6}rd", salt)
             .await
             .expect("login");
-        assert!(!is_cached("u3", "p\u{e4}ssw\u{f6}rd".as_bytes(), salt, 4096));
+        assert!(!is_cached(
+            "u3",
+            "p\u{e4}ssw\u{f6}rd".as_bytes(),
+            salt,
+            4096
+        ));
     }
 
     #[tokio::test]
@@ -370,7 +393,11 @@ mod tests {
             ("same nonce", "r={n},s=c2FsdA==,i=4096".to_string()),
         ] {
             let mut c = ScramClient::new("u4", "pw");
-            let n = std::str::from_utf8(c.message()).unwrap().strip_prefix("n,,n=,r=").unwrap().to_string();
+            let n = std::str::from_utf8(c.message())
+                .unwrap()
+                .strip_prefix("n,,n=,r=")
+                .unwrap()
+                .to_string();
             let first = first.replace("{n}", &n);
             assert!(c.update(first.as_bytes()).await.is_err(), "{name}");
         }
@@ -399,7 +426,10 @@ mod tests {
     #[test]
     fn the_cache_is_bounded() {
         let mut c = KeyCache::default();
-        let zero = ScramKeys { client_key: [0; 32], server_key: [0; 32] };
+        let zero = ScramKeys {
+            client_key: [0; 32],
+            server_key: [0; 32],
+        };
         for i in 0..60u32 {
             c.insert(cache_key("bound", &i.to_be_bytes(), b"s", 1), zero, 50);
             // The same entry again is no second slot.

@@ -20,11 +20,11 @@ use base64::Engine as _;
 use rand::RngCore;
 use tokio_postgres::Client;
 
-use super::records::RECORDS_TABLE;
 use super::quote_literal;
+use super::records::RECORDS_TABLE;
 use crate::pgconn::gate::{GateFuture, LoginGate, Window};
-use crate::pgconn::Endpoint;
 use crate::pgconn::scram;
+use crate::pgconn::Endpoint;
 
 /// How long a role stays open if the gateway never closes it (it died mid-login).
 const OPEN_FOR: &str = "30 seconds";
@@ -60,13 +60,15 @@ impl std::fmt::Debug for RoleGate {
 
 /// What an open window holds until it is closed.
 struct Open {
-    _turn: tokio::sync::OwnedMutexGuard<()>,
-    verifier: String,
-    client: Arc<Client>,
+    pending: Option<Pending>,
 }
 
 impl RoleGate {
-    pub(super) fn new(admin: tokio_postgres::Config, admin_db: String, endpoint: Endpoint) -> RoleGate {
+    pub(super) fn new(
+        admin: tokio_postgres::Config,
+        admin_db: String,
+        endpoint: Endpoint,
+    ) -> RoleGate {
         RoleGate {
             admin,
             admin_db,
@@ -97,28 +99,10 @@ impl RoleGate {
         t.entry(user.to_string()).or_default().clone()
     }
 
+    /// Every await from the advisory lock on may be the last (a session dropped midway):
+    /// from there the window is an [`Open`], whose drop closes it.
     async fn open_inner(&self, user: &str) -> Result<Window, String> {
         super::validate_handle(super::seatbelt::handle_of(user)).map_err(|e| e.to_string())?;
-        let turn = self.turn(user).lock_owned().await;
-        let c = self.client().await?;
-        let started = std::time::Instant::now();
-        loop {
-            let got: bool = c
-                .query_one(
-                    "SELECT pg_try_advisory_lock(hashtext('sandpit_login'), hashtext($1))",
-                    &[&user],
-                )
-                .await
-                .map_err(|e| format!("taking the login turn: {e}"))?
-                .get(0);
-            if got {
-                break;
-            }
-            if started.elapsed() > TURN_WAIT {
-                return Err(format!("another gateway holds {user}'s login turn"));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
         let mut raw = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut raw);
         let password = URL_SAFE_NO_PAD.encode(raw);
@@ -126,6 +110,47 @@ impl RoleGate {
         let verifier = scram::new_verifier(user, &password, ITERATIONS)
             .await
             .map_err(|e| e.to_string())?;
+        let turn = self.turn(user).lock_owned().await;
+        let c = self.client().await?;
+        let mut open = Open {
+            pending: Some(Pending {
+                turn,
+                user: user.to_string(),
+                verifier: verifier.clone(),
+                client: c.clone(),
+                // Nothing of ours to compare with until the password is sent.
+                check: false,
+            }),
+        };
+        let started = std::time::Instant::now();
+        loop {
+            let got = c
+                .query_one(
+                    "SELECT pg_try_advisory_lock(hashtext('sandpit_login'), hashtext($1))",
+                    &[&user],
+                )
+                .await
+                .map(|r| r.get::<_, bool>(0));
+            let why = match got {
+                Ok(true) => break,
+                Err(e) => format!("taking the login turn: {e}"),
+                Ok(false) if started.elapsed() > TURN_WAIT => {
+                    format!("another gateway holds {user}'s login turn")
+                }
+                Ok(false) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            };
+            // Not ours to close: another gateway's window may be open.
+            open.pending.take();
+            return Err(why);
+        }
+        let check = self.can_read_verifiers.load(Ordering::Relaxed);
+        if let Some(p) = open.pending.as_mut() {
+            // Sent on the first poll below: from here the server has our password.
+            p.check = check;
+        }
         let opened = c
             .batch_execute(&format!(
                 "DO $sandpit$ BEGIN EXECUTE format('ALTER ROLE %I PASSWORD %L VALID UNTIL %L', \
@@ -135,36 +160,78 @@ impl RoleGate {
             ))
             .await;
         if let Err(e) = opened {
-            unlock(&c, user).await;
+            if let Some(mut p) = open.pending.take() {
+                p.check = false;
+                let _ = p.finish().await;
+            }
             return Err(format!("opening the login: {e}"));
         }
         Ok(Window {
             password,
-            state: Box::new(Open {
-                _turn: turn,
-                verifier,
-                client: c,
-            }),
+            state: Box::new(open),
         })
     }
 
     async fn close_inner(&self, user: &str, w: Window) -> Result<(), String> {
-        let Ok(open) = w.state.downcast::<Open>() else {
+        let Ok(mut open) = w.state.downcast::<Open>() else {
             return Err("not this gate's window".into());
         };
-        let c = &open.client;
+        let Some(pending) = open.pending.take() else {
+            return Err("window closed twice".into());
+        };
+        debug_assert_eq!(pending.user, user);
+        pending.finish().await
+    }
+}
+
+/// What closing a window needs; taken out of [`Open`] by the close, or by its drop when the
+/// login was abandoned midway (a client gone, a timeout): the close then runs on its own
+/// task, so a window cannot be left open for the agent to race.
+struct Pending {
+    turn: tokio::sync::OwnedMutexGuard<()>,
+    user: String,
+    verifier: String,
+    client: Arc<Client>,
+    check: bool,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Err(e) = pending.finish().await {
+                        tracing::warn!(error = %e, "closing an abandoned login window");
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                role = %pending.user,
+                "login window abandoned outside a runtime; it closes by itself within {OPEN_FOR}"
+            ),
+        }
+    }
+}
+
+impl Pending {
+    /// Closes the role, releases the turn, and reports a password changed meanwhile.
+    async fn finish(self) -> Result<(), String> {
+        let (c, user) = (&self.client, self.user.as_str());
         let user_lit = quote_literal(user);
         // One statement, one transaction: the read after the close sees the password the
         // window ended with (a change committed later is expired, one committing meanwhile
         // makes the close fail with "tuple concurrently updated", and it is tried again).
-        let check = if self.can_read_verifiers.load(Ordering::Relaxed) {
+        let check = if self.check {
             format!(
                 "IF (SELECT rolpassword FROM pg_authid WHERE rolname = {user_lit}) \
                    IS DISTINCT FROM {} THEN \
                    UPDATE {RECORDS_TABLE} SET tampered = coalesce(tampered, '{CHANGED_IN_WINDOW}') \
                    WHERE handle = {user_lit}; \
                  END IF;",
-                quote_literal(&open.verifier)
+                quote_literal(&self.verifier)
             )
         } else {
             String::new()
@@ -183,8 +250,9 @@ impl RoleGate {
             closed = c.batch_execute(&close).await;
         }
         unlock(c, user).await;
+        drop(self.turn);
         closed.map_err(|e| format!("closing the login: {e}"))?;
-        if check.is_empty() {
+        if !self.check {
             return Ok(());
         }
         let tampered: Option<String> = c

@@ -330,7 +330,7 @@ impl TemplateProvider {
         let g = quote_ident(&self.golden);
         let c = self.connect(None).await?;
         // The verifier, not the password, goes over the wire and into any server log.
-        let verifier = postgres_protocol::password::scram_sha_256(self.password(h).as_bytes());
+        let verifier = self.rest_verifier(h).await?;
         // Recorded first: a fork cut off midway is tagged, so the janitor can remove it.
         self.put_record(&c, h, tag, &verifier).await?;
         c.batch_execute(&format!(

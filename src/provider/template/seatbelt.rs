@@ -119,8 +119,7 @@ impl TemplateProvider {
         h: &str,
     ) -> Result<(), ProviderError> {
         for (role, group) in [(read_role(h), READ_GROUP), (write_role(h), WRITE_GROUP)] {
-            let verifier =
-                postgres_protocol::password::scram_sha_256(self.password(&role).as_bytes());
+            let verifier = self.rest_verifier(&role).await?;
             self.put_role_record(c, &role, &verifier).await?;
             let q = quote_ident(&role);
             c.batch_execute(&format!(
