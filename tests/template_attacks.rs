@@ -209,6 +209,23 @@ fn a_password_changed_inside_a_login_window_ends_the_role_sessions() {
         gate.close(&h, w).await.expect("nothing changed");
         assert_eq!(role_state(&pg, &h).await, (true, None));
 
+        // A window abandoned midway (a login dropped, its client gone) is closed from its
+        // own task: the password it set no longer works.
+        let w = gate.open(&h).await.expect("open");
+        let abandoned = w.password.clone();
+        drop(w);
+        let mut closed = false;
+        for _ in 0..200 {
+            if role_state(&pg, &h).await.0 {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(closed, "the abandoned window was closed");
+        let e = direct(&pg, &h, &abandoned).await.expect_err("closed");
+        assert_eq!(sqlstate_sqlx(&e), "28P01", "{e}");
+
         // The race: a window opens, the agent changes the password from its session and logs
         // in directly with it before the close.
         let w = gate.open(&h).await.expect("open");
