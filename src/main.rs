@@ -1,12 +1,10 @@
 //! The `sandpit` binary: `serve`, and the harness-side commands that call the control API.
 
-mod main_args;
-
 use std::collections::BTreeMap;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use main_args::{ApiArgs, Cli, Cmd, GoldenCmd, ReviewCmd, ServeArgs, TokenCmd};
+use sandpit::cli::args::{ApiArgs, Cli, Cmd, GoldenCmd, ReviewCmd, ServeArgs, TokenCmd};
 use sandpit::cli::{self, ApiClient};
 use sandpit::config::Config;
 
@@ -452,7 +450,7 @@ fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
             let _ = stop_tx.send(true);
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            sandpit::server::stop_now::second_signal(&data_dir).await;
+            sandpit::server::stop::second_signal(&data_dir).await;
         });
         sandpit::server::run(cfg, Some(metrics), stop_rx, |pg, api| {
             println!("sandpit ready postgres={pg} api=http://{api}");

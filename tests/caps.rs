@@ -361,16 +361,22 @@ fn statements_of_a_busy_session_killed_mid_stream_are_in_the_log_after_restart()
         .join("logs/crash-busy")
         .join(format!("{id}.jsonl"));
     let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // A repeated text too: its records refer to one definition (the compact log).
+    let repeats = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let rt = tokio::runtime::Runtime::new().expect("rt");
     rt.block_on(async {
         let c = connect(&dsn(&t)).await.expect("connect");
-        let seen = answered.clone();
+        let (seen, again) = (answered.clone(), repeats.clone());
         let busy = tokio::spawn(async move {
             for i in 1u64.. {
                 if c.simple_query(&format!("select {i}")).await.is_err() {
                     break;
                 }
                 seen.store(i, std::sync::atomic::Ordering::SeqCst);
+                if c.simple_query("select 'again'").await.is_err() {
+                    break;
+                }
+                again.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         });
         // Mapped: the file ends in its reserved, still zero, tail.
@@ -383,8 +389,22 @@ fn statements_of_a_busy_session_killed_mid_stream_are_in_the_log_after_restart()
     });
     let last = answered.load(std::sync::atomic::Ordering::SeqCst);
     assert!(last > 16, "only {last} statements answered");
+    let repeated = repeats.load(std::sync::atomic::Ordering::SeqCst);
+    // Only a torn last record may be unreadable.
+    assert!(
+        sandpit::journal::log::unreadable_lines(&path)
+            .expect("check")
+            .len()
+            <= 1
+    );
     let g2 = Gateway::start_in(tmp.path(), Some(GOLDEN), None);
-    let logged: std::collections::HashSet<String> = all_statements(&g2, &id)
+    let all = all_statements(&g2, &id);
+    let again = all.iter().filter(|s| s["text"] == "select 'again'").count() as u64;
+    assert!(
+        again >= repeated,
+        "{again} of {repeated} repeated statements logged"
+    );
+    let logged: std::collections::HashSet<String> = all
         .iter()
         .filter_map(|s| s["text"].as_str().map(str::to_string))
         .collect();

@@ -1,7 +1,7 @@
 //! Client compatibility matrix: every client runs the same scenario (tests/clients/) through
 //! one real gateway on the embedded `instance` provider, each on a token of its own, and
-//! the results are rendered into `<target>/client-matrix.md` (copied into the README by
-//! `tests/clients/update-readme.sh`). Plus the protocol-completeness checks that need a
+//! the results are rendered into `<target>/client-matrix.md` (copied into docs/clients.md by
+//! `tests/clients/update-client-matrix.sh`). Plus the protocol-completeness checks that need a
 //! hand-built wire exchange (tests/clients/protocol.rs).
 //!
 //! The gateway is configured with `cleartext_on_loopback = false`, so a cleartext login that

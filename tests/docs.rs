@@ -1,8 +1,10 @@
 //! Docs that must not drift from the code: docs/api.yaml against the router,
-//! docs/statement-log.md against the log records, and the README's configuration reference
-//! against config/sandpit.toml and the config struct.
+//! docs/statement-log.md against the log records, docs/configuration.md's reference against
+//! config/sandpit.toml and the config struct, docs/operations.md's metrics table against the
+//! recorded metrics; and the README as a front page (short, every docs/*.md in its index,
+//! every relative link and anchor resolving).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use sandpit::journal::log::{LogRecord, OutcomeRecord, StatementRecord};
@@ -189,14 +191,14 @@ fn example_keys() -> BTreeSet<String> {
     out
 }
 
-/// The README's reference table keys.
-fn readme_keys() -> BTreeSet<String> {
-    let readme = read("README.md");
-    let table = readme
+/// The configuration reference's table keys (docs/configuration.md).
+fn reference_keys() -> BTreeSet<String> {
+    let doc = read("docs/configuration.md");
+    let table = doc
         .split("<!-- config-reference:start -->")
         .nth(1)
         .and_then(|t| t.split("<!-- config-reference:end -->").next())
-        .expect("README has the config-reference markers");
+        .expect("docs/configuration.md has the config-reference markers");
     table
         .lines()
         .filter_map(|l| l.strip_prefix("| `"))
@@ -244,10 +246,13 @@ fn config_struct_keys() -> BTreeSet<String> {
 #[test]
 fn config_reference_matches_example_and_struct() {
     let example = example_keys();
-    let readme = readme_keys();
+    let readme = reference_keys();
     let code = config_struct_keys();
     assert!(code.len() >= 20, "{code:?}");
-    assert_eq!(readme, example, "README reference vs config/sandpit.toml");
+    assert_eq!(
+        readme, example,
+        "docs/configuration.md reference vs config/sandpit.toml"
+    );
     assert_eq!(example, code, "config/sandpit.toml vs the Config struct");
     // The example's values are the defaults it says they are.
     let loaded = sandpit::config::Config::load(Some(&Path::new(ROOT).join("config/sandpit.toml")))
@@ -259,10 +264,13 @@ fn config_reference_matches_example_and_struct() {
 }
 
 #[test]
-fn readme_names_every_mcp_tool() {
-    let readme = read("README.md");
+fn clients_doc_names_every_mcp_tool() {
+    let doc = read("docs/clients.md");
     for t in sandpit::mcp::TOOL_NAMES {
-        assert!(readme.contains(&format!("| `{t}` |")), "README lacks {t}");
+        assert!(
+            doc.contains(&format!("| `{t}` |")),
+            "docs/clients.md lacks {t}"
+        );
     }
     assert!(read("docs/api.yaml").contains(&format!("`{}`", sandpit::mcp::TOOL_NAMES[0])));
 }
@@ -294,14 +302,14 @@ fn recorded_metrics() -> BTreeSet<String> {
     out
 }
 
-/// Metric names in the README's metrics table.
-fn readme_metrics() -> BTreeSet<String> {
-    let readme = read("README.md");
-    let section = readme
+/// Metric names in the metrics table of docs/operations.md.
+fn documented_metrics() -> BTreeSet<String> {
+    let doc = read("docs/operations.md");
+    let section = doc
         .split("\n### Metrics\n")
         .nth(1)
         .and_then(|s| s.split("\n### ").next())
-        .expect("README has a Metrics section");
+        .expect("docs/operations.md has a Metrics section");
     section
         .lines()
         .filter_map(|l| l.strip_prefix("| `"))
@@ -311,11 +319,11 @@ fn readme_metrics() -> BTreeSet<String> {
 }
 
 #[test]
-fn every_metric_is_in_the_readme_table_and_described() {
+fn every_metric_is_in_the_operations_table_and_described() {
     let code = recorded_metrics();
     assert!(code.len() >= 30, "{code:?}");
     assert!(code.iter().all(|n| n.starts_with("sandpit_")), "{code:?}");
-    let readme = readme_metrics();
+    let readme = documented_metrics();
     let described: BTreeSet<String> = sandpit::control::METRICS
         .iter()
         .map(|m| m.0.to_string())
@@ -323,17 +331,145 @@ fn every_metric_is_in_the_readme_table_and_described() {
     let undocumented: Vec<_> = code.difference(&readme).collect();
     assert!(
         undocumented.is_empty(),
-        "metrics missing from README's table: {undocumented:?}"
+        "metrics missing from docs/operations.md's table: {undocumented:?}"
     );
     let undescribed: Vec<_> = code.difference(&described).collect();
     assert!(
         undescribed.is_empty(),
         "metrics missing from control::METRICS (# HELP): {undescribed:?}"
     );
-    assert_eq!(readme, described, "README table vs control::METRICS");
+    assert_eq!(
+        readme, described,
+        "docs/operations.md table vs control::METRICS"
+    );
     let unused: Vec<_> = described.difference(&code).collect();
     assert!(
         unused.is_empty(),
         "described but never recorded: {unused:?}"
     );
+}
+
+/// GitHub's anchor for a heading: lower case, spaces to `-`, other punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim_start_matches('#')
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' | '-' => Some('-'),
+            c if c.is_alphanumeric() || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a markdown file's headings (outside code blocks).
+fn anchors(doc: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut out = BTreeSet::new();
+    for l in doc.lines() {
+        if l.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && l.starts_with('#') {
+            out.insert(anchor(l));
+        }
+    }
+    out
+}
+
+/// Relative link targets `](target)` in a markdown file (no scheme, no `mailto:`).
+fn relative_links(doc: &str) -> Vec<String> {
+    doc.split("](")
+        .skip(1)
+        .filter_map(|s| s.split(')').next())
+        .filter(|t| !t.contains("://") && !t.starts_with("mailto:"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// README.md and every docs/*.md, as (path relative to the root, text).
+fn markdown_docs() -> Vec<(String, String)> {
+    let mut out = vec![("README.md".to_string(), read("README.md"))];
+    let mut names: Vec<String> = std::fs::read_dir(Path::new(ROOT).join("docs"))
+        .expect("read docs/")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    names.sort();
+    for n in names {
+        let rel = format!("docs/{n}");
+        let text = read(&rel);
+        out.push((rel, text));
+    }
+    out
+}
+
+#[test]
+fn readme_is_a_front_page_whose_index_reaches_every_doc() {
+    let readme = read("README.md");
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 250,
+        "README.md has {lines} lines (a front page: at most 250)"
+    );
+    let index = readme
+        .split("\n## Index\n")
+        .nth(1)
+        .expect("README has an Index section");
+    let docs = markdown_docs();
+    assert!(
+        docs.len() >= 10,
+        "{:?}",
+        docs.iter().map(|d| &d.0).collect::<Vec<_>>()
+    );
+    for (rel, _) in docs.iter().skip(1) {
+        assert!(
+            index.contains(&format!("]({rel})")),
+            "README's index does not link {rel}"
+        );
+    }
+}
+
+#[test]
+fn every_relative_link_in_the_docs_resolves() {
+    let docs = markdown_docs();
+    let by_path: BTreeMap<&str, BTreeSet<String>> = docs
+        .iter()
+        .map(|(rel, text)| (rel.as_str(), anchors(text)))
+        .collect();
+    let mut bad = Vec::new();
+    for (rel, text) in &docs {
+        let dir = Path::new(rel).parent().unwrap_or(Path::new(""));
+        for link in relative_links(text) {
+            let (file, frag) = link.split_once('#').unwrap_or((&link, ""));
+            let target = if file.is_empty() {
+                rel.clone()
+            } else {
+                // Normalised against the linking file's folder (`docs/x.md` from README).
+                let joined = dir.join(file);
+                joined.to_string_lossy().into_owned()
+            };
+            if !Path::new(ROOT).join(&target).exists() {
+                bad.push(format!("{rel}: ({link}) names a missing file"));
+                continue;
+            }
+            if frag.is_empty() {
+                continue;
+            }
+            match by_path.get(target.as_str()) {
+                Some(a) if a.contains(frag) => {}
+                Some(_) => bad.push(format!("{rel}: ({link}) names a missing heading")),
+                None => bad.push(format!(
+                    "{rel}: ({link}) has an anchor into a non-markdown file"
+                )),
+            }
+        }
+    }
+    assert!(bad.is_empty(), "broken links:\n{}", bad.join("\n"));
+    // The check can fail: a made-up anchor is caught.
+    assert!(!anchors(&read("README.md")).contains("no-such-heading"));
+    assert!(anchors("## Review: what did the agent change?\n")
+        .contains("review-what-did-the-agent-change"));
 }

@@ -1,4 +1,4 @@
-//! Every metric the README's metrics table documents is in `/metrics` right after start, so a
+//! Every metric docs/operations.md's metrics table documents is in `/metrics` right after start, so a
 //! dashboard or an alert (`increase()`, `absent()`) sees a series before the first event.
 
 mod common;
@@ -8,15 +8,16 @@ use std::path::Path;
 
 use common::{Gateway, SMALL_GOLDEN};
 
-/// Metric names in the README's metrics table (the same parse as tests/docs.rs).
-fn readme_metrics() -> BTreeSet<String> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    let section = readme
+/// Metric names in docs/operations.md's metrics table (the same parse as tests/docs.rs).
+fn documented_metrics() -> BTreeSet<String> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+            .expect("docs/operations.md");
+    let section = doc
         .split("\n### Metrics\n")
         .nth(1)
         .and_then(|s| s.split("\n### ").next())
-        .expect("README has a Metrics section");
+        .expect("docs/operations.md has a Metrics section");
     section
         .lines()
         .filter_map(|l| l.strip_prefix("| `"))
@@ -47,7 +48,7 @@ fn metric_of(series: &str) -> &str {
 }
 
 /// Labelled by the fork method (copy, reflink, … : the provider's and the filesystem's),
-/// known only at the first fork; the README says so.
+/// known only at the first fork; docs/operations.md says so.
 const AT_FIRST_FORK: [&str; 2] = ["sandpit_fork_seconds", "sandpit_forks_total"];
 
 fn scrape(g: &Gateway) -> String {
@@ -76,7 +77,7 @@ fn every_documented_metric_is_exported_from_start() {
     let g = Gateway::start(Some(SMALL_GOLDEN), None);
     let text = scrape(&g);
     let all = series(&text);
-    let documented = readme_metrics();
+    let documented = documented_metrics();
     assert!(documented.len() >= 40, "{documented:?}");
     let missing_now = missing(&text, &documented);
     assert_eq!(
@@ -100,10 +101,12 @@ fn every_documented_metric_is_exported_from_start() {
         let got = all.iter().find(|(k, _)| k == series_name).map(|(_, v)| *v);
         assert_eq!(got, Some(value), "{series_name}\n{text}");
     }
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README.md");
-    assert!(readme
-        .contains("`sandpit_forks_total` and `sandpit_fork_seconds` appear with the first fork"));
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"))
+            .expect("docs/operations.md");
+    assert!(
+        doc.contains("`sandpit_forks_total` and `sandpit_fork_seconds` appear with the first fork")
+    );
     // The first fork brings the two.
     let t = g.issue("metrics-at-start", 600);
     let (ok, out, err) = common::psql(t["dsn"].as_str().expect("dsn"), &["-c", "select 1"]);

@@ -185,26 +185,25 @@ fn approve_then_promote_applies_exactly_the_change_or_nothing() {
         assert_eq!(r["validators"][0]["passed"], true, "{r}");
         assert_eq!(r["validators"][1]["passed"], true, "command validator: {r}");
         assert_eq!(r["capture"]["complete"], true, "{r}");
-        // A rejection needs a reason; then a change of mind, through the CLI.
+        // A rejection needs a reason; approval through the CLI; then the decision is final.
         let (s, _) = g.raw_call("POST", &format!("/v1/tokens/{a_id}/reject"), Some(json!({})));
         assert_eq!(s, 400);
-        let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{a_id}/reject"), Some(json!({"comment": "check the index first"})));
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(v["state"], "rejected");
         let (code, out, err) = run_sandpit(
             &[&["review", "approve", &a_id, "--comment", "index is fine"][..], &api[..]].concat(),
             &key,
         );
         assert_eq!(code, 0, "{out}{err}");
+        let (s, v) = g.raw_call("POST", &format!("/v1/tokens/{a_id}/reject"), Some(json!({"comment": "check the index first"})));
+        assert_eq!(s, 409, "{v}");
+        assert!(v["error"].as_str().unwrap_or("").contains("approved by admin at"), "{v}");
         let r = record(&g, &a_id);
         assert_eq!(r["state"], "approved", "{r}");
         let trail = r["trail"].as_array().expect("trail");
-        assert_eq!(trail.len(), 2, "{r}");
-        assert_eq!(trail[0]["action"], "rejected");
-        assert_eq!(trail[1]["action"], "approved");
-        assert_eq!(trail[1]["by"], "admin");
-        assert_eq!(trail[1]["comment"], "index is fine");
-        assert!(trail[1]["at"].as_str().unwrap_or("").contains('T'));
+        assert_eq!(trail.len(), 1, "{r}");
+        assert_eq!(trail[0]["action"], "approved");
+        assert_eq!(trail[0]["by"], "admin");
+        assert_eq!(trail[0]["comment"], "index is fine");
+        assert!(trail[0]["at"].as_str().unwrap_or("").contains('T'));
 
         // The target moved since the golden: conflicts listed, nothing applied.
         let moved = src.admin("shop_moved").await;

@@ -271,12 +271,16 @@ fn kinds_follow_the_servers_tags() {
         .join("logs")
         .join("names-kinds")
         .join(format!("{id}.jsonl"));
-    let raw = std::fs::read_to_string(&file).expect("log file");
-    let stored: Value = raw
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|r| r["text"] == "EXECUTE d")
-        .expect("EXECUTE d logged");
+    let mut stored = None;
+    sandpit::journal::log::scan(&file, |e| {
+        if let sandpit::journal::log::LogEntry::Statement { statement, .. } = e {
+            if statement.text == "EXECUTE d" {
+                stored = Some(serde_json::to_value(&statement).expect("json"));
+            }
+        }
+    })
+    .expect("log file");
+    let stored = stored.expect("EXECUTE d logged");
     assert_ne!(stored["kind"], "write", "{stored}");
     let execute = statements(&id)
         .into_iter()

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod args;
 mod text;
 pub use text::*;
 

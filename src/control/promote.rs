@@ -14,6 +14,9 @@ use subtle::ConstantTimeEq;
 use super::{error, ApiState};
 use crate::promote::{self, decisions::ReviewRecord, Decision, PromoteError, PromoteRequest, Who};
 use crate::registry::TokenRecord;
+use crate::review::model::Review;
+use crate::review::store::{self, Format};
+use crate::review::verify::VerifyStatus;
 
 /// Who a key is: the admin, a reviewer, or nobody.
 pub(crate) fn who_is(s: &ApiState, given: &str) -> Option<Who> {
@@ -177,7 +180,7 @@ async fn decide(
         Ok(r) => r,
         Err(r) => return r,
     };
-    match promote::decide(&s.gw, &rec, d, &b.comment, &who) {
+    match decide_once(&s, &rec, d, &b.comment, &who) {
         Ok(r) => Json(r).into_response(),
         Err(e) => promote_error(e),
     }
@@ -253,4 +256,106 @@ pub(crate) async fn promote_token(
         Ok((report, _)) => Json(report).into_response(),
         Err(e) => promote_error(e),
     }
+}
+
+/// The token's stored review (its JSON form), when one was written and parses.
+pub(crate) fn stored_review(s: &ApiState, rec: &TokenRecord) -> Option<Review> {
+    let text = store::load(
+        &store::reviews_dir(&s.gw.config),
+        &rec.task,
+        &rec.id,
+        Format::Json,
+    )?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Why the stored review's patch check blocks approval: "patch verified: differs" means the
+/// scratch database holds something the review does not model (row security, rules,
+/// storage options, …), so what a person approves would not be the change the agent made.
+pub(crate) fn unmodelled(stored: Option<&Review>) -> Option<String> {
+    let v = stored?.verification.as_ref()?;
+    (v.status == VerifyStatus::Differs).then(|| {
+        format!(
+            "{}: the scratch database holds changes the review does not model; approval is blocked",
+            v.summary
+        )
+    })
+}
+
+/// Every reason approval of `rec` is refused today, for a person (the page shows them beside
+/// Approve): the review missing or failed, the patch check differing, the change found
+/// unpromotable when the token ended, validators failed or not run.
+pub(crate) fn approval_blockers(
+    s: &ApiState,
+    rec: &TokenRecord,
+    r: &ReviewRecord,
+    stored: Option<&Review>,
+) -> Vec<String> {
+    let mut out: Vec<String> = crate::registry::end::approval_refused(rec)
+        .into_iter()
+        .collect();
+    let differs = stored
+        .and_then(|x| x.verification.as_ref())
+        .filter(|v| v.status == VerifyStatus::Differs)
+        .map(|v| v.summary.clone());
+    if let Some(why) = unmodelled(stored) {
+        out.push(why);
+    }
+    if let Some(c) = &r.capture {
+        // The capture's own copy of the patch-check refusal is named once.
+        let same = |x: &String| differs.as_ref().is_some_and(|d| x.starts_with(d.as_str()));
+        out.extend(c.refusals.iter().filter(|x| !same(x)).cloned());
+    }
+    for v in r.failed_validators() {
+        out.push(format!("validator {} failed", v.name));
+    }
+    let wanted =
+        promote::validators::for_golden(&s.gw.config.promote.validators, rec.golden.as_deref());
+    for v in wanted {
+        if !r.validators.iter().any(|x| x.name == v.name) {
+            out.push(format!(
+                "validator {} has not run against this task",
+                v.name
+            ));
+        }
+    }
+    out
+}
+
+/// Serialises decisions in this process, so "not decided yet" is still true when one is
+/// recorded.
+static DECIDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`promote::decide`], once: a review already approved, rejected or promoted is refused
+/// (decisions are final, so what was approved is what the trail says), and approval is
+/// refused while the patch check says the review does not model the whole change.
+pub(crate) fn decide_once(
+    s: &ApiState,
+    rec: &TokenRecord,
+    d: Decision,
+    comment: &str,
+    who: &Who,
+) -> Result<ReviewRecord, PromoteError> {
+    let _one = DECIDING.lock().unwrap_or_else(|p| p.into_inner());
+    let r = promote::record(&s.gw, rec)?;
+    if r.state != promote::decisions::ReviewState::NeedsReview {
+        let by = r
+            .trail
+            .iter()
+            .rev()
+            .find(|e| e.action == "approved" || e.action == "rejected")
+            .map(|e| format!(" by {} at {}", e.by, e.at))
+            .unwrap_or_default();
+        return Err(PromoteError::State(format!(
+            "the change was {}{by} already: decisions are final",
+            r.state.words()
+        )));
+    }
+    if d == Decision::Approve && !rec.state.is_usable() {
+        let already = r.capture.as_ref().is_some_and(|c| !c.refusals.is_empty());
+        if let Some(why) = unmodelled(stored_review(s, rec).as_ref()).filter(|_| !already) {
+            return Err(PromoteError::State(why));
+        }
+    }
+    promote::decide(&s.gw, rec, d, comment, who)
 }

@@ -18,131 +18,25 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 mod book;
+mod compact;
+mod defs;
 mod fill;
+mod intern;
 mod line;
 mod mapped;
 mod read;
+mod record;
 
 use fill::fill_level;
 pub use fill::FILL_WARNINGS;
 
 pub use book::{LogBook, SyncTicker, OUTCOME_IDLE, SYNC_INTERVAL};
 pub use line::{param_text, to_line, OutcomeRef, StatementRef};
-pub use read::{read_page, read_statements, scan, statement_at, LogEntry, Page};
-
-/// One line of the log.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "type", rename_all = "lowercase")]
-pub enum LogRecord {
-    /// Written before the statement reaches the backend.
-    Statement(StatementRecord),
-    /// Written when its result is known.
-    Outcome(OutcomeRecord),
-}
-
-/// A statement as the client sent it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StatementRecord {
-    /// Sequence number within the token's log (unique per token).
-    pub seq: u64,
-    /// RFC 3339 time it was received.
-    pub ts: String,
-    /// Token id.
-    pub token: String,
-    /// Task name.
-    pub task: String,
-    /// Session number within the gateway process.
-    pub session: u64,
-    /// "simple", "extended" or "function".
-    pub protocol: String,
-    /// Statement text exactly as sent (lossy UTF-8 only if the client's bytes were not UTF-8).
-    pub text: String,
-    /// Bind parameters: text values capped in length, binary as `\x` + hex prefix, NULL as null.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub params: Vec<Option<String>>,
-    /// read / write / ddl / transaction / privilege / utility / unparsed.
-    pub kind: String,
-}
-
-/// How a statement ended.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct OutcomeRecord {
-    /// The `seq` of its statement record.
-    pub seq: u64,
-    /// RFC 3339 time it completed.
-    pub ts: String,
-    /// Rows returned (SELECT, FETCH, RETURNING, COPY TO) or affected (INSERT/UPDATE/DELETE).
-    pub rows: Option<u64>,
-    /// Whether the result was cut by a cap.
-    pub capped: bool,
-    /// Wall time in milliseconds from forwarding to completion.
-    pub duration_ms: f64,
-    /// SQLSTATE when it failed.
-    pub sqlstate: Option<String>,
-    /// The command tag the client saw, when it succeeded.
-    pub tag: Option<String>,
-    /// Never ran: an earlier statement of the same query or pipeline failed.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub skipped: bool,
-    /// Refused by the token's seatbelt policy; it never reached the backend.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub denied: bool,
-    /// The kind the server's command tags tell (`DELETE 10`: write), when they tell one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
-}
-
-/// The full length and digest of a statement text that was stored cut (see [`TEXT_MAX`]).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TextCut {
-    /// Length in bytes of the whole text.
-    pub text_len: u64,
-    /// SHA-256 of the whole text (hex).
-    pub text_sha256: String,
-}
-
-/// A statement with its outcome (None if it never completed, e.g. the session died).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct LoggedStatement {
-    /// The statement.
-    #[serde(flatten)]
-    pub statement: StatementRecord,
-    /// Set when the stored text is only the first [`TEXT_MAX`] bytes.
-    #[serde(flatten)]
-    pub cut: Option<TextCut>,
-    /// Its outcome.
-    pub outcome: Option<OutcomeRecord>,
-    /// Where `kind` comes from: "server" (the command tags of its outcome) or "lexical"
-    /// (a guess from the text: it never completed, or its tags do not tell). Set by the
-    /// readers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind_source: Option<String>,
-}
-
-impl LoggedStatement {
-    /// The kind the server's answer told, in place of the lexical guess when there is one.
-    pub fn settle_kind(&mut self) {
-        let told = self.outcome.as_ref().and_then(|o| o.kind.clone());
-        self.kind_source = Some(match told {
-            Some(k) => {
-                self.statement.kind = k;
-                "server".to_string()
-            }
-            None => "lexical".to_string(),
-        });
-    }
-}
-
-/// The kind a statement is counted as: what its outcome's tags told, else the lexical guess.
-pub fn settled_kind(lexical: String, outcome: Option<&OutcomeRecord>) -> String {
-    match outcome.and_then(|o| o.kind.clone()) {
-        Some(k) => k,
-        None => lexical,
-    }
-}
+pub use read::{read_page, read_statements, scan, statement_at, unreadable_lines, LogEntry, Page};
+pub use record::{
+    settled_kind, LogRecord, LoggedStatement, OutcomeRecord, StatementRecord, TextCut,
+};
 
 /// Errors writing or reading a log.
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +90,9 @@ struct Writer {
     seen: Option<u64>,
     /// Parts of the last records kept formatted (text, token and task, date and time).
     escaped: line::EscapeCache,
+    /// Set for a version 2 log (compact records, see `compact`); None: JSON lines only
+    /// (a log begun by an earlier version goes on as it began).
+    intern: Option<intern::Interner>,
     /// Set while the log is busy: records are copied into this mapping of the file's
     /// reserved tail instead of written (the file is then longer than `len`).
     tail: Option<mapped::MappedTail>,
@@ -248,7 +145,26 @@ impl TokenLog {
         if len < file.metadata().map_err(io)?.len() {
             file.set_len(len).map_err(io)?;
         }
-        let torn = len > 0 && last_byte(&file, len).map_err(io)? != b'\n';
+        let mut torn = len > 0 && last_byte(&file, len).map_err(io)? != b'\n';
+        let (intern, len) = match defs::header_of(&file).map_err(io)? {
+            Some(h) => (
+                Some(intern::Interner::new(&h.token, &h.task, h.epoch_ns)),
+                len,
+            ),
+            None if len == 0 => {
+                // A new log: version 2, its times counted from now.
+                let i = intern::Interner::new(token, task, line::now_ns());
+                let mut head = Vec::new();
+                i.header_line(&mut head);
+                (&file).write_all(&head).map_err(|source| {
+                    let _ = file.set_len(0);
+                    io(source)
+                })?;
+                torn = false;
+                (Some(i), head.len() as u64)
+            }
+            None => (None, len),
+        };
         Ok(TokenLog {
             path,
             writer: Mutex::new(Writer {
@@ -262,6 +178,7 @@ impl TokenLog {
                 carried: 0,
                 seen: None,
                 escaped: line::EscapeCache::default(),
+                intern,
                 tail: None,
                 writes: 0,
                 writes_at_tick: 0,
@@ -312,11 +229,19 @@ impl TokenLog {
         let w_ = &mut *w;
         start_line(w_);
         let outcomes = w_.line.len();
-        line::statement_line(&mut w_.line, s, &mut w_.escaped);
+        let at = w_.len;
+        let compact = match w_.intern.as_mut() {
+            Some(i) => i.statement(&mut w_.line, at, s),
+            None => false,
+        };
+        if !compact {
+            line::statement_line(&mut w_.line, s, &mut w_.escaped);
+        }
         let result = if self.max_bytes > 0 && w_.len + w_.line.len() as u64 > self.max_bytes {
             metrics::counter!("sandpit_log_quota_exceeded_total").increment(1);
             // The deferred outcomes are written all the same (outcomes are never refused).
             w_.line.truncate(outcomes);
+            forget_definitions(w_);
             let written = if w_.pending.is_empty() {
                 Ok(())
             } else {
@@ -329,6 +254,9 @@ impl TokenLog {
         } else {
             self.write_line(w_)
         };
+        if matches!(result, Err(LogError::Io { .. })) {
+            forget_definitions(w_);
+        }
         if !matches!(result, Err(LogError::Io { .. })) && !w_.pending.is_empty() {
             // Written (or refused after they were): they no longer wait.
             w_.pending.clear();
@@ -348,9 +276,8 @@ impl TokenLog {
     /// Append an outcome record now (see [`TokenLog::append`]); deferred outcomes go first.
     pub fn append_outcome(&self, o: &OutcomeRef<'_>) -> Result<(), LogError> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let w_ = &mut *w;
-        line::outcome_line(&mut w_.pending, o, &mut w_.escaped);
-        self.flush_locked(w_)
+        put_outcome(&mut w, o);
+        self.flush_locked(&mut w)
     }
 
     /// Keep an outcome record to be written with the next statement record (in the same
@@ -359,10 +286,10 @@ impl TokenLog {
     /// it: its statement then reads as never completed.
     pub fn defer_outcome(&self, o: &OutcomeRef<'_>) -> Result<(), LogError> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let w_ = &mut *w;
-        line::outcome_line(&mut w_.pending, o, &mut w_.escaped);
-        if w_.pending.len() >= PENDING_MAX {
-            return self.flush_locked(w_);
+        // One that defined a text is written at once: a definition's offset holds only
+        // while nothing else is written first.
+        if put_outcome(&mut w, o) || w.pending.len() >= PENDING_MAX {
+            return self.flush_locked(&mut w);
         }
         Ok(())
     }
@@ -382,6 +309,8 @@ impl TokenLog {
         if result.is_ok() {
             w.pending.clear();
             w.carried += 1;
+        } else {
+            forget_definitions(w);
         }
         result
     }
@@ -565,6 +494,32 @@ fn start_line(w: &mut Writer) {
         w.line.push(b'\n');
     }
     w.line.extend_from_slice(&w.pending);
+}
+
+/// Formats an outcome record into the deferred ones: compact when the log is version 2 and
+/// it can be. True when it carries a definition.
+fn put_outcome(w: &mut Writer, o: &OutcomeRef<'_>) -> bool {
+    // Deferred records land after the newline a torn file gets first (see `start_line`).
+    let at = w.len + u64::from(w.torn);
+    match w
+        .intern
+        .as_mut()
+        .and_then(|i| i.outcome(&mut w.pending, at, o))
+    {
+        Some(defined) => defined,
+        None => {
+            line::outcome_line(&mut w.pending, o, &mut w.escaped);
+            false
+        }
+    }
+}
+
+/// After a write that was refused or failed: the definitions it carried may not be in the
+/// file, so none is referred to again (each is defined anew at its next use).
+fn forget_definitions(w: &mut Writer) {
+    if let Some(i) = w.intern.as_mut() {
+        i.forget();
+    }
 }
 
 fn last_byte(f: &std::fs::File, len: u64) -> std::io::Result<u8> {

@@ -53,7 +53,7 @@ impl EndReason {
 }
 
 /// What happens around a token's life that the lifecycle does not own (the review), set up
-/// by `server.rs`: the lifecycle calls these and never imports the modules above it.
+/// by `server/run.rs`: the lifecycle calls these and never imports the modules above it.
 pub trait TokenHooks: Send + Sync + 'static {
     /// A token was just issued (its record written).
     fn issued(&self, _rec: &TokenRecord) {}

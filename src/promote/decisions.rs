@@ -240,7 +240,7 @@ pub fn update<T, E: From<RecordError>>(
 
 /// Current time, RFC 3339.
 pub fn now() -> String {
-    crate::review::diff::now_rfc3339()
+    crate::rfc3339::now()
 }
 
 #[cfg(test)]

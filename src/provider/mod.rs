@@ -124,7 +124,7 @@ fn versions_unsupported<T>(name: &str) -> Result<T, ProviderError> {
 
 /// A source of scratch databases.
 pub trait Provider: Send + Sync + 'static {
-    /// Short name for logs and metrics ("instance", "template", "remote").
+    /// Short name for logs and metrics ("instance", "template", "remote", "microvm").
     fn name(&self) -> &'static str;
     /// Fork a new backend from the golden, tagged with `tag`, and wait until it accepts connections.
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>>;

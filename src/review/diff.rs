@@ -200,7 +200,7 @@ pub async fn diff(
     Ok(Review {
         token: token.to_string(),
         task: task.to_string(),
-        generated_at: now_rfc3339(),
+        generated_at: crate::rfc3339::now(),
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
         scan,
         schema: sd.changes,
@@ -211,13 +211,6 @@ pub async fn diff(
         patch,
         verification: None,
     })
-}
-
-/// Current time, RFC 3339.
-pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
 }
 
 /// Opens the scratch snapshot once no other session can hold unpublished counters: every
@@ -364,7 +357,7 @@ fn render_patch(
          -- Strings are quoted for standard_conforming_strings = on, so it is pinned first.\n\
          SET standard_conforming_strings = on;\n\
          BEGIN;\n",
-        now_rfc3339()
+        crate::rfc3339::now()
     );
     // Not search_path: every name in the patch is qualified, and the golden's own functions
     // and triggers, which may run while it applies, expect the database's usual path.

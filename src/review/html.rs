@@ -98,8 +98,21 @@ fn statements(out: &mut String, r: &Review, stmts: &[LoggedStatement]) {
         s.failed.len(),
         s.unfinished
     );
+    statement_table(out, stmts.iter().take(STATEMENTS_MAX));
+    if stmts.len() > STATEMENTS_MAX {
+        let _ = write!(
+            out,
+            "<p class=\"muted\">first {STATEMENTS_MAX} of {} shown</p>",
+            stmts.len()
+        );
+    }
+    out.push_str("</section>");
+}
+
+/// Statements of the log as a table: number, kind, text (agent text shown escaped), result.
+pub fn statement_table<'a>(out: &mut String, stmts: impl Iterator<Item = &'a LoggedStatement>) {
     out.push_str("<table><tr><th>#</th><th>kind</th><th>statement</th><th>result</th></tr>");
-    for st in stmts.iter().take(STATEMENTS_MAX) {
+    for st in stmts {
         let (class, result) = match &st.outcome {
             None => ("failed", "unfinished".to_string()),
             Some(o) => match &o.sqlstate {
@@ -124,17 +137,10 @@ fn statements(out: &mut String, r: &Review, stmts: &[LoggedStatement]) {
         );
     }
     out.push_str("</table>");
-    if stmts.len() > STATEMENTS_MAX {
-        let _ = write!(
-            out,
-            "<p class=\"muted\">first {STATEMENTS_MAX} of {} shown</p>",
-            stmts.len()
-        );
-    }
-    out.push_str("</section>");
 }
 
-fn schema(out: &mut String, r: &Review) {
+/// The schema changes and moved sequences of `r` as a section.
+pub fn schema(out: &mut String, r: &Review) {
     out.push_str("<section id=\"schema\"><h2>Schema changes</h2>");
     if r.schema.is_empty() && r.sequences.is_empty() {
         out.push_str("<p class=\"muted\">none</p>");
@@ -186,7 +192,8 @@ fn cells(out: &mut String, vals: &[Option<String>], changed: &dyn Fn(usize) -> b
     }
 }
 
-fn table(out: &mut String, t: &TableDiff) {
+/// One table's row changes: counts, then its sample rows (changed cells marked `chg`).
+pub fn table(out: &mut String, t: &TableDiff) {
     let _ = write!(
         out,
         "<h3><code>{}</code></h3><p>{} inserted, {} updated, {} deleted; matched by {}</p>",

@@ -421,7 +421,7 @@ pub fn load(dir: &Path, task: &str, token: &str, f: Format) -> Option<String> {
     std::fs::read_to_string(review_path(dir, task, token, f)).ok()
 }
 
-/// Called after a fork (a lifecycle hook set up by `server.rs`): start the reference in the
+/// Called after a fork (a lifecycle hook set up by `server/run.rs`): start the reference in the
 /// background, so the review at the end of the token does not wait for it (it is started
 /// once and kept).
 pub fn prepare(rv: &Reviewer, golden: Option<String>) {
@@ -436,7 +436,7 @@ pub fn prepare(rv: &Reviewer, golden: Option<String>) {
 }
 
 /// Called before an ended token's backend is destroyed (a lifecycle hook set up by
-/// `server.rs`), when `review.on_end` is set: end the agent's sessions and roll back its
+/// `server/run.rs`), when `review.on_end` is set: end the agent's sessions and roll back its
 /// prepared transactions (nothing of the agent's may hold the review back), take the review
 /// and store it. An error says why no review was stored; the backend is then kept and the
 /// review tried again.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Steps every client runs, in the order the README lists them.
+/// Steps every client runs, in the order docs/clients.md lists them.
 pub const SCENARIO: &[(&str, &str)] = &[
     ("connect_scram", "connect with the issued DSN (SCRAM)"),
     (

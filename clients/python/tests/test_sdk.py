@@ -142,10 +142,13 @@ def test_review_approve_promote_dry_run_and_statements(sp):
     with pytest.raises(BadRequestError) as no_comment:
         sp.reject(t.id, "")
     assert no_comment.value.status == 400
-    assert sp.reject(t.id, "check first").state == "rejected"
     rec = sp.approve(t.id, "fine")
     assert rec.state == "approved"
-    assert [e.action for e in rec.trail] == ["rejected", "approved"]
+    assert [e.action for e in rec.trail] == ["approved"]
+    # Decisions are final: no second decision.
+    with pytest.raises(ConflictError) as again:
+        sp.reject(t.id, "check first")
+    assert again.value.status == 409
     rep = sp.promote(t.id, target=os.environ.get("SANDPIT_TEST_TARGET", "default"), dry_run=True)
     assert rep.outcome == "dry_run" and rep.dry_run is True, rep
     assert rep.counts.inserted == 1 and rep.counts.deleted == 0, rep

@@ -117,10 +117,12 @@ test("review, approve, promote dry run, statements", async () => {
   assert.equal(rec.state, "needs_review");
   assert.equal(rec.capture?.rows, 1);
   await assert.rejects(sp.reject(id, ""), (e) => e instanceof BadRequestError && e.status === 400);
-  assert.equal((await sp.reject(id, "check first")).state, "rejected");
   rec = await sp.approve(id, "fine");
   assert.equal(rec.state, "approved");
-  assert.deepEqual(rec.trail.map((e) => e.action), ["rejected", "approved"]);
+  assert.deepEqual(rec.trail.map((e) => e.action), ["approved"]);
+  // Decisions are final: no second decision.
+  const again = await sp.reject(id, "check first").catch((x) => x);
+  assert.ok(again instanceof ConflictError && again.status === 409, String(again));
   const rep = await sp.promote(id, { target: process.env.SANDPIT_TEST_TARGET ?? "default", dryRun: true });
   assert.equal(rep.outcome, "dry_run", JSON.stringify(rep));
   assert.equal(rep.dry_run, true);

@@ -1,7 +1,9 @@
 //! The review pages for people: `/review` lists every token with its decision state,
-//! `/review/{id}` shows one task's review (the stored review page's content, with its
-//! statement log), its validators, audit trail and promotions, with Approve / Reject and,
-//! once approved, Promote forms. Plain server-rendered HTML: no script, no outside asset,
+//! `/review/{id}` shows one task's page in the order a decision needs: why (the token's
+//! metadata), whether the change can be promoted (blockers, plan, dry run), the change
+//! itself (every changed row, paged), then Approve / Reject with the patch check's verdict
+//! beside them, once approved the Promote form, the statement log (writes by default), the
+//! patch and the audit trail. Plain server-rendered HTML: no script, no outside asset,
 //! a strict CSP; usable with a keyboard; wide tables scroll inside their box.
 //!
 //! Sign-in and CSRF: the admin or a reviewer key is posted once to `/review/login`; the
@@ -15,7 +17,8 @@ use std::fmt::Write;
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Form;
@@ -23,16 +26,22 @@ use dashmap::DashMap;
 use serde::Deserialize;
 use subtle::ConstantTimeEq;
 
-use super::promote::{summaries, who_is};
+use super::promote::{approval_blockers, decide_once, stored_review, who_is};
 use super::ApiState;
-use crate::promote::decisions::ReviewState;
-use crate::promote::resolve::{self};
+use crate::promote::decisions::{ReviewRecord, ReviewState};
+use crate::promote::resolve::{self, Resolved};
 use crate::promote::{self, Decision, PromoteRequest, Who};
+use crate::registry::TokenRecord;
 use crate::review::html::{esc, show};
-use crate::review::store::{self, Format};
+use crate::review::store;
 
+mod changes;
+mod decision;
+mod list;
 mod sections;
-use sections::{body_of, decision_section, promote_section, trail_section, validators_section};
+use changes::PageQuery;
+pub(crate) use list::list;
+use sections::{promote_section, trail_section, validators_section};
 
 /// Name of the session cookie.
 const COOKIE: &str = "sandpit_review";
@@ -54,7 +63,16 @@ a{color:#0550ae}:focus-visible{outline:3px solid #0969da;outline-offset:2px}\
 .pass{color:#1a7f37}.fail{color:#cf222e;font-weight:600}textarea{width:min(40em,100%)}\
 form{margin:.5em 0}button{font:inherit;padding:3px 12px;margin-right:.4em}\
 .review table{display:block;overflow-x:auto;max-width:100%}.review pre{overflow:auto;max-height:40em}\
-.review .cols{display:block}";
+.review .cols{display:block}pre{white-space:pre-wrap;word-break:break-word;overflow:auto;max-height:40em}\
+.ins{background:#e6ffec}.del{background:#ffebe9}.upd{background:#fff8c5}\
+td.chg{background:#ffd33d;font-weight:700;outline:2px solid #bf8700;outline-offset:-2px}\
+.failed{background:#ffebe9}.muted{color:#666}.pager{margin:.4em 0 1.4em}\
+bdi{unicode-bidi:isolate}.cc{color:#a00;background:#fee;border:1px dotted #a00;font:11px ui-monospace,monospace}\
+section{margin-bottom:1.2em}#why table th{background:#f6f8fa}\
+.decide{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start;border:2px solid #d0d7de;padding:.6em .8em;background:#f6f8fa}\
+.decide .buttons{margin:0}.decide .beside{flex:1;min-width:18em}.decide .beside p{margin:0 0 .3em}\
+button#approve{background:#1f883d;color:#fff;border:1px solid #1a7f37}button#approve:disabled{background:#8c959f;border-color:#8c959f;cursor:not-allowed}\
+.blockers{margin:.2em 0;padding-left:1.3em;color:#a40e26}nav#filters a[aria-current]{font-weight:700;text-decoration:none;color:#222}";
 
 struct Session {
     who: Who,
@@ -163,78 +181,6 @@ fn state_badge(s: ReviewState) -> String {
     format!("<span class=\"state {class}\">{}</span>", s.words())
 }
 
-/// `GET /review`: the list (or the sign-in form).
-pub(crate) async fn list(State(s): State<ApiState>, headers: HeaderMap) -> Response {
-    let Some((who, csrf)) = session(&headers) else {
-        return login_page(StatusCode::OK, None);
-    };
-    let mut records = match s.gw.registry.list_fresh().await {
-        Ok(r) => r,
-        Err(e) => {
-            return html(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "error",
-                &esc(&e.to_string()),
-            )
-        }
-    };
-    records.sort_by_key(|r| std::cmp::Reverse(r.created_at));
-    let mut b = String::new();
-    header_bar(&mut b, &who, &csrf);
-    let _ = write!(
-        b,
-        "<main><h1>Tasks to review</h1><p>{} tokens, newest first.</p>",
-        records.len()
-    );
-    b.push_str(
-        "<div class=\"box\"><table id=\"tokens\"><thead><tr><th>task</th><th>token</th><th>token state</th>\
-         <th>golden</th><th>schema changes</th><th>rows changed</th><th>validators</th><th>review</th>\
-         <th>last decision</th></tr></thead><tbody>",
-    );
-    for r in summaries(&s, &records) {
-        // No stored review: no count, no validator verdict, only why (never a "0").
-        let not_stored = r.review.as_deref().filter(|v| *v != "stored");
-        if let Some(why) = not_stored {
-            let _ = write!(
-                b,
-                "<tr class=\"review-missing\"><td><a href=\"/review/{id}\">{}</a></td><td><code>{id}</code></td><td>{}</td><td>{}</td>\
-                 <td colspan=\"3\" class=\"fail\">review {}</td><td>{}</td><td></td></tr>",
-                show(&r.task),
-                esc(&r.token_state),
-                esc(r.golden.as_deref().unwrap_or("–")),
-                show(why),
-                state_badge(r.state),
-                id = esc(&r.token),
-            );
-            continue;
-        }
-        let count = |v: Option<String>| v.unwrap_or_else(|| "–".into());
-        let validators = if r.validators_failed > 0 {
-            format!("<span class=\"fail\">{} failed</span>", r.validators_failed)
-        } else {
-            "ok".into()
-        };
-        let last = r
-            .last
-            .map(|e| format!("{} by {} at {}", esc(&e.action), esc(&e.by), esc(&e.at)))
-            .unwrap_or_default();
-        let _ = write!(
-            b,
-            "<tr><td><a href=\"/review/{id}\">{}</a></td><td><code>{id}</code></td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{validators}</td><td>{}</td><td>{last}</td></tr>",
-            show(&r.task),
-            esc(&r.token_state),
-            esc(r.golden.as_deref().unwrap_or("–")),
-            count(r.schema_changes.map(|n| n.to_string())),
-            count(r.rows_changed.map(|n| n.to_string())),
-            state_badge(r.state),
-            id = esc(&r.token),
-        );
-    }
-    b.push_str("</tbody></table></div></main>");
-    html(StatusCode::OK, "sandpit review: tasks", &b)
-}
-
 /// Form of `POST /review/login`.
 #[derive(Deserialize)]
 pub(crate) struct LoginForm {
@@ -302,54 +248,61 @@ pub(crate) async fn logout(headers: HeaderMap, Form(f): Form<CsrfForm>) -> Respo
     r
 }
 
-/// `GET /review/{id}`.
+/// `GET /review/{id}` (`?table=&page=` pages a table's rows, `?log=all&after=` the log).
 pub(crate) async fn token(
     State(s): State<ApiState>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    q: Result<Query<PageQuery>, QueryRejection>,
 ) -> Response {
     let Some((who, csrf)) = session(&headers) else {
         return login_page(StatusCode::UNAUTHORIZED, Some("Sign in first."));
     };
-    token_page(&s, &id, &who, &csrf, None, StatusCode::OK).await
+    // A query that does not parse is ignored: the page as if none was given.
+    let q = q.map(|Query(q)| q).unwrap_or_default();
+    token_page(&s, &id, &who, &csrf, None, StatusCode::OK, &q).await
 }
 
-async fn token_page(
+/// The default target (shown without its password), while a promotion or dry run is
+/// possible.
+async fn default_target(
     s: &ApiState,
-    id: &str,
-    who: &Who,
-    csrf: &str,
-    msg: Option<(bool, String)>,
-    status: StatusCode,
-) -> Response {
-    let Some(rec) = s.gw.registry.get(id) else {
-        return html(
-            StatusCode::NOT_FOUND,
-            "unknown token",
-            "<p>Unknown token. <a href=\"/review\">All tasks</a></p>",
-        );
-    };
-    let r = promote::record(&s.gw, &rec).unwrap_or_default();
-    let mut b = String::new();
-    header_bar(&mut b, who, csrf);
+    rec: &TokenRecord,
+    r: &ReviewRecord,
+) -> Option<Result<Resolved, promote::PromoteError>> {
+    if !matches!(r.state, ReviewState::Approved | ReviewState::NeedsReview) {
+        return None;
+    }
+    let kept = r
+        .capture
+        .as_ref()
+        .and_then(|c| c.source_conninfo.as_deref());
+    Some(
+        resolve::resolve(
+            &s.gw.config.promote,
+            s.gw.provider.as_ref(),
+            rec.golden.as_deref(),
+            kept,
+            &PromoteRequest::default(),
+            &Who::Admin,
+        )
+        .await,
+    )
+}
+
+/// The page's title, state line, the outcome of the form just posted, and a warning when the
+/// end-of-token review is missing.
+fn title(b: &mut String, rec: &TokenRecord, state: ReviewState, msg: Option<(bool, String)>) {
     let _ = write!(
         b,
         "<main><h1>Task {} <small>token <code>{}</code></small></h1>\
          <p>Review: {} · token {} · golden {}</p>",
         show(&rec.task),
         esc(&rec.id),
-        state_badge(r.state),
+        state_badge(state),
         esc(rec.state.as_str()),
         esc(rec.golden.as_deref().unwrap_or("–"))
     );
-    if let Some(why) = crate::registry::end::review_status(&rec).filter(|v| v != "stored") {
-        let _ = write!(
-            b,
-            "<p id=\"review-missing\" class=\"msg err\" role=\"alert\">End-of-token review {}: \
-             nothing below is a review of this token's change, and approval is refused.</p>",
-            show(&why)
-        );
-    }
     if let Some((ok, m)) = msg {
         let _ = write!(
             b,
@@ -359,44 +312,85 @@ async fn token_page(
             esc(&m)
         );
     }
-    validators_section(&mut b, &r);
-    decision_section(&mut b, &rec, &r, csrf);
-    // The target used when none is named (shown without its password), once it matters.
-    let default_target = if r.state == ReviewState::Approved {
-        let none = PromoteRequest::default();
-        let cfg = &s.gw.config.promote;
-        let provider = s.gw.provider.as_ref();
-        let kept = r
-            .capture
-            .as_ref()
-            .and_then(|c| c.source_conninfo.as_deref());
-        Some(
-            resolve::resolve(
-                cfg,
-                provider,
-                rec.golden.as_deref(),
-                kept,
-                &none,
-                &Who::Admin,
-            )
-            .await,
-        )
-    } else {
-        None
-    };
-    promote_section(&mut b, s, &r, csrf, default_target.as_ref());
-    trail_section(&mut b, &r);
-    b.push_str("<section class=\"review\" id=\"review\"><h2>What the task changed</h2>");
-    match store::load(
-        &store::reviews_dir(&s.gw.config),
-        &rec.task,
-        &rec.id,
-        Format::Html,
-    ) {
-        Some(page) => b.push_str(body_of(&page)),
-        None => b.push_str("<p>No stored review yet: it is written when the token ends.</p>"),
+    if let Some(why) = crate::registry::end::review_status(rec).filter(|v| v != "stored") {
+        let _ = write!(
+            b,
+            "<p id=\"review-missing\" class=\"msg err\" role=\"alert\">End-of-token review {}: \
+             nothing below is a review of this token's change, and approval is refused.</p>",
+            show(&why)
+        );
     }
-    b.push_str("</section></main>");
+}
+
+/// One task's page, top to bottom in the order a decision needs: why, whether it can be
+/// promoted (with a dry run), what changed, validators, the decision, the promotion, then
+/// the statement log, the patch and the audit trail.
+async fn token_page(
+    s: &ApiState,
+    id: &str,
+    who: &Who,
+    csrf: &str,
+    msg: Option<(bool, String)>,
+    status: StatusCode,
+    q: &PageQuery,
+) -> Response {
+    let Some(rec) = s.gw.registry.get(id) else {
+        return html(
+            StatusCode::NOT_FOUND,
+            "unknown token",
+            "<p>Unknown token. <a href=\"/review\">All tasks</a></p>",
+        );
+    };
+    let r = promote::record(&s.gw, &rec).unwrap_or_default();
+    let stored = stored_review(s, &rec);
+    let dir = store::reviews_dir(&s.gw.config);
+    let change = promote::change::load(&dir, &rec.task, &rec.id);
+    let blockers = if rec.state.is_usable() {
+        Vec::new()
+    } else {
+        approval_blockers(s, &rec, &r, stored.as_ref())
+    };
+    let target = default_target(s, &rec, &r).await;
+    let mut b = String::new();
+    header_bar(&mut b, who, csrf);
+    title(&mut b, &rec, r.state, msg);
+    decision::why_section(&mut b, &rec);
+    let may_promote = *who == Who::Admin || s.gw.config.promote.reviewers_may_promote;
+    let p = decision::Promotability {
+        rec: &rec,
+        r: &r,
+        stored: stored.as_ref(),
+        change: change.as_ref(),
+        blockers: &blockers,
+        csrf,
+        may_promote,
+        default_target: target.as_ref(),
+    };
+    decision::promotability_section(&mut b, s, &p);
+    let complete = r.capture.as_ref().is_some_and(|c| c.complete);
+    changes::review_section(
+        &mut b,
+        &rec.id,
+        stored.as_ref(),
+        change.as_ref().filter(|_| complete),
+        q,
+    );
+    validators_section(&mut b, &r);
+    decision::decision_section(&mut b, &rec, &r, stored.as_ref(), &blockers, csrf);
+    promote_section(
+        &mut b,
+        s,
+        &r,
+        csrf,
+        target.as_ref().filter(|_| r.state == ReviewState::Approved),
+    );
+    let log_path = crate::journal::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
+    changes::log_section(&mut b, &log_path, &rec.id, stored.as_ref(), q);
+    if let Some(review) = &stored {
+        changes::patch_section(&mut b, review);
+    }
+    trail_section(&mut b, &r);
+    b.push_str("</main>");
     html(status, &format!("sandpit review: {}", rec.task), &b)
 }
 
@@ -435,6 +429,7 @@ pub(crate) async fn decide(
                 &csrf,
                 Some((false, "unknown decision".into())),
                 StatusCode::BAD_REQUEST,
+                &PageQuery::default(),
             )
             .await
         }
@@ -446,7 +441,7 @@ pub(crate) async fn decide(
             "<p>Unknown token.</p>",
         );
     };
-    match promote::decide(&s.gw, &rec, d, &f.comment, &who) {
+    match decide_once(&s, &rec, d, &f.comment, &who) {
         Ok(r) => {
             token_page(
                 &s,
@@ -455,12 +450,22 @@ pub(crate) async fn decide(
                 &csrf,
                 Some((true, format!("Recorded: {}.", r.state.words()))),
                 StatusCode::OK,
+                &PageQuery::default(),
             )
             .await
         }
         Err(e) => {
             let status = super::promote::promote_error_status(&e);
-            token_page(&s, &id, &who, &csrf, Some((false, e.to_string())), status).await
+            token_page(
+                &s,
+                &id,
+                &who,
+                &csrf,
+                Some((false, e.to_string())),
+                status,
+                &PageQuery::default(),
+            )
+            .await
         }
     }
 }
@@ -519,11 +524,29 @@ pub(crate) async fn promote(
                 "refused" => format!("Refused: {}", rep.refusals.join("; ")),
                 _ => format!("Failed: {}", rep.error.unwrap_or_default()),
             };
-            token_page(&s, &id, &who, &f.csrf, Some((ok, m)), StatusCode::OK).await
+            token_page(
+                &s,
+                &id,
+                &who,
+                &f.csrf,
+                Some((ok, m)),
+                StatusCode::OK,
+                &PageQuery::default(),
+            )
+            .await
         }
         Err(e) => {
             let status = super::promote::promote_error_status(&e);
-            token_page(&s, &id, &who, &f.csrf, Some((false, e.to_string())), status).await
+            token_page(
+                &s,
+                &id,
+                &who,
+                &f.csrf,
+                Some((false, e.to_string())),
+                status,
+                &PageQuery::default(),
+            )
+            .await
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The sections of a task's review page: the stored review's content, validators, the
-//! decision and promotion forms, and the audit trail.
+//! The sections of a task's review page after the decision: validators, the promotion form
+//! and its attempts, and the audit trail.
 
 use std::fmt::Write;
 
@@ -8,13 +8,6 @@ use crate::promote;
 use crate::promote::decisions::{ReviewRecord, ReviewState};
 use crate::promote::resolve::Resolved;
 use crate::review::html::esc;
-
-/// The content of a stored review page (between its body tags).
-pub(super) fn body_of(page: &str) -> &str {
-    let start = page.find("<body>").map(|i| i + "<body>".len()).unwrap_or(0);
-    let end = page.rfind("</body>").unwrap_or(page.len());
-    page.get(start..end.max(start)).unwrap_or("")
-}
 
 pub(super) fn validators_section(b: &mut String, r: &ReviewRecord) {
     b.push_str("<section id=\"validators\"><h2>Validators</h2>");
@@ -36,41 +29,6 @@ pub(super) fn validators_section(b: &mut String, r: &ReviewRecord) {
         );
     }
     b.push_str("</tbody></table></div></section>");
-}
-
-pub(super) fn decision_section(
-    b: &mut String,
-    rec: &crate::registry::TokenRecord,
-    r: &ReviewRecord,
-    csrf: &str,
-) {
-    b.push_str("<section id=\"decision\"><h2>Decision</h2>");
-    if r.state == ReviewState::Promoted {
-        b.push_str("<p>Promoted: no further decision.</p></section>");
-        return;
-    }
-    if rec.state.is_usable() {
-        b.push_str(
-            "<p>The token is still live; its change can be decided once it ends.</p></section>",
-        );
-        return;
-    }
-    let blocked = !r.failed_validators().is_empty();
-    if blocked {
-        b.push_str("<p class=\"fail\">A validator failed: approval is blocked.</p>");
-    }
-    let _ = write!(
-        b,
-        "<form method=\"post\" action=\"/review/{}/decide\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-         <p><label for=\"comment\">Comment (required to reject)</label><br>\
-         <textarea id=\"comment\" name=\"comment\" rows=\"3\" maxlength=\"{}\"></textarea></p>\
-         <p><button type=\"submit\" id=\"approve\" name=\"decision\" value=\"approve\"{}>Approve</button>\
-         <button type=\"submit\" id=\"reject\" name=\"decision\" value=\"reject\">Reject</button></p></form></section>",
-        esc(&rec.id),
-        esc(csrf),
-        promote::COMMENT_MAX,
-        if blocked { " disabled" } else { "" }
-    );
 }
 
 pub(super) fn promote_section(
@@ -102,7 +60,6 @@ pub(super) fn promote_section(
             );
         }
     }
-    let targets = &s.gw.config.promote.targets;
     if r.state == ReviewState::Approved {
         match default_target {
             Some(Ok(d)) => {
@@ -122,28 +79,7 @@ pub(super) fn promote_section(
             }
             None => {}
         }
-        let has_default = matches!(default_target, Some(Ok(_)));
-        if targets.is_empty() && !has_default {
-            b.push_str("<p>Promote with the CLI or API.</p>");
-        } else {
-            let _ = write!(
-                b,
-                "<form method=\"post\" action=\"/review/{}/promote\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-                 <p><label for=\"target\">Target</label> <select id=\"target\" name=\"target\">",
-                esc(&r.token),
-                esc(csrf)
-            );
-            if let Some(Ok(d)) = default_target {
-                let _ = write!(b, "<option value=\"\">default: {}</option>", esc(&d.shown));
-            }
-            for name in targets.keys() {
-                let _ = write!(b, "<option value=\"{0}\">{0}</option>", esc(name));
-            }
-            b.push_str(
-                "</select> <label><input type=\"checkbox\" id=\"dry_run\" name=\"dry_run\" value=\"1\"> dry run (commit nothing)</label></p>\
-                 <p><button type=\"submit\" id=\"promote\">Promote</button></p></form>",
-            );
-        }
+        super::decision::target_form(b, s, &r.token, csrf, default_target, false);
     } else if r.state != ReviewState::Promoted {
         b.push_str("<p>Available once the change is approved.</p>");
     }

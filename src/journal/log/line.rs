@@ -313,7 +313,7 @@ fn put_opt_str(out: &mut Vec<u8>, s: Option<&str>) {
 
 /// A JSON string: `"`, `\` and control characters escaped, everything else (valid UTF-8,
 /// it is a `str`) copied as is, a run at a time.
-fn put_str(out: &mut Vec<u8>, s: &str) {
+pub(super) fn put_str(out: &mut Vec<u8>, s: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let b = s.as_bytes();
     out.push(b'"');
@@ -399,6 +399,32 @@ fn put_digits(out: &mut Vec<u8>, n: u64, width: usize) {
         n /= 10;
     }
     out.extend_from_slice(&buf[..width]);
+}
+
+/// A Unix time in nanoseconds as the RFC 3339 string the writer gives the current time
+/// (nine decimals, `Z`): how a compact record's time is read back.
+pub(super) fn time_text(unix_ns: u64) -> String {
+    let mut out = Vec::with_capacity(30);
+    put_second(&mut out, unix_ns / 1_000_000_000);
+    put_digits(&mut out, unix_ns % 1_000_000_000, 9);
+    out.push(b'Z');
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// The current Unix time in nanoseconds.
+pub(super) fn now_ns() -> u64 {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    d.as_secs() * 1_000_000_000 + u64::from(d.subsec_nanos())
+}
+
+/// A given record time in Unix nanoseconds, when [`time_text`] gives exactly it back
+/// (else the record is written as a JSON line, which keeps any string).
+pub(super) fn time_ns(ts: &str) -> Option<u64> {
+    let t = time::OffsetDateTime::parse(ts, &time::format_description::well_known::Rfc3339).ok()?;
+    let ns = u64::try_from(t.unix_timestamp_nanos()).ok()?;
+    (time_text(ns) == ts).then_some(ns)
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.` of a Unix time in seconds, UTC.
@@ -504,6 +530,30 @@ mod tests {
                 .unwrap();
             assert_eq!(String::from_utf8(out).unwrap(), want);
         }
+    }
+
+    #[test]
+    fn times_read_back_as_written() {
+        for ts in [
+            "2026-12-02T13:44:09.218694732Z",
+            "1970-01-01T00:00:00.000000000Z",
+        ] {
+            let ns = time_ns(ts).expect(ts);
+            assert_eq!(time_text(ns), ts);
+        }
+        // Not in the writer's own shape: kept as JSON.
+        for ts in [
+            "2026-01-01T00:00:00Z",
+            "2026-01-01T00:00:00.5+01:00",
+            "nope",
+        ] {
+            assert_eq!(time_ns(ts), None, "{ts}");
+        }
+        let mut cache = EscapeCache::default();
+        let mut out = Vec::new();
+        cache.put_now(&mut out);
+        let shown = String::from_utf8(out).unwrap();
+        assert!(time_ns(&shown).is_some(), "{shown}");
     }
 
     #[test]

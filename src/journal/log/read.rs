@@ -9,7 +9,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::{LogError, LoggedStatement, OutcomeRecord, StatementRecord, TextCut};
+use super::defs::{self, Defs};
+use super::{compact, LogError, LoggedStatement, OutcomeRecord, StatementRecord, TextCut};
 
 /// Lines longer than this are skipped (the gateway never writes one: text is cut to 64 KiB
 /// and each bind parameter to 256 bytes).
@@ -68,13 +69,40 @@ enum Head {
     Other,
 }
 
-fn head(line: &[u8]) -> Head {
+/// What a line is; a compact record (format version 2) only when it ended in its newline.
+fn head(line: &[u8], complete: bool) -> Head {
+    match line.first() {
+        Some(&b'{') => json_head(line),
+        _ if !complete => Head::Other,
+        _ => match compact::head(line) {
+            Some((compact::STATEMENT, seq)) => Head::Statement(seq),
+            Some((_, seq)) => Head::Outcome(seq),
+            None => Head::Other,
+        },
+    }
+}
+
+/// The record a line holds (a JSON line, or a compact one expanded through `defs`).
+fn stored(defs: &mut Defs, line: &[u8]) -> Option<Stored> {
+    match line.first()? {
+        b'{' => serde_json::from_slice(line).ok(),
+        &compact::STATEMENT => {
+            let (statement, cut) = defs.statement(line)?;
+            Some(Stored::Statement(StoredStatement { statement, cut }))
+        }
+        _ => defs.outcome(line).map(Stored::Outcome),
+    }
+}
+
+fn json_head(line: &[u8]) -> Head {
     const STATEMENT: &[u8] = b"{\"type\":\"statement\",\"seq\":";
     const OUTCOME: &[u8] = b"{\"type\":\"outcome\",\"seq\":";
     let (rest, statement) = if let Some(r) = line.strip_prefix(STATEMENT) {
         (r, true)
     } else if let Some(r) = line.strip_prefix(OUTCOME) {
         (r, false)
+    } else if defs::is_meta(line) {
+        return Head::Other;
     } else {
         return head_slow(line);
     };
@@ -112,13 +140,20 @@ fn head_slow(line: &[u8]) -> Head {
 struct Lines {
     r: BufReader<File>,
     pos: u64,
+    /// Whether the last line read ended in its newline (else the file ended, or a zero
+    /// byte: a record cut or still being copied in).
+    complete: bool,
 }
 
 impl Lines {
     fn at(file: File, pos: u64) -> std::io::Result<Lines> {
         let mut r = BufReader::with_capacity(64 << 10, file);
         r.seek(SeekFrom::Start(pos))?;
-        Ok(Lines { r, pos })
+        Ok(Lines {
+            r,
+            pos,
+            complete: false,
+        })
     }
 
     /// The next line (without its newline) into `buf`, and where it starts; None at the
@@ -140,6 +175,7 @@ impl Lines {
         }
         let start = self.pos;
         let (mut any, mut over) = (false, false);
+        self.complete = false;
         loop {
             let avail = self.r.fill_buf()?;
             if avail.is_empty() {
@@ -160,6 +196,7 @@ impl Lines {
             }
             // A zero byte is left for the next call to skip.
             let used = take + usize::from(ends);
+            self.complete = ends && !over;
             self.r.consume(used);
             self.pos += used as u64;
             if done {
@@ -193,7 +230,7 @@ fn probe(file: &File, from: u64, buf: &mut Vec<u8>) -> std::io::Result<Option<(u
         lines.next(buf)?;
     }
     while let Some(start) = lines.next(buf)? {
-        if let Head::Statement(seq) = head(buf) {
+        if let Head::Statement(seq) = head(buf, lines.complete) {
             return Ok(Some((start, seq)));
         }
     }
@@ -233,7 +270,7 @@ pub(super) fn last_seq(path: &Path) -> Result<u64, LogError> {
     let mut lines = Lines::at(file, 0).map_err(io_err(path))?;
     let (mut buf, mut last) = (Vec::new(), 0);
     while lines.next(&mut buf).map_err(io_err(path))?.is_some() {
-        if let Head::Statement(seq) = head(&buf) {
+        if let Head::Statement(seq) = head(&buf, lines.complete) {
             last = last.max(seq);
         }
     }
@@ -269,13 +306,14 @@ fn page(path: &Path, after: u64, limit: usize, bytes_max: usize) -> Result<Page,
     } else {
         start_offset(&file, after, &mut buf).map_err(&err)?
     };
+    let mut defs = Defs::open(&file).map_err(&err)?;
     let mut lines = Lines::at(file, start).map_err(&err)?;
     let mut index: HashMap<u64, usize> = HashMap::new();
     let (mut waiting, mut bytes, mut full) = (0usize, 0usize, false);
     while lines.next(&mut buf).map_err(&err)?.is_some() {
-        match head(&buf) {
+        match head(&buf, lines.complete) {
             Head::Statement(seq) if !full && seq > after => {
-                if let Ok(Stored::Statement(s)) = serde_json::from_slice(&buf) {
+                if let Some(Stored::Statement(s)) = stored(&mut defs, &buf) {
                     bytes += s.statement.text.len()
                         + s.statement
                             .params
@@ -295,7 +333,7 @@ fn page(path: &Path, after: u64, limit: usize, bytes_max: usize) -> Result<Page,
                 }
             }
             Head::Outcome(seq) if index.contains_key(&seq) => {
-                if let Ok(Stored::Outcome(o)) = serde_json::from_slice(&buf) {
+                if let Some(Stored::Outcome(o)) = stored(&mut defs, &buf) {
                     let slot = &mut out.statements[index[&seq]].outcome;
                     if slot.is_none() {
                         waiting -= 1;
@@ -325,23 +363,45 @@ pub fn scan(path: &Path, mut f: impl FnMut(LogEntry)) -> Result<(), LogError> {
     let Some(file) = open(path)? else {
         return Ok(());
     };
+    let mut defs = Defs::open(&file).map_err(&err)?;
     let mut lines = Lines::at(file, 0).map_err(&err)?;
     let mut buf = Vec::new();
     while let Some(offset) = lines.next(&mut buf).map_err(&err)? {
-        if head(&buf) == Head::Other {
+        if head(&buf, lines.complete) == Head::Other {
             continue;
         }
-        match serde_json::from_slice(&buf) {
-            Ok(Stored::Statement(s)) => f(LogEntry::Statement {
+        match stored(&mut defs, &buf) {
+            Some(Stored::Statement(s)) => f(LogEntry::Statement {
                 offset,
                 statement: s.statement,
                 cut: s.cut,
             }),
-            Ok(Stored::Outcome(o)) => f(LogEntry::Outcome(o)),
-            Err(_) => {}
+            Some(Stored::Outcome(o)) => f(LogEntry::Outcome(o)),
+            None => {}
         }
     }
     Ok(())
+}
+
+/// Where the lines of a log start that are neither a record nor a definition (a torn last
+/// record after a SIGKILL, or damage); the reserved zeros of a mapped log are not lines.
+pub fn unreadable_lines(path: &Path) -> Result<Vec<u64>, LogError> {
+    let err = io_err(path);
+    let mut bad = Vec::new();
+    let Some(file) = open(path)? else {
+        return Ok(bad);
+    };
+    let mut defs = Defs::open(&file).map_err(&err)?;
+    let mut lines = Lines::at(file, 0).map_err(&err)?;
+    let mut buf = Vec::new();
+    while let Some(offset) = lines.next(&mut buf).map_err(&err)? {
+        let meta = lines.complete && defs::is_meta(&buf) && buf.last() == Some(&b'}');
+        let record = head(&buf, lines.complete) != Head::Other && stored(&mut defs, &buf).is_some();
+        if !meta && !record {
+            bad.push(offset);
+        }
+    }
+    Ok(bad)
 }
 
 /// The statement record whose line starts at `offset` (from a [`LogEntry::Statement`]).
@@ -350,13 +410,14 @@ pub fn statement_at(path: &Path, offset: u64) -> Result<Option<StatementRecord>,
     let Some(file) = open(path)? else {
         return Ok(None);
     };
+    let mut defs = Defs::open(&file).map_err(&err)?;
     let mut lines = Lines::at(file, offset).map_err(&err)?;
     let mut buf = Vec::new();
-    if lines.next(&mut buf).map_err(&err)?.is_none() {
+    if lines.next(&mut buf).map_err(&err)?.is_none() || head(&buf, lines.complete) == Head::Other {
         return Ok(None);
     }
-    match serde_json::from_slice(&buf) {
-        Ok(Stored::Statement(s)) => Ok(Some(s.statement)),
+    match stored(&mut defs, &buf) {
+        Some(Stored::Statement(s)) => Ok(Some(s.statement)),
         _ => Ok(None),
     }
 }

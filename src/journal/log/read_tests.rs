@@ -35,15 +35,18 @@ fn outcome(seq: u64) -> LogRecord {
 #[test]
 fn heads_are_read_from_the_stored_lines() {
     let line = to_line(&statement(42, "select 1")).unwrap();
-    assert_eq!(head(&line[..line.len() - 1]), Head::Statement(42));
+    assert_eq!(head(&line[..line.len() - 1], true), Head::Statement(42));
     let line = to_line(&outcome(7)).unwrap();
-    assert_eq!(head(&line[..line.len() - 1]), Head::Outcome(7));
+    assert_eq!(head(&line[..line.len() - 1], true), Head::Outcome(7));
     // Torn: no closing brace.
-    assert_eq!(head(&line[..line.len() - 5]), Head::Other);
-    assert_eq!(head(b"garbage"), Head::Other);
+    assert_eq!(head(&line[..line.len() - 5], true), Head::Other);
+    assert_eq!(head(b"garbage", true), Head::Other);
     // Keys in another order (a log written by hand or another tool).
     assert_eq!(
-        head(br#"{"kind":"read","seq":5,"text":"x","type":"statement"}"#),
+        head(
+            br#"{"kind":"read","seq":5,"text":"x","type":"statement"}"#,
+            true
+        ),
         Head::Statement(5)
     );
 }

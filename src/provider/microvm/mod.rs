@@ -159,11 +159,6 @@ impl MicrovmProvider {
         Ok(p)
     }
 
-    /// The id of the golden snapshot built from the SQL file.
-    pub fn golden_id(&self) -> &str {
-        &self.base.id
-    }
-
     fn vm_dir(&self, handle: &str) -> Result<PathBuf, ProviderError> {
         validate_handle(handle)?;
         Ok(self.vms.join(handle))

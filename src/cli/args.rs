@@ -1,5 +1,6 @@
 //! The `sandpit` binary's command line: every command, its arguments and their help text
-//! (clap derives). Kept apart from main.rs, which runs the commands.
+//! (clap derives). Kept apart from main.rs, which runs the commands, and beside the CLI's
+//! client side in `cli/`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

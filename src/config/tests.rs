@@ -55,7 +55,7 @@ fn provider_sections_are_checked() {
 
 #[test]
 fn shipped_example_config_parses_and_matches_defaults() {
-    let c: Config = toml::from_str(include_str!("../config/sandpit.toml")).unwrap();
+    let c: Config = toml::from_str(include_str!("../../config/sandpit.toml")).unwrap();
     c.validate().unwrap();
     let d = Config::default();
     assert_eq!(c.listen, d.listen);

@@ -366,5 +366,4 @@ impl ScramServerFirst {
 }
 
 #[cfg(test)]
-#[path = "scram_tests.rs"]
 mod tests;

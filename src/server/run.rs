@@ -1,4 +1,4 @@
-//! `sandpit serve`: wire the pieces together, run until a signal, shut down cleanly.
+//! `sandpit serve` itself: wire the pieces together, run until a signal, shut down cleanly.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -23,10 +23,7 @@ use crate::registry::postgres::PgRegistryConfig;
 use crate::registry::{Registry, TokenRecord};
 use crate::review::store::{self as review, Reviewer};
 
-#[path = "server_lock.rs"]
-pub mod lock;
-#[path = "server_stop.rs"]
-pub mod stop_now;
+use super::{lock, stop};
 
 /// The lifecycle's hooks: start the review's reference after a fork, store the review and
 /// run the validators and the promotion capture before a token's backend is destroyed.
@@ -52,7 +49,7 @@ impl TokenHooks for ReviewHooks {
 }
 
 /// The demo golden shipped with the binary, used when no golden SQL is configured.
-pub const DEMO_GOLDEN_SQL: &str = include_str!("../config/demo_golden.sql");
+pub const DEMO_GOLDEN_SQL: &str = include_str!("../../config/demo_golden.sql");
 
 /// Startup failures of `serve`.
 #[derive(Debug, thiserror::Error)]
@@ -269,7 +266,7 @@ async fn provider_unless_stopped(
         () = stop_requested(stop) => {
             tracing::info!("shutting down");
             let grace = std::time::Duration::from_secs(5);
-            let (servers, _) = stop_now::stop_local_servers_now(data_dir, grace).await;
+            let (servers, _) = stop::stop_local_servers_now(data_dir, grace).await;
             tracing::info!(
                 staging_servers = servers,
                 "stopped before ready: the provider's preparation was interrupted, \

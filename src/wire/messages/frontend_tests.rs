@@ -1,8 +1,11 @@
 //! Tests of the frontend message views (`messages::frontend`).
 use super::frontend::*;
 
+/// Bind values as (format code, bytes or NULL).
+type Values<'a> = Vec<(i16, Option<&'a [u8]>)>;
+
 /// The parse this view replaced (values collected into a Vec), kept as the reference.
-fn values_reference(rest: &[u8]) -> Option<Vec<(i16, Option<&[u8]>)>> {
+fn values_reference(rest: &[u8]) -> Option<Values<'_>> {
     let i16_at = |at: usize| Some(i16::from_be_bytes([*rest.get(at)?, *rest.get(at + 1)?]));
     let i32_at = |at: usize| {
         Some(i32::from_be_bytes([

@@ -2,7 +2,6 @@
 //! depend on the token) → authenticate → attach the backend → relay. Every refusal on the
 //! way is a [`SessionError`], reported at one exit.
 
-#[path = "session_error.rs"]
 mod error;
 
 use std::net::SocketAddr;

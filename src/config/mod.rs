@@ -549,30 +549,23 @@ impl Config {
     }
 }
 
-#[path = "config_preflight.rs"]
 mod preflight;
 pub use preflight::{check_admin_key, MIN_ADMIN_KEY_BYTES};
 
-#[path = "config_registry.rs"]
-mod registry_section;
-pub use registry_section::RegistrySection;
+mod registry;
+pub use registry::RegistrySection;
 
-#[path = "config_promote.rs"]
-mod promote_section;
-pub use promote_section::{PromoteSection, PromoteTarget, ValidatorSection};
+mod promote;
+pub use promote::{PromoteSection, PromoteTarget, ValidatorSection};
 
-#[path = "config_providers.rs"]
-mod provider_sections;
-pub use provider_sections::{RemoteSection, TemplateSection};
+mod providers;
+pub use providers::{RemoteSection, TemplateSection};
 
-#[path = "config_pool.rs"]
-mod pool_section;
-pub use pool_section::PoolConfig;
+mod pool;
+pub use pool::PoolConfig;
 
-#[path = "config_microvm.rs"]
-mod microvm_section;
-pub use microvm_section::MicrovmSection;
+mod microvm;
+pub use microvm::MicrovmSection;
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

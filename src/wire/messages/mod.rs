@@ -43,14 +43,6 @@ pub fn auth_sasl_final(data: &[u8]) -> Bytes {
     build(b'R', &b)
 }
 
-/// ParameterStatus.
-pub fn parameter_status(key: &str, value: &str) -> Bytes {
-    let mut b = BytesMut::new();
-    put_cstr(&mut b, key.as_bytes());
-    put_cstr(&mut b, value.as_bytes());
-    build(b'S', &b)
-}
-
 /// BackendKeyData.
 pub fn backend_key_data(pid: i32, secret: i32) -> Bytes {
     let mut b = BytesMut::new();
@@ -510,5 +502,4 @@ pub fn tag_rows(tag: &str) -> Option<u64> {
 }
 
 #[cfg(test)]
-#[path = "messages_frontend_tests.rs"]
 mod frontend_tests;

@@ -10,7 +10,6 @@ use sqlparser::ast::{SetExpr, Statement};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
-#[path = "classify_words.rs"]
 mod words;
 #[cfg(test)]
 use words::{first_word_is, first_word_upper, leading_words};
@@ -304,9 +303,10 @@ fn from_ast(s: &Statement) -> Kind {
         S::Grant { .. } | S::Revoke { .. } | S::CreateRole { .. } | S::AlterRole { .. } => {
             Kind::Privilege
         }
-        S::Drop { object_type, .. } if matches!(object_type, sqlparser::ast::ObjectType::Role) => {
-            Kind::Privilege
-        }
+        S::Drop {
+            object_type: sqlparser::ast::ObjectType::Role,
+            ..
+        } => Kind::Privilege,
         S::Discard { .. }
         | S::Deallocate { .. }
         | S::Prepare { .. }
@@ -518,5 +518,4 @@ fn skip_words(b: &[u8], mut i: usize, stop: impl Fn(u64) -> u64) -> usize {
 }
 
 #[cfg(test)]
-#[path = "classify_tests.rs"]
 mod tests;

@@ -1,5 +1,5 @@
 //! Why a session ends before its relay starts, and what the client is told: every refusal
-//! of `session.rs` is one of these, reported at one exit ([`SessionError::report`]).
+//! of `session/mod.rs` is one of these, reported at one exit ([`SessionError::report`]).
 
 use bytes::Bytes;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
