@@ -154,6 +154,7 @@ fn target(g: &Gateway, id: &str) -> BackendTarget {
         user: "agent".into(),
         database: "sandpit".into(),
         password: None,
+        gate: None,
     }
 }
 

@@ -1,6 +1,6 @@
 //! The `template` provider against a hostile task role (issue 14, item 7), on a Postgres
 //! server started here (`tests/support/shared_pg.rs`: SCRAM over TCP with TLS): the agent
-//! changes its own password and logs in directly, flags its database so that it cannot be
+//! changes its own password and tries to log in directly, flags its database so that it cannot be
 //! dropped, and reads other tasks' metadata. Each attack ends with no way in past the gateway,
 //! nothing left after revoke, and nothing of another task to read.
 
@@ -52,7 +52,7 @@ async fn direct(
         .await
 }
 
-fn sqlx_state(e: &sqlx::Error) -> String {
+fn sqlstate_sqlx(e: &sqlx::Error) -> String {
     e.as_database_error()
         .and_then(|d| d.code().map(|c| c.to_string()))
         .unwrap_or_else(|| format!("(no code: {e})"))
@@ -75,23 +75,26 @@ async fn provider(pg: &shared_pg::SharedPg, g: &Gateway) -> TemplateProvider {
     .expect("template provider")
 }
 
-/// (password verifier as the gateway recorded it == the one on the server, tampered note).
-async fn verifier_state(pg: &shared_pg::SharedPg, role: &str) -> (bool, Option<String>) {
+/// (every password of the role expired, tampered note).
+async fn role_state(pg: &shared_pg::SharedPg, role: &str) -> (bool, Option<String>) {
     let row = pg
         .admin("postgres")
         .await
         .query_one(
-            "select a.rolpassword = b.verifier, b.tampered from pg_authid a \
+            "select a.rolvaliduntil < now(), b.tampered from pg_roles a \
              join sandpit_template.backends b on b.handle = a.rolname where a.rolname = $1",
             &[&role],
         )
         .await
-        .expect("verifier lookup");
-    (row.get(0), row.get(1))
+        .expect("role lookup");
+    (row.get::<_, Option<bool>>(0).unwrap_or(false), row.get(1))
 }
 
+/// Issue 30, item 2: a task role's own password change opens no direct login (every
+/// password of a task role is expired at rest; each gateway login sets a fresh one for
+/// itself) and locks nothing out: the gateway keeps serving the token.
 #[test]
-fn own_password_change_is_undone_reported_and_cut_off() {
+fn own_password_change_opens_nothing_and_locks_nothing_out() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let pg = rt.block_on(shared_pg::SharedPg::start());
     let g = gateway(&pg);
@@ -102,9 +105,10 @@ fn own_password_change_is_undone_reported_and_cut_off() {
         c.simple_query("select 1").await.expect("forked");
 
         // Role attributes other than the password: refused by the server to a role without
-        // CREATEROLE, so the agent cannot set a connection limit or expiry that locks out
-        // the gateway or the review.
+        // CREATEROLE, so the agent cannot reopen its role, set a connection limit that locks
+        // out the gateway or the review, or log in elsewhere.
         for sql in [
+            "alter role current_user valid until 'infinity'",
             "alter role current_user valid until '2000-01-01'",
             "alter role current_user connection limit 0",
             "alter role current_user nologin",
@@ -113,93 +117,149 @@ fn own_password_change_is_undone_reported_and_cut_off() {
             let e = c.batch_execute(sql).await.expect_err(sql);
             assert_eq!(sqlstate(&e), "42501", "{sql}");
         }
+        for role in [h.clone(), format!("{h}_r"), format!("{h}_w")] {
+            assert_eq!(
+                role_state(&pg, &role).await,
+                (true, None),
+                "{role} closed at rest"
+            );
+        }
 
-        // The password: PostgreSQL lets every role change its own, and then a direct login
-        // works (the attack), with neither caps nor statement log.
+        // PostgreSQL lets every role change its own password: it changes, and opens nothing
+        // (from the gateway's own address, which pg_hba.conf must admit).
         c.batch_execute("alter role current_user password 'agent-chosen-password'")
             .await
             .expect("a role may change its own password");
-        let mut d = direct(&pg, &h, "agent-chosen-password")
-            .await
-            .expect("direct login with the agent's password");
-        sqlx::query("select 1")
-            .execute(&mut d)
-            .await
-            .expect("direct session works before the check");
-
-        // A janitor pass compares the verifier with the gateway's, puts it back, cuts the
-        // role's sessions and ends the token: revoked, its database and role gone.
-        let (status, report) = g.raw_call("POST", "/v1/reap", None);
-        assert_eq!(status, 200, "{report}");
-        assert_eq!(
-            report["tampered"],
-            serde_json::json!([h.clone()]),
-            "{report}"
-        );
-        assert!(
-            sqlx::query("select 1").execute(&mut d).await.is_err(),
-            "the direct session was ended"
-        );
-        let e = direct(&pg, &h, "agent-chosen-password")
-            .await
-            .expect_err("the agent's password no longer works");
-        assert_eq!(sqlx_state(&e), "28P01", "{e}");
-        assert!(
-            g.log().contains("task role changed outside the gateway"),
-            "{}",
-            g.log()
-        );
-        assert_eq!(g.show(&h)["state"], "revoked", "{}", g.show(&h));
-        let left: i64 = pg
-            .admin("postgres")
-            .await
-            .query_one(
-                "select (select count(*) from pg_database where datname = $1) \
-                      + (select count(*) from pg_roles where rolname = $1)",
-                &[&h],
-            )
-            .await
-            .expect("leftovers")
-            .get(0);
-        assert_eq!(left, 0, "database and role gone\n{}", g.log());
-        let e = connect(&dsn(&t)).await.expect_err("the token is over");
-        assert_eq!(sqlstate(&e), "28000", "{e:?}");
-        let p = provider(&pg, &g).await;
-
-        // The per-session check (no janitor pass): another token, another encryption.
-        let t2 = g.issue("tpl-md5", 600);
-        let h2 = id(&t2);
-        let c2 = connect(&dsn(&t2)).await.expect("connect");
-        c2.simple_query("select 1").await.expect("forked");
-        p.check_access(&h2)
-            .await
-            .expect("an untouched role passes the check");
-        c2.batch_execute(
+        for pw in ["agent-chosen-password", "anything-else"] {
+            let e = direct(&pg, &h, pw).await.expect_err(pw);
+            assert_eq!(sqlstate_sqlx(&e), "28P01", "{pw}: {e}");
+        }
+        // md5 and no password at all: the same.
+        c.batch_execute(
             "set password_encryption = 'md5'; alter role current_user password 'agent-md5'",
         )
         .await
         .expect("md5 verifier");
-        match p.check_access(&h2).await {
-            Err(ProviderError::Tampered(m)) => assert!(m.contains(&h2), "{m}"),
-            other => panic!("expected Tampered, got {other:?}"),
-        }
-        assert!(verifier_state(&pg, &h2).await.0, "verifier restored");
-        assert!(
-            c2.simple_query("select 1").await.is_err(),
-            "its sessions were ended"
-        );
-        // Password NULL (locking the gateway out) is a change too.
-        let t3 = g.issue("tpl-null", 600);
-        let h3 = id(&t3);
-        let c3 = connect(&dsn(&t3)).await.expect("connect");
-        c3.batch_execute("alter role current_user password null")
+        let e = direct(&pg, &h, "agent-md5").await.expect_err("md5");
+        assert_eq!(sqlstate_sqlx(&e), "28P01", "{e}");
+        c.batch_execute("alter role current_user password null")
             .await
             .expect("password null");
-        assert!(matches!(
-            p.check_access(&h3).await,
-            Err(ProviderError::Tampered(_))
-        ));
-        assert!(verifier_state(&pg, &h3).await.0, "verifier restored");
+
+        // The gateway keeps serving the token: the open session, new ones, a janitor pass
+        // that finds nothing, and new sessions after it.
+        c.simple_query("select 1").await.expect("the open session");
+        for _ in 0..3 {
+            let n = connect(&dsn(&t)).await.expect("a new session");
+            n.simple_query("select 1").await.expect("select");
+        }
+        let (status, report) = g.raw_call("POST", "/v1/reap", None);
+        assert_eq!(status, 200, "{report}");
+        assert_eq!(report["tampered"], serde_json::json!([]), "{report}");
+        assert_eq!(g.show(&h)["state"], "live", "{}", g.show(&h));
+        let n = connect(&dsn(&t)).await.expect("a session after the pass");
+        n.simple_query("select 1").await.expect("select");
+        c.simple_query("select 1")
+            .await
+            .expect("the first session still");
+        // The gateway's logins set passwords of their own; none of them is left usable.
+        let e = direct(&pg, &h, "agent-chosen-password")
+            .await
+            .expect_err("still closed");
+        assert_eq!(sqlstate_sqlx(&e), "28P01", "{e}");
+        assert_eq!(
+            role_state(&pg, &h).await,
+            (true, None),
+            "closed after the logins"
+        );
+        let p = provider(&pg, &g).await;
+        p.check_access(&h).await.expect("nothing to report");
+    });
+}
+
+/// The one moment a task role can be logged in to is a gateway login's window, with the
+/// password the gateway just set. An agent changing its password inside that window (and
+/// logging in with it) is caught when the window closes: every session of the role ends,
+/// the role is closed, and the token's next check reports it.
+#[test]
+fn a_password_changed_inside_a_login_window_ends_the_role_sessions() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let pg = rt.block_on(shared_pg::SharedPg::start());
+    let g = gateway(&pg);
+    rt.block_on(async {
+        let t = g.issue("tpl-window", 600);
+        let h = id(&t);
+        let c = connect(&dsn(&t)).await.expect("connect");
+        c.simple_query("select 1").await.expect("forked");
+        let p = provider(&pg, &g).await;
+        let backend = p.ensure_running(&h).await.expect("backend");
+        let target = p.session_target(&backend, None);
+        let gate = target
+            .gate
+            .clone()
+            .expect("template targets carry a login gate");
+        assert_eq!(target.password, None, "no password at rest");
+
+        // An untouched window: the gate's own password logs in, and the close is clean.
+        let w = gate.open(&h).await.expect("open");
+        let d = direct(&pg, &h, &w.password)
+            .await
+            .expect("the window's password");
+        drop(d);
+        gate.close(&h, w).await.expect("nothing changed");
+        assert_eq!(role_state(&pg, &h).await, (true, None));
+
+        // A window abandoned midway (a login dropped, its client gone) is closed from its
+        // own task: the password it set no longer works.
+        let w = gate.open(&h).await.expect("open");
+        let abandoned = w.password.clone();
+        drop(w);
+        let mut closed = false;
+        for _ in 0..200 {
+            if role_state(&pg, &h).await.0 {
+                closed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(closed, "the abandoned window was closed");
+        let e = direct(&pg, &h, &abandoned).await.expect_err("closed");
+        assert_eq!(sqlstate_sqlx(&e), "28P01", "{e}");
+
+        // The race: a window opens, the agent changes the password from its session and logs
+        // in directly with it before the close.
+        let w = gate.open(&h).await.expect("open");
+        c.batch_execute("alter role current_user password 'raced-in'")
+            .await
+            .expect("password change");
+        let mut d = direct(&pg, &h, "raced-in")
+            .await
+            .expect("in, inside the window");
+        let e = gate.close(&h, w).await.expect_err("the change is seen");
+        assert!(e.contains("changed during a gateway login"), "{e}");
+        assert!(
+            sqlx::query("select 1").execute(&mut d).await.is_err(),
+            "the direct session was ended"
+        );
+        assert!(c.simple_query("select 1").await.is_err(), "and the agent's");
+        let e = direct(&pg, &h, "raced-in").await.expect_err("closed again");
+        assert_eq!(sqlstate_sqlx(&e), "28P01", "{e}");
+        let (closed, note) = role_state(&pg, &h).await;
+        assert!(closed && note.is_some(), "{note:?}");
+        match p.check_access(&h).await {
+            Err(ProviderError::Tampered(m)) => assert!(m.contains(&h), "{m}"),
+            other => panic!("expected Tampered, got {other:?}"),
+        }
+        connect(&dsn(&t))
+            .await
+            .expect_err("the check ends the token");
+        let e = connect(&dsn(&t)).await.expect_err("the token ended");
+        assert_eq!(sqlstate(&e), "28000", "{e:?}");
+        assert!(
+            g.log().contains("backend access tampered with"),
+            "{}",
+            g.log()
+        );
     });
 }
 

@@ -15,7 +15,7 @@ use sandpit::pgconn::tls::SslMode;
 use sandpit::provider::template::hba::TASKS_GROUP;
 use sandpit::provider::template::seatbelt::{READ_GROUP, WRITE_GROUP};
 use sandpit::provider::template::{TemplateConfig, TemplateProvider, DEFAULT_GOLDEN_OWNER};
-use sandpit::provider::{Provider, ProviderError};
+use sandpit::provider::Provider;
 use serde_json::{json, Value};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
@@ -214,17 +214,20 @@ fn a_read_token_cannot_write_by_any_route() {
         assert_eq!(status, 200, "{r}");
         assert_eq!((&r["schema"], &r["data"]), (&json!([]), &json!([])), "{r:#}");
 
-        // A password change on the read login is caught like the task role's: put back, its
-        // sessions ended, the token's check fails.
+        // A password change on the read login opens nothing (every task login is expired at
+        // rest) and locks nothing out (each gateway login sets its own).
         c2.batch_execute("SELECT 'BEGIN ATOMIC'; alter role current_user password 'agent-chosen'")
             .await
             .expect("a role may change its own password");
+        let e = direct_from_gateway_address(&pg, &format!("{h}_r"), "agent-chosen")
+            .await
+            .expect_err("expired");
+        assert!(e.to_string().contains("password authentication failed"), "{e}");
         let p = provider(&pg, &g).await;
-        match p.check_access(&h).await {
-            Err(ProviderError::Tampered(m)) => assert!(m.contains(&h), "{m}"),
-            other => panic!("expected Tampered, got {other:?}"),
-        }
-        assert!(c2.simple_query("select 1").await.is_err(), "its sessions were ended");
+        p.check_access(&h).await.expect("nothing to report");
+        c2.simple_query("select 1").await.expect("its session goes on");
+        let c3 = connect(&dsn).await.expect("and new ones");
+        assert_eq!(one(&c3, "select current_user").await, Some(format!("{h}_r")));
 
         // Revoke drops the logins with the task role, and their records.
         let (status, body) = g.revoke(&h);
@@ -364,8 +367,12 @@ async fn direct_from_gateway_address(
         .map(|_| ())
 }
 
+/// Issue 30's acceptance: after the agent changes its own password, neither that password
+/// nor any other lets it log in to the shared server from the agent's side — from elsewhere
+/// pg_hba.conf refuses task roles, from the gateway's own address every task password is
+/// expired at rest — and the gateway keeps serving the token.
 #[test]
-fn a_changed_password_opens_no_direct_login_from_elsewhere() {
+fn a_changed_password_opens_no_direct_login_and_locks_nothing_out() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let pg = rt.block_on(shared_pg::SharedPg::start());
     // The test server's rules: socket, TLS from 127.0.0.1 (the gateway's address), reject
@@ -381,12 +388,17 @@ fn a_changed_password_opens_no_direct_login_from_elsewhere() {
         c.batch_execute("alter role current_user password 'agent-chosen'")
             .await
             .expect("a role may change its own password");
-        // The change took effect (from the gateway's own address it would let one in until
-        // the next check) …
-        direct_from_gateway_address(&pg, &h, "agent-chosen")
-            .await
-            .expect("the new password is the role's");
-        // … but from elsewhere no password gets past pg_hba.conf, the agent's or any other.
+        // From the gateway's own address: no password works, the agent's or any other.
+        for pw in ["agent-chosen", "anything-else", ""] {
+            let Err(e) = direct_from_gateway_address(&pg, &h, pw).await else {
+                panic!("a direct login with {pw:?} got in");
+            };
+            assert!(
+                e.to_string().contains("password authentication failed"),
+                "{pw:?}: {e}"
+            );
+        }
+        // From elsewhere no password gets past pg_hba.conf.
         for pw in ["agent-chosen", "anything-else", ""] {
             let Err(e) = direct_from_elsewhere(&pg, &h, pw).await else {
                 panic!("a direct login from elsewhere with {pw:?} got in");
@@ -399,14 +411,18 @@ fn a_changed_password_opens_no_direct_login_from_elsewhere() {
             };
             assert_eq!(sqlstate(&e), "28000", "{role}: {e:?}");
         }
-        // The gateway does not keep serving the token: its next session's access check
-        // finds the change, puts the password back, ends the role's sessions and the
-        // token (a changed password is an attack; the token's sessions cannot be told from
-        // a direct one that got in from the gateway's address meanwhile).
-        assert!(connect(&dsn).await.is_err(), "the token ended");
+        // The gateway keeps serving the token, old session and new.
+        c.simple_query("select 1").await.expect("the open session");
+        let c2 = connect(&dsn).await.expect("a new session");
+        assert_eq!(one(&c2, "select current_user").await, Some(h.clone()));
+        let (status, report) = g.raw_call("POST", "/v1/reap", None);
+        assert_eq!(status, 200, "{report}");
+        assert_eq!(report["tampered"], json!([]), "{report}");
+        connect(&dsn).await.expect("after a janitor pass");
+        // After those logins (each set its own password) the agent's is still refused.
         let e = direct_from_gateway_address(&pg, &h, "agent-chosen")
             .await
-            .expect_err("the password was put back");
+            .expect_err("still closed");
         assert!(e.to_string().contains("password"), "{e}");
     });
 }

@@ -74,7 +74,7 @@ def stall(env, sz):
          "Parse/Bind/Describe/Execute `select 1`, one Sync"),
         ("pipeline", 10_000, 2, True, "two sessions, each pipelining 10,000 "
          "Parse/Bind/Describe/Execute `select 1` and a Sync, in a loop"),
-        ("connect", 8, 1, False, "8 threads logging in, `select 1`, logging out, in a loop"),
+        ("connect", 8, 1, True, "8 threads logging in, `select 1`, logging out, in a loop"),
         ("slowloris", 200, 1, False, "200 sockets each sending a startup packet one byte a second"),
     ]
     rows = []

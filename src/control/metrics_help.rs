@@ -126,7 +126,7 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
     (
         "sandpit_template_tampered_total",
         Counter,
-        "Template task roles found changed outside the gateway and restored.",
+        "Template task roles found changed outside the gateway and closed.",
         &[&[]],
     ),
     (

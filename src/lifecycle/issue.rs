@@ -140,6 +140,14 @@ impl Gateway {
             .pin_golden(&id, &rfc3339(now + ttl))
             .await
             .map_err(LifecycleError::Provider)?;
+        // PBKDF2 (4096 HMACs) off the async workers: a burst of issues must not hold the
+        // relay's workers (a join error, a panic in it, recomputes here).
+        let verifier = {
+            let s = secret.clone();
+            tokio::task::spawn_blocking(move || Verifier::from_secret(&s))
+                .await
+                .unwrap_or_else(|_| Verifier::from_secret(&secret))
+        };
         let rec = TokenRecord {
             id: id.clone(),
             task: req.task,
@@ -158,7 +166,7 @@ impl Gateway {
                     .unwrap_or(d.idle_in_transaction_timeout)),
             },
             state: TokenState::Issued,
-            verifier: Verifier::from_secret(&secret),
+            verifier,
             backend: None,
             fork_count: 0,
             golden,

@@ -1,7 +1,9 @@
 //! Reaching a backend: where it listens (unix socket or TCP, optional TLS), the socket
 //! ([`stream`]), TLS client configurations ([`tls`]), and the startup as a login role
-//! ([`startup`]). Used by the proxy, the review, the shared registry and the providers.
+//! ([`startup`], SCRAM with cached keys: [`scram`]). Used by the proxy, the review, the shared registry and the providers.
 
+pub mod gate;
+pub mod scram;
 pub mod startup;
 pub mod stream;
 pub mod tls;
@@ -63,6 +65,8 @@ pub struct BackendTarget {
     pub database: String,
     /// Password for `user`, when the backend asks for one (peer auth needs none).
     pub password: Option<String>,
+    /// Sets a one-login password around each login instead ([`gate`]; `template`).
+    pub gate: Option<Arc<dyn gate::LoginGate>>,
 }
 
 impl BackendTarget {

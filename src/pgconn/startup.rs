@@ -1,9 +1,9 @@
 //! Connecting to a backend as the agent role and reading it up to its first ReadyForQuery.
 
 use bytes::Bytes;
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use tokio::io::AsyncWriteExt;
 
+use super::scram::ScramClient;
 use super::stream::{self as backend_stream, BackendStream};
 use super::BackendTarget;
 use crate::wire::frame::{build, FrameReader};
@@ -34,6 +34,9 @@ pub enum BackendError {
     /// Anything unexpected.
     #[error("backend protocol: {0}")]
     Protocol(String),
+    /// The login's one-time password could not be set, or was changed during the login.
+    #[error("backend login gate: {0}")]
+    Gate(String),
 }
 
 /// Connect and run startup. `params` are the client's startup parameters to pass on, values
@@ -45,9 +48,16 @@ pub async fn connect(
 ) -> Result<BackendConn, BackendError> {
     // A backend that accepts the connection but never finishes startup must not hold the
     // client forever (remote backends can be anything).
-    tokio::time::timeout(STARTUP_TIMEOUT, startup(target, params, max_message))
-        .await
-        .map_err(|_| BackendError::Protocol("backend startup timed out".into()))?
+    super::gate::login(
+        target,
+        async |t: &BackendTarget| {
+            tokio::time::timeout(STARTUP_TIMEOUT, startup(t, params, max_message))
+                .await
+                .map_err(|_| BackendError::Protocol("backend startup timed out".into()))?
+        },
+        BackendError::Gate,
+    )
+    .await
 }
 
 /// Bound on connect + auth + reaching ReadyForQuery.
@@ -73,7 +83,7 @@ async fn startup(
         .write_all(&encode_startup(&all))
         .await
         .map_err(io)?;
-    let mut scram: Option<ScramSha256> = None;
+    let mut scram: Option<ScramClient> = None;
     let mut greeting = Vec::new();
     let mut key = None;
     loop {
@@ -114,7 +124,8 @@ async fn startup(
                         Some(build(b'p', &b))
                     }
                     (10, Some(pw)) => {
-                        let s = ScramSha256::new(pw.as_bytes(), ChannelBinding::unsupported());
+                        // Keys cached per (role, password, salt, count): see [`super::scram`].
+                        let s = ScramClient::new(&target.user, pw);
                         let mut b = b"SCRAM-SHA-256\0".to_vec();
                         b.extend_from_slice(&(s.message().len() as i32).to_be_bytes());
                         b.extend_from_slice(s.message());
@@ -125,7 +136,9 @@ async fn startup(
                         let s = scram.as_mut().ok_or_else(|| {
                             BackendError::Protocol("SASL continue without start".into())
                         })?;
-                        s.update(f.body().get(4..).unwrap_or(&[])).map_err(io)?;
+                        s.update(f.body().get(4..).unwrap_or(&[]))
+                            .await
+                            .map_err(io)?;
                         Some(build(b'p', s.message()))
                     }
                     (12, _) => {

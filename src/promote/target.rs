@@ -52,6 +52,7 @@ pub fn parse(dsn: &str) -> Result<(BackendTarget, String), TargetError> {
             user,
             database,
             password: get("password").map(str::to_string),
+            gate: None,
         },
         shown,
     ))

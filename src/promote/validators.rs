@@ -53,7 +53,20 @@ pub async fn run(
     for v in validators {
         let r = match (&v.sql, &v.command) {
             (Some(sql), _) => run_sql(v, sql, scratch).await,
-            (None, Some(cmd)) => run_command(v, cmd, scratch).await,
+            // A gated login (template) is open for the command's run: the token has ended,
+            // so no session of the agent's is left to race it.
+            (None, Some(cmd)) => crate::pgconn::gate::login(
+                scratch,
+                async |t: &BackendTarget| Ok::<_, String>(run_command(v, cmd, t).await),
+                |e| e,
+            )
+            .await
+            .unwrap_or_else(|e| ValidatorResult {
+                name: v.name.clone(),
+                kind: "command".into(),
+                passed: false,
+                detail: format!("the scratch database's login could not be opened: {e}"),
+            }),
             (None, None) => ValidatorResult {
                 name: v.name.clone(),
                 kind: "none".into(),

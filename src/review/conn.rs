@@ -73,10 +73,25 @@ impl Side {
         target: &BackendTarget,
         t: Timeouts,
     ) -> Result<Side, ConnError> {
-        match Self::connect_with(name, target, t, true).await {
+        let gate_err = |message: String| ConnError::Connect {
+            side: name,
+            message,
+        };
+        let first = crate::pgconn::gate::login(
+            target,
+            async |t2: &BackendTarget| Self::connect_with(name, t2, t, true).await,
+            gate_err,
+        )
+        .await;
+        match first {
             // A server older than 17 knows no `transaction_timeout` (and has none to fear).
             Err(ConnError::Connect { message, .. }) if message.contains("transaction_timeout") => {
-                Self::connect_with(name, target, t, false).await
+                crate::pgconn::gate::login(
+                    target,
+                    async |t2: &BackendTarget| Self::connect_with(name, t2, t, false).await,
+                    gate_err,
+                )
+                .await
             }
             r => r,
         }

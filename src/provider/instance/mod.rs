@@ -219,6 +219,7 @@ impl InstanceProvider {
                 user: AGENT.to_string(),
                 database: DATABASE.to_string(),
                 password: None,
+                gate: None,
             },
             method: method.to_string(),
             netns: self.netns,

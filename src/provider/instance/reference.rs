@@ -98,6 +98,7 @@ impl InstanceProvider {
                 user: user.to_string(),
                 database: DATABASE.to_string(),
                 password: None,
+                gate: None,
             },
             method: "reference".to_string(),
             netns: self.netns,

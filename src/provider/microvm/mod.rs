@@ -172,6 +172,7 @@ impl MicrovmProvider {
                 user: AGENT.to_string(),
                 database: DATABASE.to_string(),
                 password: None,
+                gate: None,
             },
             method: method.to_string(),
             // No network device at all: stronger than an empty namespace.

@@ -342,6 +342,7 @@ impl RemoteProvider {
                 user: c.user.clone(),
                 database: c.database.clone(),
                 password: c.password.clone(),
+                gate: None,
             },
             method: method.to_string(),
             netns: false,

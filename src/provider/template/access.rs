@@ -1,26 +1,24 @@
 //! Keeps task roles reachable only through the gateway. PostgreSQL lets any role change its
 //! own password (`ALTER ROLE CURRENT_USER PASSWORD …`, under any `password_encryption`), and
-//! nothing on a server we do not control can forbid it; with the new password an agent that
-//! can reach the server logs in directly, past caps and log. So the verifier the gateway set is
-//! compared with the one in `pg_authid`, before sessions and at every janitor pass; a change is
-//! undone on the spot (the verifier put back, every session of the role ended) and reported as
-//! [`ProviderError::Tampered`], so the token can be ended.
+//! nothing on a server we do not control can forbid it; so no task role has a usable password
+//! at rest (`VALID UNTIL '-infinity'`, which only a role with CREATEROLE can change) and each
+//! gateway login sets its own ([`super::gate`]). What is checked here, before sessions and at
+//! every janitor pass: the attributes the agent cannot change (a change would mean the
+//! server let it, and is undone and reported as [`ProviderError::Tampered`], so the token can
+//! be ended), a password changed during a gateway login (recorded by the gate), and roles
+//! made before one-login passwords, which are closed.
 
 use tokio_postgres::Client;
 
 use super::records::RECORDS_TABLE;
 use super::seatbelt::{handle_of, roles_of};
-use super::{pg_err, quote_ident, quote_literal, TemplateProvider};
+use super::{pg_err, quote_ident, TemplateProvider};
 use crate::provider::ProviderError;
 
 /// One role as the check sees it.
 struct RoleState {
     handle: String,
-    /// What the gateway set (None: a backend recorded before verifiers were).
-    verifier: Option<String>,
-    /// What the server has.
-    stored: Option<String>,
-    /// `VALID UNTIL` unset or infinity.
+    /// `VALID UNTIL` unset or infinity: a role made before one-login passwords.
     valid_forever: bool,
     /// `CONNECTION LIMIT`.
     conn_limit: i32,
@@ -30,15 +28,10 @@ struct RoleState {
 
 impl RoleState {
     /// What differs from what the gateway set, in words; empty when nothing does.
-    fn changes(&self, verifier: &str) -> Vec<&'static str> {
+    /// (A changed password is none: it is expired, and the next login sets its own.)
+    fn changes(&self) -> Vec<&'static str> {
         let mut what = Vec::new();
-        if self.stored.as_deref() != Some(verifier) {
-            what.push("password changed");
-        }
         // Refused by the server to a role without CREATEROLE; checked anyway, it is free.
-        if !self.valid_forever {
-            what.push("VALID UNTIL set");
-        }
         if self.conn_limit != -1 {
             what.push("CONNECTION LIMIT set");
         }
@@ -55,39 +48,33 @@ impl TemplateProvider {
         c: &Client,
         only: Option<&str>,
     ) -> Result<Vec<(String, String)>, ProviderError> {
-        if !self.can_read_verifiers {
-            return Ok(Vec::new());
-        }
         let rows = c
             .query(
                 &format!(
-                    "SELECT b.handle, b.verifier, a.rolpassword, \
+                    "SELECT b.handle, \
                        (a.rolvaliduntil IS NULL OR a.rolvaliduntil = 'infinity'), a.rolconnlimit, b.tampered \
-                     FROM {RECORDS_TABLE} b JOIN pg_authid a ON a.rolname = b.handle \
+                     FROM {RECORDS_TABLE} b JOIN pg_roles a ON a.rolname = b.handle \
                      WHERE NOT b.destroying AND ($1::text[] IS NULL OR b.handle = ANY($1))"
                 ),
                 &[&only.map(roles_of).as_ref().map(|r| r.as_slice())],
             )
             .await
-            .map_err(|e| pg_err("reading task role verifiers", e))?;
+            .map_err(|e| pg_err("reading task roles", e))?;
         let mut found = Vec::new();
         for r in rows {
             let role = RoleState {
                 handle: r.get(0),
-                verifier: r.get(1),
-                stored: r.get(2),
-                valid_forever: r.get::<_, Option<bool>>(3).unwrap_or(true),
-                conn_limit: r.get(4),
-                tampered: r.get(5),
+                valid_forever: r.get::<_, Option<bool>>(1).unwrap_or(true),
+                conn_limit: r.get(2),
+                tampered: r.get(3),
             };
-            let Some(verifier) = role.verifier.as_deref() else {
-                self.give_verifier(c, &role.handle).await?;
-                continue;
-            };
-            let changes = role.changes(verifier);
+            if role.valid_forever {
+                close_at_rest(c, &role.handle).await?;
+            }
+            let changes = role.changes();
             if !changes.is_empty() {
                 let why = changes.join(", ");
-                self.neutralise(c, &role.handle, verifier, &why).await?;
+                self.neutralise(c, &role.handle, &why).await?;
                 found.push((handle_of(&role.handle).to_string(), why));
             } else if let Some(why) = role.tampered {
                 found.push((handle_of(&role.handle).to_string(), why));
@@ -96,16 +83,10 @@ impl TemplateProvider {
         Ok(found)
     }
 
-    /// Puts the gateway's verifier and limits back, ends every session of the role (the
+    /// Closes the role and puts its limits back, ends every session of the role (the
     /// gateway's own ones too: which came through it cannot be told apart reliably, and a
     /// gateway client reconnects), and records why.
-    async fn neutralise(
-        &self,
-        c: &Client,
-        handle: &str,
-        verifier: &str,
-        why: &str,
-    ) -> Result<(), ProviderError> {
+    async fn neutralise(&self, c: &Client, handle: &str, why: &str) -> Result<(), ProviderError> {
         tracing::warn!(
             handle,
             what = why,
@@ -113,10 +94,9 @@ impl TemplateProvider {
         );
         metrics::counter!("sandpit_template_tampered_total").increment(1);
         let q = quote_ident(handle);
-        // Password first, so a session ended below cannot log in again with the agent's.
+        // Closed first, so a session ended below cannot log in again with the agent's.
         c.batch_execute(&format!(
-            "ALTER ROLE {q} PASSWORD {} VALID UNTIL 'infinity' CONNECTION LIMIT -1",
-            quote_literal(verifier)
+            "ALTER ROLE {q} PASSWORD NULL VALID UNTIL '-infinity' CONNECTION LIMIT -1"
         ))
         .await
         .map_err(|e| pg_err("restoring the task role", e))?;
@@ -135,25 +115,6 @@ impl TemplateProvider {
         )
         .await
         .map_err(|e| pg_err("recording the change", e))?;
-        Ok(())
-    }
-
-    /// A backend recorded without a verifier: a fresh one for the same password, recorded.
-    async fn give_verifier(&self, c: &Client, handle: &str) -> Result<(), ProviderError> {
-        let verifier = postgres_protocol::password::scram_sha_256(self.password(handle).as_bytes());
-        c.batch_execute(&format!(
-            "ALTER ROLE {} PASSWORD {}",
-            quote_ident(handle),
-            quote_literal(&verifier)
-        ))
-        .await
-        .map_err(|e| pg_err("setting the task role's verifier", e))?;
-        c.execute(
-            &format!("UPDATE {RECORDS_TABLE} SET verifier = $2 WHERE handle = $1"),
-            &[&handle, &verifier],
-        )
-        .await
-        .map_err(|e| pg_err("recording the verifier", e))?;
         Ok(())
     }
 
@@ -189,4 +150,15 @@ impl TemplateProvider {
         }
         Ok(slot)
     }
+}
+
+/// A role from before one-login passwords (valid forever, with the derived password):
+/// closed like every other, its password left to the next login.
+async fn close_at_rest(c: &Client, role: &str) -> Result<(), ProviderError> {
+    c.batch_execute(&format!(
+        "ALTER ROLE {} VALID UNTIL '-infinity'",
+        quote_ident(role)
+    ))
+    .await
+    .map_err(|e| pg_err("closing an older task role", e))
 }

@@ -39,4 +39,13 @@ impl TemplateProvider {
         m.update(role.as_bytes());
         URL_SAFE_NO_PAD.encode(m.finalize().into_bytes())
     }
+
+    /// The verifier a task role is made with: of its derived password, expired from the
+    /// start (`VALID UNTIL '-infinity'`; logins get one-login passwords, [`super::gate`]).
+    /// PBKDF2 runs off the async workers.
+    pub(super) async fn rest_verifier(&self, role: &str) -> Result<String, ProviderError> {
+        crate::pgconn::scram::new_verifier(role, &self.password(role), 4096)
+            .await
+            .map_err(|e| tpl(format!("making a verifier: {e}")))
+    }
 }

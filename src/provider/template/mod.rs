@@ -9,6 +9,7 @@
 
 mod access;
 mod destroy;
+mod gate;
 mod golden;
 pub mod hba;
 mod key;
@@ -18,6 +19,7 @@ mod retag;
 pub mod seatbelt;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -91,6 +93,8 @@ pub struct TemplateProvider {
     /// Whether the admin role can read `pg_authid` (superuser): without it, a task role's
     /// password change cannot be detected.
     can_read_verifiers: bool,
+    /// One-login passwords for every task-role login ([`gate`]).
+    gate: Arc<gate::RoleGate>,
 }
 fn tpl(e: impl std::fmt::Display) -> ProviderError {
     ProviderError::Template(e.to_string())
@@ -141,6 +145,31 @@ fn validate_handle(h: &str) -> Result<(), ProviderError> {
         Err(ProviderError::NotFound(format!("invalid handle {h:?}")))
     }
 }
+/// An admin session on `db`, over our own socket so that TLS follows `sslmode` exactly as
+/// task connections do.
+async fn admin_session(
+    admin: &tokio_postgres::Config,
+    endpoint: &Endpoint,
+    db: &str,
+) -> Result<Client, ProviderError> {
+    let stream = backend_stream::open(endpoint)
+        .await
+        .map_err(|e| tpl(format!("connecting as admin: {e}")))?;
+    let mut cfg = admin.clone();
+    cfg.dbname(db)
+        .ssl_mode(tokio_postgres::config::SslMode::Disable);
+    let (client, conn) = cfg
+        .connect_raw(stream, NoTls)
+        .await
+        .map_err(|e| pg_err("admin login", e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "admin connection ended");
+        }
+    });
+    Ok(client)
+}
+
 impl TemplateProvider {
     /// Connects as admin, checks (or builds) the golden and its owner role.
     pub async fn new(cfg: TemplateConfig) -> Result<Self, ProviderError> {
@@ -199,6 +228,11 @@ impl TemplateProvider {
             None => return Err(tpl("template.admin_dsn names no host")),
         };
         let admin_db = admin.get_dbname().unwrap_or(&user).to_string();
+        let gate = Arc::new(gate::RoleGate::new(
+            admin.clone(),
+            admin_db.clone(),
+            endpoint.clone(),
+        ));
         Ok(TemplateProvider {
             admin,
             admin_db,
@@ -212,6 +246,7 @@ impl TemplateProvider {
             checker: tokio::sync::Mutex::new(None),
             retags: retag::RetagQueue::default(),
             can_read_verifiers: false,
+            gate,
         })
     }
 
@@ -231,6 +266,9 @@ impl TemplateProvider {
             .await
             .map_err(|e| pg_err("checking access to pg_authid", e))?
             .get(0);
+        p.gate
+            .can_read_verifiers
+            .store(p.can_read_verifiers, std::sync::atomic::Ordering::Relaxed);
         if !p.can_read_verifiers {
             tracing::warn!("the template admin role cannot read pg_authid (it is no superuser): a task role that changes its own password is not detected, and can log in to the server directly if the network lets it");
         }
@@ -266,25 +304,9 @@ impl TemplateProvider {
         Ok(())
     }
 
-    /// An admin session on `db` (default: the DSN's database), over our own socket so that
-    /// TLS follows `sslmode` exactly as task connections do.
+    /// An admin session on `db` (default: the DSN's database).
     async fn connect(&self, db: Option<&str>) -> Result<Client, ProviderError> {
-        let stream = backend_stream::open(&self.endpoint)
-            .await
-            .map_err(|e| tpl(format!("connecting as admin: {e}")))?;
-        let mut cfg = self.admin.clone();
-        cfg.dbname(db.unwrap_or(&self.admin_db))
-            .ssl_mode(tokio_postgres::config::SslMode::Disable);
-        let (client, conn) = cfg
-            .connect_raw(stream, NoTls)
-            .await
-            .map_err(|e| pg_err("admin login", e))?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "admin connection ended");
-            }
-        });
-        Ok(client)
+        admin_session(&self.admin, &self.endpoint, db.unwrap_or(&self.admin_db)).await
     }
     fn backend(&self, handle: &str, method: &str) -> Backend {
         Backend {
@@ -293,7 +315,9 @@ impl TemplateProvider {
                 endpoint: self.endpoint.clone(),
                 user: handle.to_string(),
                 database: handle.to_string(),
-                password: Some(self.password(handle)),
+                // No password at rest: each login gets its own ([`gate`]).
+                password: None,
+                gate: Some(self.gate.clone()),
             },
             method: method.to_string(),
             netns: false,
@@ -306,11 +330,11 @@ impl TemplateProvider {
         let g = quote_ident(&self.golden);
         let c = self.connect(None).await?;
         // The verifier, not the password, goes over the wire and into any server log.
-        let verifier = postgres_protocol::password::scram_sha_256(self.password(h).as_bytes());
+        let verifier = self.rest_verifier(h).await?;
         // Recorded first: a fork cut off midway is tagged, so the janitor can remove it.
         self.put_record(&c, h, tag, &verifier).await?;
         c.batch_execute(&format!(
-            "CREATE ROLE {q} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD {}",
+            "CREATE ROLE {q} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT PASSWORD {} VALID UNTIL '-infinity'",
             quote_literal(&verifier)
         ))
         .await
@@ -492,7 +516,8 @@ impl Provider for TemplateProvider {
     fn session_target(&self, backend: &Backend, allow: Option<&[String]>) -> BackendTarget {
         let role = seatbelt::login_role(&backend.handle, allow);
         let mut t = backend.target.clone();
-        t.password = Some(self.password(&role));
+        t.password = None;
+        t.gate = Some(self.gate.clone());
         t.user = role;
         t
     }

@@ -119,12 +119,11 @@ impl TemplateProvider {
         h: &str,
     ) -> Result<(), ProviderError> {
         for (role, group) in [(read_role(h), READ_GROUP), (write_role(h), WRITE_GROUP)] {
-            let verifier =
-                postgres_protocol::password::scram_sha_256(self.password(&role).as_bytes());
+            let verifier = self.rest_verifier(&role).await?;
             self.put_role_record(c, &role, &verifier).await?;
             let q = quote_ident(&role);
             c.batch_execute(&format!(
-                "CREATE ROLE {q} {PLAIN} INHERIT PASSWORD {}; GRANT {group}, {} TO {q}",
+                "CREATE ROLE {q} {PLAIN} INHERIT PASSWORD {} VALID UNTIL '-infinity'; GRANT {group}, {} TO {q}",
                 quote_literal(&verifier),
                 TASKS_GROUP
             ))
