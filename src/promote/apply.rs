@@ -84,6 +84,11 @@ fn definition(cat: &Catalog, kind: &str, object: &str) -> Option<String> {
             .values()
             .find(|s| s.qname() == object)
             .map(|s| s.params.clone()),
+        "view" => cat
+            .views
+            .values()
+            .find(|v| format!("{}.{}", v.schema, v.name) == object)
+            .map(|v| v.def.clone()),
         "index" => cat
             .indexes
             .values()
@@ -101,16 +106,16 @@ fn definition(cat: &Catalog, kind: &str, object: &str) -> Option<String> {
     }
 }
 
-fn schema_conflicts(plan: &Plan, cat: &Catalog) -> Vec<String> {
+fn schema_conflicts(guards: &[super::plan::SchemaGuard], cat: &Catalog) -> Vec<String> {
     let mut out = Vec::new();
-    for g in &plan.schema_guards {
+    for g in guards {
         let now = definition(cat, &g.kind, &g.object);
         match (&g.want, now) {
             (Want::Absent, Some(_)) => out.push(format!(
                 "{} {}: exists in the target, the golden had no such object",
                 g.kind, g.object
             )),
-            (Want::Def(_), None) => {
+            (Want::Def(_) | Want::Exists, None) => {
                 out.push(format!("{} {}: missing from the target", g.kind, g.object))
             }
             (Want::Def(want), Some(now)) if *want != now => out.push(format!(
@@ -413,7 +418,20 @@ async fn run(
         side.exec(&format!("SET LOCAL ROLE {}", names::quote(r)))
             .await?;
     }
-    let cat = catalog::snapshot(side).await?;
+    let mut cat = catalog::snapshot(side).await?;
+    // Renames first (guarded under the golden's names): every other guard, the rows'
+    // included, then finds objects under the names the review shows.
+    let renamed = schema_conflicts(&plan.rename_guards, &cat);
+    if !renamed.is_empty() {
+        let total = renamed.len();
+        return Ok(Applied::Conflicts(renamed, total));
+    }
+    if !plan.renames.is_empty() {
+        for s in &plan.renames {
+            side.exec(s).await?;
+        }
+        cat = catalog::snapshot(side).await?;
+    }
     let mut plan = plan.clone();
     let (taken, rebased) = rebase::rebase(side, &cat, &mut plan).await?;
     for r in &rebased {
@@ -422,7 +440,7 @@ async fn run(
     let plan = &plan;
     let mut run = Run {
         side,
-        conflicts: schema_conflicts(plan, &cat),
+        conflicts: schema_conflicts(&plan.schema_guards, &cat),
         total: 0,
         loaded: BTreeMap::new(),
     };

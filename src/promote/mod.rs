@@ -8,6 +8,7 @@ pub mod apply;
 pub mod change;
 pub mod decisions;
 pub mod guards;
+pub mod kinds;
 pub mod leaks;
 pub mod names;
 pub mod plan;

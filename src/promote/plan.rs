@@ -8,8 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::kinds;
 use super::names::{self, Part};
 use crate::review::model::{Action, Review, SeqState, TableDiff};
+use crate::review::schema::order;
 
 /// Cells of a row (Postgres text output; None is NULL).
 pub type Row = Vec<Option<String>>;
@@ -21,6 +23,9 @@ pub enum Want {
     Absent,
     /// The golden's definition, as the review's catalog deparses it.
     Def(String),
+    /// Present, whatever its definition (renamed objects, whose golden definition the
+    /// review does not keep: their rows are guarded one by one).
+    Exists,
 }
 
 /// A guard on one schema object.
@@ -50,6 +55,9 @@ pub struct TableChange {
     /// Positions compared with the golden's values before an update or delete (columns
     /// the golden had, masked ones left out).
     pub guard: Vec<usize>,
+    /// Indexes into `guard` compared again by the delete and update themselves (not the
+    /// columns whose type the change alters: their text may change with the type).
+    pub recheck: Vec<usize>,
     /// Rows to delete (golden values).
     pub deletes: Vec<Row>,
     /// Rows to update: golden values, new values, positions that changed.
@@ -65,6 +73,11 @@ pub struct Plan {
     pub refusals: Vec<String>,
     /// Schema objects to check first.
     pub schema_guards: Vec<SchemaGuard>,
+    /// Schema objects to check before the renames (under their golden names).
+    pub rename_guards: Vec<SchemaGuard>,
+    /// Renames (the review's patch statements, in its order): run right after the
+    /// rename guards, before every other guard.
+    pub renames: Vec<String>,
     /// Columns the change drops, with a hash of their values in the golden
     /// ([`column_hash_sql`]): a concurrent edit to one is a conflict.
     pub column_guards: Vec<(String, String, String)>,
@@ -105,6 +118,7 @@ impl Plan {
     pub fn counts(&self) -> Counts {
         Counts {
             schema: self.before_data.len()
+                + self.renames.len()
                 + self.after_data.len()
                 + self.create_sequences.len()
                 + self.identity_tables.len(),
@@ -162,8 +176,9 @@ fn masked_in(masked: &Masked, table: &str) -> BTreeSet<String> {
 /// [`crate::promote::change`]).
 pub fn build(review: &Review, masked: &Masked) -> Plan {
     let mut plan = Plan::default();
-    let mut before: Vec<(u8, String)> = Vec::new();
-    let mut after: Vec<(u8, String)> = Vec::new();
+    let mut before: Vec<(u32, String)> = Vec::new();
+    let mut after: Vec<(u32, String)> = Vec::new();
+    let mut renames: Vec<(u32, String)> = Vec::new();
     // Columns the task added, per table (their values have no golden to guard against).
     let mut added_cols: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for c in &review.schema {
@@ -175,8 +190,6 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                 c.action.word()
             ))
         };
-        let unsupported =
-            "this kind of schema change is not promoted (apply the reviewed patch by hand)";
         let guard = |plan: &mut Plan, want: Want| {
             plan.schema_guards.push(SchemaGuard {
                 kind: c.kind.clone(),
@@ -194,7 +207,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                 if sql.contains(" AS IDENTITY") {
                     plan.identity_tables.push(sql);
                 } else {
-                    before.push((5, sql));
+                    before.push((order::CREATE_TABLE, sql));
                 }
             }
             ("table", Action::Dropped) => {
@@ -210,7 +223,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Def(def));
-                before.push((4, format!("DROP TABLE {};", c.object)));
+                before.push((order::DROP_TABLE, format!("DROP TABLE {};", c.object)));
             }
             ("column", Action::Added) => {
                 let (Some((table, col)), Some(def)) =
@@ -226,16 +239,22 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     .insert(col.plain.clone());
                 match def.strip_suffix(" NOT NULL") {
                     Some(nullable) => {
-                        before.push((6, format!("ALTER TABLE {table} ADD COLUMN {nullable};")));
+                        before.push((
+                            order::ADD_COLUMN,
+                            format!("ALTER TABLE {table} ADD COLUMN {nullable};"),
+                        ));
                         after.push((
-                            0,
+                            order::SET_NOT_NULL,
                             format!(
                                 "ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL;",
                                 col.quoted
                             ),
                         ));
                     }
-                    None => before.push((6, format!("ALTER TABLE {table} ADD COLUMN {def};"))),
+                    None => before.push((
+                        order::ADD_COLUMN,
+                        format!("ALTER TABLE {table} ADD COLUMN {def};"),
+                    )),
                 }
             }
             ("column", Action::Dropped) => {
@@ -254,7 +273,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                 }
                 guard(&mut plan, Want::Def(def));
                 before.push((
-                    3,
+                    order::DROP_COLUMN,
                     format!("ALTER TABLE {table} DROP COLUMN {};", col.quoted),
                 ));
             }
@@ -264,7 +283,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Absent);
-                after.push((3, format!("{def};")));
+                after.push((order::CREATE_INDEX, format!("{def};")));
             }
             ("index", Action::Dropped) => {
                 let Some(def) = c.before.clone() else {
@@ -272,7 +291,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Def(def));
-                before.push((2, format!("DROP INDEX {};", c.object)));
+                before.push((order::DROP_INDEX, format!("DROP INDEX {};", c.object)));
             }
             ("constraint", Action::Added) => {
                 let (Some((table, name)), Some(def)) =
@@ -282,7 +301,11 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Absent);
-                let rank = if def.starts_with("FOREIGN KEY") { 2 } else { 1 };
+                let rank = if def.starts_with("FOREIGN KEY") {
+                    order::ADD_FK
+                } else {
+                    order::ADD_CONSTRAINT
+                };
                 after.push((
                     rank,
                     format!("ALTER TABLE {table} ADD CONSTRAINT {} {def};", name.quoted),
@@ -295,7 +318,11 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     refuse(&mut plan, "no golden definition in the review");
                     continue;
                 };
-                let rank = if def.starts_with("FOREIGN KEY") { 0 } else { 1 };
+                let rank = if def.starts_with("FOREIGN KEY") {
+                    order::DROP_FK
+                } else {
+                    order::DROP_CONSTRAINT
+                };
                 guard(&mut plan, Want::Def(def));
                 before.push((
                     rank,
@@ -308,9 +335,9 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     guard(&mut plan, Want::Absent);
                     for (i, stmt) in made.lines().enumerate() {
                         if i == 0 {
-                            before.push((4, stmt.to_string()));
+                            before.push((order::CREATE_SEQUENCE, stmt.to_string()));
                         } else {
-                            after.push((0, stmt.to_string()));
+                            after.push((order::OWNED_BY, stmt.to_string()));
                         }
                     }
                 }
@@ -320,20 +347,39 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     .push((c.object.clone(), c.detail.clone())),
             },
             ("sequence", Action::Dropped) => match c.before.as_deref() {
-                None => before.push((4, format!("DROP SEQUENCE {};", c.object))),
+                None => before.push((order::DROP_SEQUENCE, format!("DROP SEQUENCE {};", c.object))),
                 Some(owner) if owned_by_dropped(owner, review) => {}
                 Some(owner) => refuse(
                     &mut plan,
                     &format!("it was {owner}, which the change keeps: not promoted"),
                 ),
             },
-            _ => refuse(&mut plan, unsupported),
+            _ => match kinds::place(c) {
+                kinds::Placed::Refused(why) => refuse(&mut plan, &why),
+                kinds::Placed::Renames => {
+                    kinds::guards(c, &mut plan);
+                    renames.extend(c.sql.iter().cloned());
+                }
+                kinds::Placed::Stmts(stmts) => {
+                    kinds::guards(c, &mut plan);
+                    for (o, s) in stmts {
+                        if kinds::after_data(o) {
+                            after.push((o, s));
+                        } else {
+                            before.push((o, s));
+                        }
+                    }
+                }
+            },
         }
     }
-    before.sort_by_key(|(r, _)| *r);
-    after.sort_by_key(|(r, _)| *r);
+    // Stable sorts: within one place, the review's patch order.
+    for v in [&mut before, &mut after, &mut renames] {
+        v.sort_by_key(|(r, _)| *r);
+    }
     plan.before_data = before.into_iter().map(|(_, s)| s).collect();
     plan.after_data = after.into_iter().map(|(_, s)| s).collect();
+    plan.renames = renames.into_iter().map(|(_, s)| s).collect();
 
     let dropped: BTreeSet<&str> = review
         .schema
@@ -344,6 +390,10 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
     for t in &review.data {
         if let Some(mut tc) = table_change(t, masked, &added_cols, &mut plan.refusals) {
             tc.dropped = dropped.contains(t.table.as_str());
+            let retyped = kinds::type_changed(review, &t.table);
+            tc.recheck = (0..tc.guard.len())
+                .filter(|&j| !retyped.contains(&tc.columns[tc.guard[j]]))
+                .collect();
             plan.tables.push(tc);
         }
     }
@@ -393,6 +443,7 @@ fn table_change(
         columns: t.columns.clone(),
         key: Vec::new(),
         guard: Vec::new(),
+        recheck: Vec::new(),
         deletes: t.samples.deleted.clone(),
         updates: t
             .samples
@@ -489,6 +540,7 @@ mod tests {
                 detail: String::new(),
                 before: None,
                 after: Some("note text NOT NULL".into()),
+                sql: Vec::new(),
             }],
             data: vec![TableDiff {
                 table: "public.customers".into(),
