@@ -6,9 +6,11 @@
 //! a masked column is refused; a failing validator blocks approval.
 
 mod common;
-/// Issue 35's cases, in tests/promote/.
+/// Issue 35's cases and the corpus of agent sessions, in tests/promote/.
 mod promote {
     mod cases;
+    mod corpus;
+    mod runner;
 }
 #[allow(dead_code)]
 #[path = "support/shared_pg.rs"]

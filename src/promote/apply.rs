@@ -248,6 +248,58 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Every keyless table whose rows the change deletes must hold the golden's rows.
+    async fn check_multisets(&mut self, plan: &Plan) -> Result<(), ConnError> {
+        for (table, sql, golden) in &plan.multiset_guards {
+            self.side.exec("SAVEPOINT sandpit_multiset").await?;
+            let now = match self.side.rows(sql).await {
+                Ok(r) => r.first().and_then(|r| r[0].clone()),
+                Err(_) => {
+                    self.side
+                        .exec("ROLLBACK TO SAVEPOINT sandpit_multiset")
+                        .await?;
+                    None
+                }
+            };
+            self.side.exec("RELEASE SAVEPOINT sandpit_multiset").await?;
+            if now.as_deref() != Some(golden.as_str()) {
+                self.conflict(format!(
+                    "table {table} (no key, compared as a multiset): its rows changed in the target since the golden"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes of a keyless table: each deleted row once, found by its values (the whole
+    /// table was guarded, so as many equal rows are there as in the golden).
+    async fn multiset_deletes(&mut self, tc: &TableChange) -> Result<(), ConnError> {
+        for row in &tc.deletes {
+            let eq: Vec<String> = tc
+                .guard
+                .iter()
+                .map(|&i| {
+                    let v = row[i]
+                        .as_ref()
+                        .map(|s| literal(s))
+                        .unwrap_or_else(|| "NULL".into());
+                    format!(
+                        "pg_catalog.format('%L', {}) OPERATOR(pg_catalog.=) pg_catalog.format('%L', {v}::pg_catalog.text)",
+                        tc.columns[i]
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "DELETE FROM ONLY {tab} WHERE ctid = (SELECT ctid FROM ONLY {tab} WHERE {} LIMIT 1) RETURNING 1",
+                eq.join(" AND "),
+                tab = tc.table
+            );
+            self.exact(&sql, 1, || format!("a delete from {}", tc.table))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Guards of the rows of `tc` (before anything is applied): loaded into a temporary
     /// table, locked and compared in one go ([`guards`]).
     async fn check_rows(&mut self, tc: &TableChange, cat: &Catalog) -> Result<(), ConnError> {
@@ -256,6 +308,9 @@ impl Run<'_> {
             self.conflict(format!("table {}: missing from the target", tc.table));
             return Ok(());
         };
+        if tc.multiset {
+            return Ok(());
+        }
         let l = guards::load(self.side, tc, self.loaded.len()).await?;
         for m in guards::check(self.side, tc, t, &l).await? {
             self.conflict(match m {
@@ -447,6 +502,7 @@ async fn run(
     run.total = run.conflicts.len();
     run.check_sequences(plan, &cat).await?;
     run.check_columns(plan).await?;
+    run.check_multisets(plan).await?;
     for tc in plan.tables.iter().filter(|t| !t.new_table) {
         run.check_rows(tc, &cat).await?;
     }
@@ -496,6 +552,7 @@ async fn changes(
     }
     for (tc, t, step) in &order.steps {
         match step {
+            Step::Delete if tc.multiset => run.multiset_deletes(tc).await?,
             Step::Delete => run.deletes(tc, t).await?,
             Step::Update => run.updates(tc, t).await?,
             Step::Insert => run.inserts(tc, Some(t)).await?,

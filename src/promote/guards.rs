@@ -68,7 +68,9 @@ fn guard_oks(tc: &TableChange, again: bool) -> Vec<String> {
         .filter(|(j, _)| !again || tc.recheck.contains(j))
         .map(|(j, &i)| {
             format!(
-                "(pg_catalog.format('%s', t.{}) IS NOT DISTINCT FROM e.g{j})",
+                // %L: NULL is `NULL`, any value a quoted literal of its text output
+                // (%s would make NULL and '' alike).
+                "(pg_catalog.format('%L', t.{}) OPERATOR(pg_catalog.=) pg_catalog.format('%L', e.g{j}))",
                 tc.columns[i]
             )
         })

@@ -348,6 +348,7 @@ pub async fn promote(
             let masked: plan::Masked = ch.masked.iter().cloned().collect();
             let mut p = plan::build(&ch.review, &masked);
             p.column_guards = ch.dropped_columns.clone();
+            p.multiset_guards = ch.multiset_guards.clone();
             report.counts = p.counts();
             if let Some(reason) = current.capture.as_ref().and_then(|c| c.reason.clone()) {
                 report

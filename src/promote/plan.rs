@@ -48,6 +48,9 @@ pub struct TableChange {
     pub new_table: bool,
     /// Dropped by the task: its rows are guarded (and counted), then go with the table.
     pub dropped: bool,
+    /// No key: rows matched as a multiset, the whole table guarded by
+    /// [`Plan::multiset_guards`], each deleted row deleted once by its values.
+    pub multiset: bool,
     /// Columns of the rows, quoted.
     pub columns: Vec<String>,
     /// Positions (in `columns`) of the key.
@@ -81,6 +84,10 @@ pub struct Plan {
     /// Columns the change drops, with a hash of their values in the golden
     /// ([`column_hash_sql`]): a concurrent edit to one is a conflict.
     pub column_guards: Vec<(String, String, String)>,
+    /// Tables without a key whose rows the change deletes: (table, the query giving a hash
+    /// of their rows ([`multiset_hash_sql`]), its value in the golden). Any change to
+    /// such a table in the target since the golden is a conflict.
+    pub multiset_guards: Vec<(String, String, String)>,
     /// Sequences whose position must still be the golden's.
     pub sequence_guards: Vec<(String, SeqState)>,
     /// DDL before the row changes, in order.
@@ -139,6 +146,62 @@ pub fn column_hash_sql(table: &str, col: &str) -> String {
          pg_catalog.string_agg(COALESCE(pg_catalog.format('%L', {col}), 'NULL'), ',' \
          ORDER BY pg_catalog.format('%L', {col}) COLLATE \"C\")), '') FROM ONLY {table}"
     )
+}
+
+/// A query giving a hash of the rows of `table` over `cols` (the row count and an md5 of
+/// the sorted rows, each value as a literal so NULL and '' differ).
+pub fn multiset_hash_sql(table: &str, cols: &[String]) -> String {
+    let row: Vec<String> = cols
+        .iter()
+        .map(|c| format!("pg_catalog.format('%L', {c})"))
+        .collect();
+    let row = row.join(" || ',' || ");
+    format!(
+        "SELECT pg_catalog.count(*)::pg_catalog.text || ':' || COALESCE(pg_catalog.md5(\
+         pg_catalog.string_agg({row}, '|' ORDER BY {row} COLLATE \"C\")), '') FROM ONLY {table}"
+    )
+}
+
+/// A table without a key: matched as a multiset. Inserts need no guard; deletes are
+/// guarded by the whole table's hash (taken from the golden when the change is captured),
+/// so they need columns to compare that the golden had and the masking left real.
+fn keyless(
+    mut tc: TableChange,
+    plain: &[String],
+    masked_cols: &BTreeSet<String>,
+    skip: impl Fn(&String) -> bool,
+    refusals: &mut Vec<String>,
+) -> Option<TableChange> {
+    let name = tc.table.clone();
+    if !tc.updates.is_empty() {
+        refusals.push(format!(
+            "table {name} has no primary key or usable unique index: its updated rows cannot be found"
+        ));
+        return None;
+    }
+    let masked_written: Vec<&str> = plain
+        .iter()
+        .filter(|c| masked_cols.contains(*c))
+        .map(String::as_str)
+        .collect();
+    if !masked_written.is_empty() && !(tc.deletes.is_empty() && tc.inserts.is_empty()) {
+        refusals.push(format!(
+            "table {name} has no key and masked columns ({}): its rows cannot be told apart \
+             from the golden's fakes",
+            masked_written.join(", ")
+        ));
+        return None;
+    }
+    tc.guard = (0..plain.len()).filter(|&i| !skip(&plain[i])).collect();
+    if !tc.deletes.is_empty() && tc.guard.is_empty() {
+        refusals.push(format!(
+            "table {name} has no key and no column the golden had: its deleted rows cannot be found"
+        ));
+        return None;
+    }
+    tc.recheck = (0..tc.guard.len()).collect();
+    tc.multiset = true;
+    Some(tc)
 }
 
 /// Whether `owner` (`OWNED BY schema.table.column`) goes with a table or column the
@@ -440,6 +503,7 @@ fn table_change(
         table: name.clone(),
         new_table,
         dropped: false,
+        multiset: false,
         columns: t.columns.clone(),
         key: Vec::new(),
         guard: Vec::new(),
@@ -463,11 +527,11 @@ fn table_change(
     if new_table {
         return Some(tc);
     }
+    let masked_cols = masked_in(masked, name);
+    let added = added_cols.get(&names::plain(name));
     if t.key.is_empty() {
-        refusals.push(format!(
-            "table {name} has no primary key or usable unique index: its rows cannot be guarded"
-        ));
-        return None;
+        let skip = |c: &String| masked_cols.contains(c) || added.is_some_and(|a| a.contains(c));
+        return keyless(tc, &plain, &masked_cols, skip, refusals);
     }
     for k in &t.key {
         match t.columns.iter().position(|c| c == k) {
@@ -480,8 +544,6 @@ fn table_change(
             }
         }
     }
-    let masked_cols = masked_in(masked, name);
-    let added = added_cols.get(&names::plain(name));
     let before = refusals.len();
     let is_masked = |i: usize| masked_cols.contains(&plain[i]);
     if !(tc.deletes.is_empty() && tc.updates.is_empty()) {
@@ -606,8 +668,26 @@ mod tests {
         let mut r = review();
         r.data[0].updated = 2;
         assert!(build(&r, &Masked::new()).refusals[0].contains("only some"));
+        // Without a key, updated rows cannot be found; deleted ones are (as a multiset).
         let mut r = review();
         r.data[0].key.clear();
         assert!(build(&r, &Masked::new()).refusals[0].contains("no primary key"));
+        r.data[0].updated = 0;
+        r.data[0].deleted = 1;
+        r.data[0].samples.deleted = vec![r.data[0].samples.updated[0].before.clone()];
+        r.data[0].samples.updated.clear();
+        let p = build(&r, &Masked::new());
+        assert!(
+            p.refusals.is_empty() && p.tables[0].multiset,
+            "{:?}",
+            p.refusals
+        );
+        assert_eq!(
+            p.tables[0].guard,
+            vec![0, 1, 2],
+            "the added column is not compared"
+        );
+        let masked: Masked = ["public.customers.email".to_string()].into();
+        assert!(build(&r, &masked).refusals[0].contains("no key and masked columns (email)"));
     }
 }

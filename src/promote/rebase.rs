@@ -254,6 +254,7 @@ mod tests {
             table: "public.items".into(),
             new_table: false,
             dropped: false,
+            multiset: false,
             columns: vec!["id".into(), "event_id".into()],
             key: vec![0],
             guard: vec![0, 1],
