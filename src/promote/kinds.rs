@@ -1,7 +1,8 @@
 //! Change kinds promoted as the review's own patch statements (kept with each change by the
 //! schema diff, built from the catalog, never from the agent's SQL): renames (run before
 //! the row guards, so rows are found under their new names), altered columns, views,
-//! comments, grants, schemas, sequence parameters, dropped triggers and functions — and the
+//! comments, grants, schemas, sequence parameters, changed indexes and constraints, dropped
+//! triggers and functions — and the
 //! kinds refused with the reason a person reads before approving: functions and triggers
 //! the task adds or changes (their bodies are agent code the target would run, a trigger on
 //! the promotion's own row changes), types, extensions, materialized views.
@@ -28,7 +29,8 @@ const BODY: &str = "its body is agent code that the target would run (read it in
 pub fn place(c: &SchemaChange) -> Placed {
     use Action::*;
     match (c.kind.as_str(), c.action) {
-        (_, Renamed) => Placed::Renames,
+        // A new schema goes with the renames: a table may be moved into it.
+        (_, Renamed) | ("schema", Added) => Placed::Renames,
         ("function", Added | Altered) => Placed::Refused(format!("a function: {BODY}")),
         ("trigger", Added | Altered) => Placed::Refused(format!(
             "a trigger runs its function on every matching row change, the promotion's own \
@@ -57,7 +59,8 @@ pub fn place(c: &SchemaChange) -> Placed {
             "column" | "view" | "comment" | "grant" | "schema" | "sequence" | "table",
             Added | Altered | Dropped,
         )
-        | ("trigger" | "function", Dropped) => {
+        | ("trigger" | "function", Dropped)
+        | ("index" | "constraint", Altered) => {
             if c.sql.is_empty() {
                 Placed::Refused(
                     "the review holds no statement for it (a review stored before promotion \
@@ -112,6 +115,11 @@ pub fn guards(c: &SchemaChange, plan: &mut Plan) {
             add("column", c.object.clone(), want, false);
         }
         ("view", Action::Added) => add("view", c.object.clone(), Want::Absent, false),
+        ("index" | "constraint", Action::Altered) => {
+            if let Some(b) = &c.before {
+                add(&c.kind, c.object.clone(), Want::Def(b.clone()), false)
+            }
+        }
         ("view", Action::Dropped) => {
             if let Some(b) = &c.before {
                 add("view", c.object.clone(), Want::Def(b.clone()), false)

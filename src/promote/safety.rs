@@ -209,16 +209,18 @@ fn roots(c: &SchemaChange) -> Vec<String> {
             }
             None => Vec::new(),
         },
-        ("constraint", Action::Added) => match names::parent_and_last(&c.object) {
-            Some((rel, k)) => {
-                vec![constraint(
-                    &rel,
-                    &format!(" AND k.conname = {}", literal(&k.plain)),
-                )]
+        ("constraint", Action::Added | Action::Altered) => {
+            match names::parent_and_last(&c.object) {
+                Some((rel, k)) => {
+                    vec![constraint(
+                        &rel,
+                        &format!(" AND k.conname = {}", literal(&k.plain)),
+                    )]
+                }
+                None => Vec::new(),
             }
-            None => Vec::new(),
-        },
-        ("index", Action::Added) => vec![index(&format!(
+        }
+        ("index", Action::Added | Action::Altered) => vec![index(&format!(
             "i.indexrelid = pg_catalog.to_regclass({})",
             literal(&c.object)
         ))],

@@ -76,6 +76,7 @@ pub(super) fn constraints(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     ),
                 );
                 d.stmt(add_order(k), add);
+                d.attach_since(d.stmts.len() - 2);
             }
             Some(old) if old.name != k.name => {
                 d.change(
@@ -156,6 +157,7 @@ pub(super) fn indexes(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     format!("DROP INDEX {};", q(&old.schema, &old.name)),
                 );
                 d.stmt(order::CREATE_INDEX, format!("{};", i.def));
+                d.attach_since(d.stmts.len() - 2);
             }
             Some(old) if old.name != i.name => {
                 d.change(

@@ -247,4 +247,26 @@ ALTER TABLE customers DROP COLUMN city;",
         expect: Refused("inserted rows carry values for masked columns"),
         conflict: None,
     },
+    Session {
+        name: "notify-view",
+        sql: "CREATE VIEW order_pings AS SELECT id, pg_notify('orders', id::text) AS sent FROM orders;",
+        expect: Refused("which has side effects"),
+        conflict: None,
+    },
+    Session {
+        name: "rename-constraint-and-seq",
+        sql: "ALTER TABLE order_items RENAME CONSTRAINT order_items_qty_check TO qty_positive;
+ALTER SEQUENCE products_id_seq RENAME TO products_seq;
+INSERT INTO products(sku, name, price) VALUES ('SKU-NEW', 'New thing', 5.00);",
+        expect: Promoted,
+        conflict: None,
+    },
+    Session {
+        name: "move-settings-schema",
+        sql: "CREATE SCHEMA config;
+ALTER TABLE settings SET SCHEMA config;
+UPDATE config.settings SET value = 'NOK' WHERE key = 'currency';",
+        expect: Promoted,
+        conflict: Some("UPDATE settings SET value = 'USD' WHERE key = 'currency'"),
+    },
 ];
