@@ -249,7 +249,7 @@ ALTER TABLE customers DROP COLUMN city;",
     },
     Session {
         name: "notify-view",
-        sql: "CREATE VIEW order_pings AS SELECT id, pg_notify('orders', id::text) AS sent FROM orders;",
+        sql: "CREATE VIEW order_pings AS SELECT id, pg_notify('orders', id::text)::text AS sent FROM orders;",
         expect: Refused("which has side effects"),
         conflict: None,
     },

@@ -388,3 +388,34 @@ fn corpus_sessions_are_promoted_exactly_or_refused_before_approval() {
         );
     });
 }
+
+/// With the patch check off, what the review does not model cannot be ruled out: even a
+/// plain row update is refused before approval, with that reason.
+#[test]
+fn a_change_whose_patch_check_was_not_made_is_not_promotable() {
+    let config = "[pool]\nsize = 0\n\n[review]\nverify_on_end = false\n";
+    let g = Gateway::start(Some(crate::common::SMALL_GOLDEN), Some(config));
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let t = g.issue("promote-unverified", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    rt.block_on(async {
+        let c = connect(t["dsn"].as_str().expect("dsn"))
+            .await
+            .expect("connect");
+        exec(&c, "UPDATE items SET name = 'renamed' WHERE id = 1").await;
+    });
+    assert_eq!(g.revoke(&id).0, 200);
+    let r = record(&g, &id);
+    let why = r["capture"]["refusals"].to_string();
+    assert!(
+        why.contains("patch not verified") && why.contains("is unknown; not promoted"),
+        "{r}"
+    );
+    let (s, v) = g.raw_call(
+        "POST",
+        &format!("/v1/tokens/{id}/approve"),
+        Some(json!({"comment": "ok"})),
+    );
+    assert_eq!(s, 409, "{v}");
+    assert!(v.to_string().contains("does not model"), "{v}");
+}
