@@ -28,7 +28,17 @@ const BODY: &str = "its body is agent code that the target would run (read it in
 /// What to do with `c` (a kind not handled by [`super::plan::build`] itself).
 pub fn place(c: &SchemaChange) -> Placed {
     use Action::*;
+    let materialized = c
+        .sql
+        .iter()
+        .any(|(_, s)| s.starts_with("CREATE MATERIALIZED"));
     match (c.kind.as_str(), c.action) {
+        ("view", _) if materialized => Placed::Refused(
+            "a materialized view runs its query on the target when it is created; not promoted"
+                .into(),
+        ),
+        // A renamed view is dropped and created again, like a changed one.
+        ("view", Renamed) => Placed::Stmts(c.sql.clone()),
         // A new schema goes with the renames: a table may be moved into it.
         (_, Renamed) | ("schema", Added) => Placed::Renames,
         ("function", Added | Altered) => Placed::Refused(format!("a function: {BODY}")),
@@ -42,16 +52,6 @@ pub fn place(c: &SchemaChange) -> Placed {
         ("extension", _) => Placed::Refused(
             "an extension runs its install script on the target; not promoted".into(),
         ),
-        ("view", _)
-            if c.sql
-                .iter()
-                .any(|(_, s)| s.starts_with("CREATE MATERIALIZED")) =>
-        {
-            Placed::Refused(
-                "a materialized view runs its query on the target when it is created; not promoted"
-                    .into(),
-            )
-        }
         ("column", Altered) if c.detail.contains("identity/generation changed") => {
             Placed::Refused("a change of identity or generation is not promoted".into())
         }
@@ -176,6 +176,18 @@ mod tests {
                 Action::Added,
                 &[(104, "CREATE MATERIALIZED VIEW …")],
                 "materialized",
+            ),
+            (
+                "view",
+                Action::Renamed,
+                &[(10, "DROP VIEW …"), (104, "CREATE VIEW …")],
+                "stmts",
+            ),
+            (
+                "schema",
+                Action::Added,
+                &[(1, "CREATE SCHEMA …")],
+                "renames",
             ),
             ("comment", Action::Added, &[(108, "COMMENT …")], "stmts"),
             ("grant", Action::Dropped, &[(109, "REVOKE …")], "stmts"),
