@@ -166,7 +166,8 @@ mod tests {
 
     #[test]
     fn each_kind_is_taken_whole_renamed_or_refused_with_a_reason() {
-        let cases: &[(&str, Action, &[(u32, &str)], &str)] = &[
+        type Case<'a> = (&'a str, Action, &'a [(u32, &'a str)], &'a str);
+        let cases: &[Case] = &[
             ("column", Action::Renamed, &[(21, "ALTER …")], "renames"),
             ("table", Action::Renamed, &[(20, "ALTER …")], "renames"),
             ("column", Action::Altered, &[(26, "ALTER …")], "stmts"),
