@@ -52,10 +52,7 @@ async fn multiset_hashes(
         .filter(|t| t.multiset && !t.deletes.is_empty())
         .map(|t| {
             let cols: Vec<String> = t.guard.iter().map(|&i| t.columns[i].clone()).collect();
-            (
-                t.table.clone(),
-                super::plan::multiset_hash_sql(&t.table, &cols),
-            )
+            (t.table.clone(), super::multiset::hash_sql(&t.table, &cols))
         })
         .collect();
     if wanted.is_empty() {

@@ -10,6 +10,7 @@ pub mod decisions;
 pub mod guards;
 pub mod kinds;
 pub mod leaks;
+pub mod multiset;
 pub mod names;
 pub mod plan;
 pub mod promotable;

@@ -85,7 +85,7 @@ pub struct Plan {
     /// ([`column_hash_sql`]): a concurrent edit to one is a conflict.
     pub column_guards: Vec<(String, String, String)>,
     /// Tables without a key whose rows the change deletes: (table, the query giving a hash
-    /// of their rows ([`multiset_hash_sql`]), its value in the golden). Any change to
+    /// of their rows ([`super::multiset::hash_sql`]), its value in the golden). Any change to
     /// such a table in the target since the golden is a conflict.
     pub multiset_guards: Vec<(String, String, String)>,
     /// Sequences whose position must still be the golden's.
@@ -146,63 +146,6 @@ pub fn column_hash_sql(table: &str, col: &str) -> String {
          pg_catalog.string_agg(COALESCE(pg_catalog.format('%L', {col}), 'NULL'), ',' \
          ORDER BY pg_catalog.format('%L', {col}) COLLATE \"C\")), '') FROM ONLY {table}"
     )
-}
-
-/// A query giving a hash of the rows of `table` over `cols` (the row count and an md5 of
-/// the sorted rows, each value as a literal so NULL and '' differ).
-pub fn multiset_hash_sql(table: &str, cols: &[String]) -> String {
-    let row: Vec<String> = cols
-        .iter()
-        .map(|c| format!("pg_catalog.format('%L', {c})"))
-        .collect();
-    let row = row.join(" || ',' || ");
-    format!(
-        "SELECT pg_catalog.count(*)::pg_catalog.text || ':' || COALESCE(pg_catalog.md5(\
-         pg_catalog.string_agg({row}, '|' ORDER BY {row} COLLATE \"C\")), '') FROM ONLY {table}"
-    )
-}
-
-/// A table without a key: matched as a multiset. Inserts need no guard; deletes are
-/// guarded by the whole table's hash (taken from the golden when the change is captured),
-/// so they need columns to compare that the golden had and the masking left real.
-fn keyless(
-    mut tc: TableChange,
-    plain: &[String],
-    masked_cols: &BTreeSet<String>,
-    skip: impl Fn(&String) -> bool,
-    refusals: &mut Vec<String>,
-) -> Option<TableChange> {
-    let name = tc.table.clone();
-    if !tc.updates.is_empty() {
-        refusals.push(format!(
-            "table {name} has no primary key or usable unique index: its updated rows cannot be found"
-        ));
-        return None;
-    }
-    let masked_written: Vec<&str> = plain
-        .iter()
-        .filter(|c| masked_cols.contains(*c))
-        .map(String::as_str)
-        .collect();
-    let writes_rows = !(tc.deletes.is_empty() && tc.inserts.is_empty());
-    if !masked_written.is_empty() && writes_rows {
-        refusals.push(format!(
-            "table {name} has no key and masked columns ({}): its rows cannot be told apart \
-             from the golden's fakes",
-            masked_written.join(", ")
-        ));
-        return None;
-    }
-    tc.guard = (0..plain.len()).filter(|&i| !skip(&plain[i])).collect();
-    if !tc.deletes.is_empty() && tc.guard.is_empty() {
-        refusals.push(format!(
-            "table {name} has no key and no column the golden had: its deleted rows cannot be found"
-        ));
-        return None;
-    }
-    tc.recheck = (0..tc.guard.len()).collect();
-    tc.multiset = true;
-    Some(tc)
 }
 
 /// Whether `owner` (`OWNED BY schema.table.column`) goes with a table or column the
@@ -532,7 +475,7 @@ fn table_change(
     let added = added_cols.get(&names::plain(name));
     if t.key.is_empty() {
         let skip = |c: &String| masked_cols.contains(c) || added.is_some_and(|a| a.contains(c));
-        return keyless(tc, &plain, &masked_cols, skip, refusals);
+        return super::multiset::keyless(tc, &plain, &masked_cols, skip, refusals);
     }
     for k in &t.key {
         match t.columns.iter().position(|c| c == k) {

@@ -269,4 +269,11 @@ UPDATE config.settings SET value = 'NOK' WHERE key = 'currency';",
         expect: Promoted,
         conflict: Some("UPDATE settings SET value = 'USD' WHERE key = 'currency'"),
     },
+    Session {
+        name: "rename-view",
+        sql: "ALTER VIEW open_orders RENAME TO orders_open;
+COMMENT ON VIEW orders_open IS 'Orders not shipped yet';",
+        expect: Promoted,
+        conflict: None,
+    },
 ];
