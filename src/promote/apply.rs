@@ -517,6 +517,19 @@ async fn run(
     changes(side, plan, &mut run, dry_run).await
 }
 
+/// The server's message when `e` is a foreign-key or unique violation (SQLSTATE 23503,
+/// 23505): what the target answered, not a guess.
+fn integrity(e: &ConnError) -> Option<&str> {
+    match e {
+        ConnError::Query { message, .. }
+            if message.ends_with("(SQLSTATE 23503)") || message.ends_with("(SQLSTATE 23505)") =>
+        {
+            Some(message)
+        }
+        _ => None,
+    }
+}
+
 /// The DDL and row changes of `plan`, once every guard passed.
 async fn changes(
     side: &Side,
@@ -551,11 +564,26 @@ async fn changes(
         side.exec(s).await?;
     }
     for (tc, t, step) in &order.steps {
-        match step {
-            Step::Delete if tc.multiset => run.multiset_deletes(tc).await?,
-            Step::Delete => run.deletes(tc, t).await?,
-            Step::Update => run.updates(tc, t).await?,
-            Step::Insert => run.inserts(tc, Some(t)).await?,
+        let done = match step {
+            Step::Delete if tc.multiset => run.multiset_deletes(tc).await,
+            Step::Delete => run.deletes(tc, t).await,
+            Step::Update => run.updates(tc, t).await,
+            Step::Insert => run.inserts(tc, Some(t)).await,
+        };
+        // The target refused a row change by a key: a row added or removed concurrently
+        // (a child of a parent the task deletes, a unique value taken) is a conflict.
+        if let Err(e) = done {
+            let Some(why) = integrity(&e) else {
+                return Err(e);
+            };
+            run.conflict(format!(
+                "{}: the target refused the task's row changes ({why}): a row there changed since the golden",
+                tc.table
+            ));
+            return Ok(Applied::Conflicts(
+                std::mem::take(&mut run.conflicts),
+                run.total,
+            ));
         }
     }
     for tc in &order.missing {
