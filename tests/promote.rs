@@ -3,12 +3,15 @@
 //! the source. Onto an untouched copy it applies exactly the task's change (compared with a
 //! copy where the task's SQL ran directly, by schema dump and content hashes); onto a copy
 //! changed concurrently it lists the conflicting rows and applies nothing; a change writing
-//! a masked column is refused; a failing validator blocks approval.
+//! a masked column is refused; a failing validator blocks approval. tests/promote/ holds issue
+//! 35's cases and a corpus of agent sessions (`corpus.rs`, run by `runner.rs`).
 
 mod common;
-/// Issue 35's cases, in tests/promote/.
+/// Issue 35's cases and the corpus of agent sessions, in tests/promote/.
 mod promote {
     mod cases;
+    mod corpus;
+    mod runner;
 }
 #[allow(dead_code)]
 #[path = "support/shared_pg.rs"]

@@ -84,6 +84,11 @@ fn definition(cat: &Catalog, kind: &str, object: &str) -> Option<String> {
             .values()
             .find(|s| s.qname() == object)
             .map(|s| s.params.clone()),
+        "view" => cat
+            .views
+            .values()
+            .find(|v| format!("{}.{}", v.schema, v.name) == object)
+            .map(|v| v.def.clone()),
         "index" => cat
             .indexes
             .values()
@@ -101,16 +106,16 @@ fn definition(cat: &Catalog, kind: &str, object: &str) -> Option<String> {
     }
 }
 
-fn schema_conflicts(plan: &Plan, cat: &Catalog) -> Vec<String> {
+fn schema_conflicts(guards: &[super::plan::SchemaGuard], cat: &Catalog) -> Vec<String> {
     let mut out = Vec::new();
-    for g in &plan.schema_guards {
+    for g in guards {
         let now = definition(cat, &g.kind, &g.object);
         match (&g.want, now) {
             (Want::Absent, Some(_)) => out.push(format!(
                 "{} {}: exists in the target, the golden had no such object",
                 g.kind, g.object
             )),
-            (Want::Def(_), None) => {
+            (Want::Def(_) | Want::Exists, None) => {
                 out.push(format!("{} {}: missing from the target", g.kind, g.object))
             }
             (Want::Def(want), Some(now)) if *want != now => out.push(format!(
@@ -243,6 +248,58 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Every keyless table whose rows the change deletes must hold the golden's rows.
+    async fn check_multisets(&mut self, plan: &Plan) -> Result<(), ConnError> {
+        for (table, sql, golden) in &plan.multiset_guards {
+            self.side.exec("SAVEPOINT sandpit_multiset").await?;
+            let now = match self.side.rows(sql).await {
+                Ok(r) => r.first().and_then(|r| r[0].clone()),
+                Err(_) => {
+                    self.side
+                        .exec("ROLLBACK TO SAVEPOINT sandpit_multiset")
+                        .await?;
+                    None
+                }
+            };
+            self.side.exec("RELEASE SAVEPOINT sandpit_multiset").await?;
+            if now.as_deref() != Some(golden.as_str()) {
+                self.conflict(format!(
+                    "table {table} (no key, compared as a multiset): its rows changed in the target since the golden"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes of a keyless table: each deleted row once, found by its values (the whole
+    /// table was guarded, so as many equal rows are there as in the golden).
+    async fn multiset_deletes(&mut self, tc: &TableChange) -> Result<(), ConnError> {
+        for row in &tc.deletes {
+            let eq: Vec<String> = tc
+                .guard
+                .iter()
+                .map(|&i| {
+                    let v = row[i]
+                        .as_ref()
+                        .map(|s| literal(s))
+                        .unwrap_or_else(|| "NULL".into());
+                    format!(
+                        "pg_catalog.format('%L', {}) OPERATOR(pg_catalog.=) pg_catalog.format('%L', {v}::pg_catalog.text)",
+                        tc.columns[i]
+                    )
+                })
+                .collect();
+            let sql = format!(
+                "DELETE FROM ONLY {tab} WHERE ctid = (SELECT ctid FROM ONLY {tab} WHERE {} LIMIT 1) RETURNING 1",
+                eq.join(" AND "),
+                tab = tc.table
+            );
+            self.exact(&sql, 1, || format!("a delete from {}", tc.table))
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Guards of the rows of `tc` (before anything is applied): loaded into a temporary
     /// table, locked and compared in one go ([`guards`]).
     async fn check_rows(&mut self, tc: &TableChange, cat: &Catalog) -> Result<(), ConnError> {
@@ -251,6 +308,9 @@ impl Run<'_> {
             self.conflict(format!("table {}: missing from the target", tc.table));
             return Ok(());
         };
+        if tc.multiset {
+            return Ok(());
+        }
         let l = guards::load(self.side, tc, self.loaded.len()).await?;
         for m in guards::check(self.side, tc, t, &l).await? {
             self.conflict(match m {
@@ -413,7 +473,20 @@ async fn run(
         side.exec(&format!("SET LOCAL ROLE {}", names::quote(r)))
             .await?;
     }
-    let cat = catalog::snapshot(side).await?;
+    let mut cat = catalog::snapshot(side).await?;
+    // Renames first (guarded under the golden's names): every other guard, the rows'
+    // included, then finds objects under the names the review shows.
+    let renamed = schema_conflicts(&plan.rename_guards, &cat);
+    if !renamed.is_empty() {
+        let total = renamed.len();
+        return Ok(Applied::Conflicts(renamed, total));
+    }
+    if !plan.renames.is_empty() {
+        for s in &plan.renames {
+            side.exec(s).await?;
+        }
+        cat = catalog::snapshot(side).await?;
+    }
     let mut plan = plan.clone();
     let (taken, rebased) = rebase::rebase(side, &cat, &mut plan).await?;
     for r in &rebased {
@@ -422,13 +495,14 @@ async fn run(
     let plan = &plan;
     let mut run = Run {
         side,
-        conflicts: schema_conflicts(plan, &cat),
+        conflicts: schema_conflicts(&plan.schema_guards, &cat),
         total: 0,
         loaded: BTreeMap::new(),
     };
     run.total = run.conflicts.len();
     run.check_sequences(plan, &cat).await?;
     run.check_columns(plan).await?;
+    run.check_multisets(plan).await?;
     for tc in plan.tables.iter().filter(|t| !t.new_table) {
         run.check_rows(tc, &cat).await?;
     }
@@ -441,6 +515,19 @@ async fn run(
         return Ok(Applied::Conflicts(run.conflicts, run.total));
     }
     changes(side, plan, &mut run, dry_run).await
+}
+
+/// The server's message when `e` is a foreign-key or unique violation (SQLSTATE 23503,
+/// 23505): what the target answered, not a guess.
+fn integrity(e: &ConnError) -> Option<&str> {
+    match e {
+        ConnError::Query { message, .. }
+            if message.ends_with("(SQLSTATE 23503)") || message.ends_with("(SQLSTATE 23505)") =>
+        {
+            Some(message)
+        }
+        _ => None,
+    }
 }
 
 /// The DDL and row changes of `plan`, once every guard passed.
@@ -477,10 +564,26 @@ async fn changes(
         side.exec(s).await?;
     }
     for (tc, t, step) in &order.steps {
-        match step {
-            Step::Delete => run.deletes(tc, t).await?,
-            Step::Update => run.updates(tc, t).await?,
-            Step::Insert => run.inserts(tc, Some(t)).await?,
+        let done = match step {
+            Step::Delete if tc.multiset => run.multiset_deletes(tc).await,
+            Step::Delete => run.deletes(tc, t).await,
+            Step::Update => run.updates(tc, t).await,
+            Step::Insert => run.inserts(tc, Some(t)).await,
+        };
+        // The target refused a row change by a key: a row added or removed concurrently
+        // (a child of a parent the task deletes, a unique value taken) is a conflict.
+        if let Err(e) = done {
+            let Some(why) = integrity(&e) else {
+                return Err(e);
+            };
+            run.conflict(format!(
+                "{}: the target refused the task's row changes ({why}): a row there changed since the golden",
+                tc.table
+            ));
+            return Ok(Applied::Conflicts(
+                std::mem::take(&mut run.conflicts),
+                run.total,
+            ));
         }
     }
     for tc in &order.missing {

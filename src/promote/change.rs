@@ -30,6 +30,50 @@ pub struct Change {
     /// ([`super::plan::column_hash_sql`]).
     #[serde(default)]
     pub dropped_columns: Vec<(String, String, String)>,
+    /// Tables without a key whose rows it deletes: (table, hash query, the hash in the
+    /// golden) ([`super::plan::Plan::multiset_guards`]).
+    #[serde(default)]
+    pub multiset_guards: Vec<(String, String, String)>,
+}
+
+/// The whole-table hash of every keyless table whose rows `review` deletes, read from the
+/// golden's reference over the columns the plan compares.
+async fn multiset_hashes(
+    reference: &BackendTarget,
+    review: &Review,
+    masked: &[String],
+    timeout: std::time::Duration,
+) -> Result<Vec<(String, String, String)>, String> {
+    let masked: super::plan::Masked = masked.iter().cloned().collect();
+    let plan = super::plan::build(review, &masked);
+    let wanted: Vec<(String, String)> = plan
+        .tables
+        .iter()
+        .filter(|t| t.multiset && !t.deletes.is_empty())
+        .map(|t| {
+            let cols: Vec<String> = t.guard.iter().map(|&i| t.columns[i].clone()).collect();
+            (t.table.clone(), super::multiset::hash_sql(&t.table, &cols))
+        })
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let t = crate::review::conn::Timeouts {
+        statement: timeout,
+        lock: timeout,
+    };
+    let side = crate::review::conn::Side::connect("golden", reference, t)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (table, sql) in wanted {
+        let r = side.rows(&sql).await.map_err(|e| {
+            format!("table {table} has no key and its golden rows could not be read ({e})")
+        })?;
+        let h = r.first().and_then(|r| r[0].clone()).unwrap_or_default();
+        out.push((table, sql, h));
+    }
+    Ok(out)
 }
 
 /// The hash of every column `review` drops, read from the golden's reference.
@@ -220,12 +264,32 @@ pub async fn capture(
                 Vec::new()
             }
         };
+    let mut refusals = refusals;
+    let multiset_guards = if info.complete {
+        match multiset_hashes(
+            &reference.target,
+            &review,
+            &masked,
+            cfg.review.statement_timeout,
+        )
+        .await
+        {
+            Ok(m) => m,
+            Err(e) => {
+                refusals.push(e);
+                Vec::new()
+            }
+        }
+    } else {
+        Vec::new()
+    };
     info.refusals = refusals.clone();
     let change = Change {
         masked,
         review,
         refusals,
         dropped_columns,
+        multiset_guards,
     };
     let p = path(dir, &rec.task, &rec.id);
     let bytes = serde_json::to_vec(&change).unwrap_or_default();

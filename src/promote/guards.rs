@@ -59,14 +59,18 @@ fn key_join(tc: &TableChange, t: &Table) -> String {
         .join(" AND ")
 }
 
-/// Per guarded column: whether `t` still has the golden's value.
-fn guard_oks(tc: &TableChange) -> Vec<String> {
+/// Per guarded column: whether `t` still has the golden's value (with `again`, only the
+/// columns the delete and update compare again: see [`TableChange::recheck`]).
+fn guard_oks(tc: &TableChange, again: bool) -> Vec<String> {
     tc.guard
         .iter()
         .enumerate()
+        .filter(|(j, _)| !again || tc.recheck.contains(j))
         .map(|(j, &i)| {
             format!(
-                "(pg_catalog.format('%s', t.{}) IS NOT DISTINCT FROM e.g{j})",
+                // %L: NULL is `NULL`, any value a quoted literal of its text output
+                // (%s would make NULL and '' alike).
+                "(pg_catalog.format('%L', t.{}) OPERATOR(pg_catalog.=) pg_catalog.format('%L', e.g{j}))",
                 tc.columns[i]
             )
         })
@@ -153,7 +157,7 @@ pub async fn check<'a>(
     l: &Loaded,
 ) -> Result<Vec<Mismatch<'a>>, ConnError> {
     let join = key_join(tc, t);
-    let oks = guard_oks(tc);
+    let oks = guard_oks(tc, false);
     side.exec(&format!(
         "SELECT 1 FROM ONLY {tab} t JOIN {e} e ON {join} WHERE e.kind <> 'i' FOR UPDATE OF t",
         tab = tc.table,
@@ -217,7 +221,7 @@ pub async fn delete(
         &format!(
             "DELETE FROM ONLY {tab} t USING {e} e WHERE e.kind = 'd' AND {} AND {}",
             key_join(tc, t),
-            all(&guard_oks(tc)),
+            all(&guard_oks(tc, true)),
             tab = tc.table,
             e = l.name
         ),
@@ -260,7 +264,7 @@ pub async fn update(
                 "UPDATE ONLY {tab} t SET {} FROM {e} e WHERE e.kind = 'u' AND e.grp = {g} AND {} AND {}",
                 sets.join(", "),
                 key_join(tc, t),
-                all(&guard_oks(tc)),
+                all(&guard_oks(tc, true)),
                 tab = tc.table,
                 e = l.name
             ),

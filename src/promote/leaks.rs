@@ -183,6 +183,7 @@ mod tests {
                 after: Some(
                     "contact text DEFAULT 'user-0a1b2c3d4e5f@example.invalid'::text".into(),
                 ),
+                sql: Vec::new(),
             });
         let r = scan(&with_default, &m);
         assert!(

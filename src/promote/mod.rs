@@ -8,7 +8,9 @@ pub mod apply;
 pub mod change;
 pub mod decisions;
 pub mod guards;
+pub mod kinds;
 pub mod leaks;
+pub mod multiset;
 pub mod names;
 pub mod plan;
 pub mod promotable;
@@ -347,6 +349,7 @@ pub async fn promote(
             let masked: plan::Masked = ch.masked.iter().cloned().collect();
             let mut p = plan::build(&ch.review, &masked);
             p.column_guards = ch.dropped_columns.clone();
+            p.multiset_guards = ch.multiset_guards.clone();
             report.counts = p.counts();
             if let Some(reason) = current.capture.as_ref().and_then(|c| c.reason.clone()) {
                 report

@@ -8,8 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::kinds;
 use super::names::{self, Part};
 use crate::review::model::{Action, Review, SeqState, TableDiff};
+use crate::review::schema::order;
 
 /// Cells of a row (Postgres text output; None is NULL).
 pub type Row = Vec<Option<String>>;
@@ -21,6 +23,9 @@ pub enum Want {
     Absent,
     /// The golden's definition, as the review's catalog deparses it.
     Def(String),
+    /// Present, whatever its definition (renamed objects, whose golden definition the
+    /// review does not keep: their rows are guarded one by one).
+    Exists,
 }
 
 /// A guard on one schema object.
@@ -43,6 +48,9 @@ pub struct TableChange {
     pub new_table: bool,
     /// Dropped by the task: its rows are guarded (and counted), then go with the table.
     pub dropped: bool,
+    /// No key: rows matched as a multiset, the whole table guarded by
+    /// [`Plan::multiset_guards`], each deleted row deleted once by its values.
+    pub multiset: bool,
     /// Columns of the rows, quoted.
     pub columns: Vec<String>,
     /// Positions (in `columns`) of the key.
@@ -50,6 +58,9 @@ pub struct TableChange {
     /// Positions compared with the golden's values before an update or delete (columns
     /// the golden had, masked ones left out).
     pub guard: Vec<usize>,
+    /// Indexes into `guard` compared again by the delete and update themselves (not the
+    /// columns whose type the change alters: their text may change with the type).
+    pub recheck: Vec<usize>,
     /// Rows to delete (golden values).
     pub deletes: Vec<Row>,
     /// Rows to update: golden values, new values, positions that changed.
@@ -65,9 +76,18 @@ pub struct Plan {
     pub refusals: Vec<String>,
     /// Schema objects to check first.
     pub schema_guards: Vec<SchemaGuard>,
+    /// Schema objects to check before the renames (under their golden names).
+    pub rename_guards: Vec<SchemaGuard>,
+    /// Renames (the review's patch statements, in its order): run right after the
+    /// rename guards, before every other guard.
+    pub renames: Vec<String>,
     /// Columns the change drops, with a hash of their values in the golden
     /// ([`column_hash_sql`]): a concurrent edit to one is a conflict.
     pub column_guards: Vec<(String, String, String)>,
+    /// Tables without a key whose rows the change deletes: (table, the query giving a hash
+    /// of their rows ([`super::multiset::hash_sql`]), its value in the golden). Any change to
+    /// such a table in the target since the golden is a conflict.
+    pub multiset_guards: Vec<(String, String, String)>,
     /// Sequences whose position must still be the golden's.
     pub sequence_guards: Vec<(String, SeqState)>,
     /// DDL before the row changes, in order.
@@ -105,6 +125,7 @@ impl Plan {
     pub fn counts(&self) -> Counts {
         Counts {
             schema: self.before_data.len()
+                + self.renames.len()
                 + self.after_data.len()
                 + self.create_sequences.len()
                 + self.identity_tables.len(),
@@ -162,8 +183,9 @@ fn masked_in(masked: &Masked, table: &str) -> BTreeSet<String> {
 /// [`crate::promote::change`]).
 pub fn build(review: &Review, masked: &Masked) -> Plan {
     let mut plan = Plan::default();
-    let mut before: Vec<(u8, String)> = Vec::new();
-    let mut after: Vec<(u8, String)> = Vec::new();
+    let mut before: Vec<(u32, String)> = Vec::new();
+    let mut after: Vec<(u32, String)> = Vec::new();
+    let mut renames: Vec<(u32, String)> = Vec::new();
     // Columns the task added, per table (their values have no golden to guard against).
     let mut added_cols: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for c in &review.schema {
@@ -175,8 +197,6 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                 c.action.word()
             ))
         };
-        let unsupported =
-            "this kind of schema change is not promoted (apply the reviewed patch by hand)";
         let guard = |plan: &mut Plan, want: Want| {
             plan.schema_guards.push(SchemaGuard {
                 kind: c.kind.clone(),
@@ -194,7 +214,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                 if sql.contains(" AS IDENTITY") {
                     plan.identity_tables.push(sql);
                 } else {
-                    before.push((5, sql));
+                    before.push((order::CREATE_TABLE, sql));
                 }
             }
             ("table", Action::Dropped) => {
@@ -210,7 +230,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Def(def));
-                before.push((4, format!("DROP TABLE {};", c.object)));
+                before.push((order::DROP_TABLE, format!("DROP TABLE {};", c.object)));
             }
             ("column", Action::Added) => {
                 let (Some((table, col)), Some(def)) =
@@ -226,16 +246,22 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     .insert(col.plain.clone());
                 match def.strip_suffix(" NOT NULL") {
                     Some(nullable) => {
-                        before.push((6, format!("ALTER TABLE {table} ADD COLUMN {nullable};")));
+                        before.push((
+                            order::ADD_COLUMN,
+                            format!("ALTER TABLE {table} ADD COLUMN {nullable};"),
+                        ));
                         after.push((
-                            0,
+                            order::SET_NOT_NULL,
                             format!(
                                 "ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL;",
                                 col.quoted
                             ),
                         ));
                     }
-                    None => before.push((6, format!("ALTER TABLE {table} ADD COLUMN {def};"))),
+                    None => before.push((
+                        order::ADD_COLUMN,
+                        format!("ALTER TABLE {table} ADD COLUMN {def};"),
+                    )),
                 }
             }
             ("column", Action::Dropped) => {
@@ -254,7 +280,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                 }
                 guard(&mut plan, Want::Def(def));
                 before.push((
-                    3,
+                    order::DROP_COLUMN,
                     format!("ALTER TABLE {table} DROP COLUMN {};", col.quoted),
                 ));
             }
@@ -264,7 +290,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Absent);
-                after.push((3, format!("{def};")));
+                after.push((order::CREATE_INDEX, format!("{def};")));
             }
             ("index", Action::Dropped) => {
                 let Some(def) = c.before.clone() else {
@@ -272,7 +298,7 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Def(def));
-                before.push((2, format!("DROP INDEX {};", c.object)));
+                before.push((order::DROP_INDEX, format!("DROP INDEX {};", c.object)));
             }
             ("constraint", Action::Added) => {
                 let (Some((table, name)), Some(def)) =
@@ -282,7 +308,11 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     continue;
                 };
                 guard(&mut plan, Want::Absent);
-                let rank = if def.starts_with("FOREIGN KEY") { 2 } else { 1 };
+                let rank = if def.starts_with("FOREIGN KEY") {
+                    order::ADD_FK
+                } else {
+                    order::ADD_CONSTRAINT
+                };
                 after.push((
                     rank,
                     format!("ALTER TABLE {table} ADD CONSTRAINT {} {def};", name.quoted),
@@ -295,7 +325,11 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     refuse(&mut plan, "no golden definition in the review");
                     continue;
                 };
-                let rank = if def.starts_with("FOREIGN KEY") { 0 } else { 1 };
+                let rank = if def.starts_with("FOREIGN KEY") {
+                    order::DROP_FK
+                } else {
+                    order::DROP_CONSTRAINT
+                };
                 guard(&mut plan, Want::Def(def));
                 before.push((
                     rank,
@@ -308,9 +342,9 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     guard(&mut plan, Want::Absent);
                     for (i, stmt) in made.lines().enumerate() {
                         if i == 0 {
-                            before.push((4, stmt.to_string()));
+                            before.push((order::CREATE_SEQUENCE, stmt.to_string()));
                         } else {
-                            after.push((0, stmt.to_string()));
+                            after.push((order::OWNED_BY, stmt.to_string()));
                         }
                     }
                 }
@@ -320,20 +354,39 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
                     .push((c.object.clone(), c.detail.clone())),
             },
             ("sequence", Action::Dropped) => match c.before.as_deref() {
-                None => before.push((4, format!("DROP SEQUENCE {};", c.object))),
+                None => before.push((order::DROP_SEQUENCE, format!("DROP SEQUENCE {};", c.object))),
                 Some(owner) if owned_by_dropped(owner, review) => {}
                 Some(owner) => refuse(
                     &mut plan,
                     &format!("it was {owner}, which the change keeps: not promoted"),
                 ),
             },
-            _ => refuse(&mut plan, unsupported),
+            _ => match kinds::place(c) {
+                kinds::Placed::Refused(why) => refuse(&mut plan, &why),
+                kinds::Placed::Renames => {
+                    kinds::guards(c, &mut plan);
+                    renames.extend(c.sql.iter().cloned());
+                }
+                kinds::Placed::Stmts(stmts) => {
+                    kinds::guards(c, &mut plan);
+                    for (o, s) in stmts {
+                        if kinds::after_data(o) {
+                            after.push((o, s));
+                        } else {
+                            before.push((o, s));
+                        }
+                    }
+                }
+            },
         }
     }
-    before.sort_by_key(|(r, _)| *r);
-    after.sort_by_key(|(r, _)| *r);
+    // Stable sorts: within one place, the review's patch order.
+    for v in [&mut before, &mut after, &mut renames] {
+        v.sort_by_key(|(r, _)| *r);
+    }
     plan.before_data = before.into_iter().map(|(_, s)| s).collect();
     plan.after_data = after.into_iter().map(|(_, s)| s).collect();
+    plan.renames = renames.into_iter().map(|(_, s)| s).collect();
 
     let dropped: BTreeSet<&str> = review
         .schema
@@ -344,6 +397,10 @@ pub fn build(review: &Review, masked: &Masked) -> Plan {
     for t in &review.data {
         if let Some(mut tc) = table_change(t, masked, &added_cols, &mut plan.refusals) {
             tc.dropped = dropped.contains(t.table.as_str());
+            let retyped = kinds::type_changed(review, &t.table);
+            tc.recheck = (0..tc.guard.len())
+                .filter(|&j| !retyped.contains(&tc.columns[tc.guard[j]]))
+                .collect();
             plan.tables.push(tc);
         }
     }
@@ -390,9 +447,11 @@ fn table_change(
         table: name.clone(),
         new_table,
         dropped: false,
+        multiset: false,
         columns: t.columns.clone(),
         key: Vec::new(),
         guard: Vec::new(),
+        recheck: Vec::new(),
         deletes: t.samples.deleted.clone(),
         updates: t
             .samples
@@ -412,11 +471,11 @@ fn table_change(
     if new_table {
         return Some(tc);
     }
+    let masked_cols = masked_in(masked, name);
+    let added = added_cols.get(&names::plain(name));
     if t.key.is_empty() {
-        refusals.push(format!(
-            "table {name} has no primary key or usable unique index: its rows cannot be guarded"
-        ));
-        return None;
+        let skip = |c: &String| masked_cols.contains(c) || added.is_some_and(|a| a.contains(c));
+        return super::multiset::keyless(tc, &plain, &masked_cols, skip, refusals);
     }
     for k in &t.key {
         match t.columns.iter().position(|c| c == k) {
@@ -429,8 +488,6 @@ fn table_change(
             }
         }
     }
-    let masked_cols = masked_in(masked, name);
-    let added = added_cols.get(&names::plain(name));
     let before = refusals.len();
     let is_masked = |i: usize| masked_cols.contains(&plain[i]);
     if !(tc.deletes.is_empty() && tc.updates.is_empty()) {
@@ -489,6 +546,7 @@ mod tests {
                 detail: String::new(),
                 before: None,
                 after: Some("note text NOT NULL".into()),
+                sql: Vec::new(),
             }],
             data: vec![TableDiff {
                 table: "public.customers".into(),
@@ -554,8 +612,26 @@ mod tests {
         let mut r = review();
         r.data[0].updated = 2;
         assert!(build(&r, &Masked::new()).refusals[0].contains("only some"));
+        // Without a key, updated rows cannot be found; deleted ones are (as a multiset).
         let mut r = review();
         r.data[0].key.clear();
         assert!(build(&r, &Masked::new()).refusals[0].contains("no primary key"));
+        r.data[0].updated = 0;
+        r.data[0].deleted = 1;
+        r.data[0].samples.deleted = vec![r.data[0].samples.updated[0].before.clone()];
+        r.data[0].samples.updated.clear();
+        let p = build(&r, &Masked::new());
+        assert!(
+            p.refusals.is_empty() && p.tables[0].multiset,
+            "{:?}",
+            p.refusals
+        );
+        assert_eq!(
+            p.tables[0].guard,
+            vec![0, 1, 2],
+            "the added column is not compared"
+        );
+        let masked: Masked = ["public.customers.email".to_string()].into();
+        assert!(build(&r, &masked).refusals[0].contains("no key and masked columns (email)"));
     }
 }

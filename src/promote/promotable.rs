@@ -4,7 +4,7 @@
 //! would run agent code on the target ([`super::safety`]), written values holding masked
 //! ones ([`super::leaks`]), and the review's patch check — "patch verified: differs" means
 //! the scratch database holds something the review does not model, so promoting what it
-//! does model would not be the change the agent made.
+//! does model would not be the change the agent made; a check not made fails closed.
 
 use std::time::Duration;
 
@@ -49,15 +49,29 @@ pub async fn refusals(
             "the expressions of the change could not be checked in the scratch database: {e}"
         )),
     }
-    if let Some(v) = stored.and_then(|r| r.verification.as_ref()) {
-        if v.status == VerifyStatus::Differs {
-            out.push(format!(
+    out.extend(unmodelled(stored));
+    out
+}
+
+/// What the review's patch check says about changes the review does not model. Fails
+/// closed: a check not made (or a review stored without one) cannot rule them out.
+fn unmodelled(stored: Option<&Review>) -> Option<String> {
+    let unknown = "whether the scratch database holds changes the review does not model \
+                   (row security, rules, storage options, replica identity, statistics, \
+                   default privileges, …) is unknown; not promoted (review.verify_on_end \
+                   checks it when a token ends)";
+    match stored.map(|r| r.verification.as_ref()) {
+        None => Some(format!("the token's review is not stored: {unknown}")),
+        Some(None) => Some(format!("the review has no patch check: {unknown}")),
+        Some(Some(v)) => match v.status {
+            VerifyStatus::Exact => None,
+            VerifyStatus::Differs => Some(format!(
                 "{}: the scratch database holds changes the review does not model \
                  (e.g. row security, rules, storage options, replica identity, statistics, \
                  default privileges); apply them by hand",
                 v.summary
-            ));
-        }
+            )),
+            VerifyStatus::NotVerified => Some(format!("{}: {unknown}", v.summary)),
+        },
     }
-    out
 }

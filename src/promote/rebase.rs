@@ -254,9 +254,11 @@ mod tests {
             table: "public.items".into(),
             new_table: false,
             dropped: false,
+            multiset: false,
             columns: vec!["id".into(), "event_id".into()],
             key: vec![0],
             guard: vec![0, 1],
+            recheck: vec![0, 1],
             deletes: Vec::new(),
             updates: vec![(
                 vec![Some("1".into()), Some("3".into())],

@@ -142,8 +142,9 @@ pub fn choose(
             None if cfg.targets.contains_key("default") => named("default")?,
             None => {
                 return Err(PromoteError::Invalid(format!(
-                    "no target named, and none by default: golden {} was not built from a live database \
-                     (its source would be the default) and [promote.targets] has no \"default\"; \
+                    "no target named, and none by default: golden {} was not built from a live database, \
+                     or its source is no longer known (the version is gone and no captured change \
+                     kept it; its source would be the default), and [promote.targets] has no \"default\"; \
                      give a target DSN (--target, admin key only) or name a target of [promote.targets]",
                     golden.unwrap_or("(unknown)")
                 )))

@@ -1,6 +1,7 @@
 //! Nothing the agent wrote runs on the target: every expression a promotion would make the
 //! target evaluate (column defaults and generated columns, CHECK and exclusion constraints,
-//! index expressions and predicates, domain checks of the columns it creates) is checked in
+//! index expressions and predicates, domain checks of the columns it creates or alters; views
+//! it creates, which run when read) is checked in
 //! the scratch database's catalog while the token ends. `pg_depend` records which functions,
 //! operators and operator classes an expression uses; each must be built in (OID below
 //! [`FIRST_NORMAL_OID`]) and free of side effects: immutable or stable, or one of a few
@@ -194,23 +195,32 @@ fn roots(c: &SchemaChange) -> Vec<String> {
                 domains(rel, ""),
             ]
         }
-        ("column", Action::Added) => match names::parent_and_last(&c.object) {
+        ("view", Action::Added | Action::Altered | Action::Renamed) => vec![format!(
+            "SELECT 'view ' || {lbl}, 'pg_catalog.pg_rewrite'::pg_catalog.regclass, r.oid, \
+             r.ev_action::pg_catalog.text FROM pg_catalog.pg_rewrite r \
+             WHERE r.ev_class = pg_catalog.to_regclass({rel})",
+            lbl = literal(&c.object),
+            rel = literal(&c.object)
+        )],
+        ("column", Action::Added | Action::Altered) => match names::parent_and_last(&c.object) {
             Some((rel, col)) => {
                 let f = format!(" AND a.attname = {}", literal(&col.plain));
                 vec![attrdef(&rel, &f), domains(&rel, &f)]
             }
             None => Vec::new(),
         },
-        ("constraint", Action::Added) => match names::parent_and_last(&c.object) {
-            Some((rel, k)) => {
-                vec![constraint(
-                    &rel,
-                    &format!(" AND k.conname = {}", literal(&k.plain)),
-                )]
+        ("constraint", Action::Added | Action::Altered) => {
+            match names::parent_and_last(&c.object) {
+                Some((rel, k)) => {
+                    vec![constraint(
+                        &rel,
+                        &format!(" AND k.conname = {}", literal(&k.plain)),
+                    )]
+                }
+                None => Vec::new(),
             }
-            None => Vec::new(),
-        },
-        ("index", Action::Added) => vec![index(&format!(
+        }
+        ("index", Action::Added | Action::Altered) => vec![index(&format!(
             "i.indexrelid = pg_catalog.to_regclass({})",
             literal(&c.object)
         ))],

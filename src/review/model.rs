@@ -103,6 +103,11 @@ pub struct SchemaChange {
     /// Definition in the scratch database, when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
+    /// The patch statements this change contributes, with their place in the patch
+    /// ([`super::schema::order`]): promotion runs them for the kinds it takes whole
+    /// (renames, altered columns, views, comments, grants).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sql: Vec<(u32, String)>,
 }
 
 /// A sequence whose position moved.

@@ -18,6 +18,7 @@ pub(super) fn schemas(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     None,
                 );
                 d.stmt(order::CREATE_SCHEMA, format!("CREATE SCHEMA {name};"));
+                d.attach_since(d.stmts.len() - 1);
             }
             Some(old) if old != name => {
                 d.change(
@@ -32,6 +33,7 @@ pub(super) fn schemas(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     order::RENAME_SCHEMA,
                     format!("ALTER SCHEMA {old} RENAME TO {name};"),
                 );
+                d.attach_since(d.stmts.len() - 1);
             }
             _ => {}
         }
@@ -143,6 +145,7 @@ pub(super) fn functions(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 };
                 let changed = norm(old) != norm(f);
                 if renamed {
+                    let from = d.stmts.len();
                     d.change(
                         "function",
                         Action::Renamed,
@@ -166,6 +169,7 @@ pub(super) fn functions(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                             format!("ALTER {w} {cur}({}) SET SCHEMA {};", old.extra, f.schema),
                         );
                     }
+                    d.attach_since(from);
                 }
                 if changed {
                     d.change(
@@ -198,6 +202,7 @@ pub(super) fn functions(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 order::DROP_FUNCTION,
                 format!("DROP {} {sig};", function_word(f)),
             );
+            d.attach_since(d.stmts.len() - 1);
         }
     }
 }
@@ -240,6 +245,7 @@ pub(super) fn sequences(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
             }
             Some(old) => {
                 if old.name != s.name || old.schema != s.schema {
+                    let from = d.stmts.len();
                     d.change(
                         "sequence",
                         Action::Renamed,
@@ -264,6 +270,7 @@ pub(super) fn sequences(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                             );
                         }
                     }
+                    d.attach_since(from);
                 }
                 if old.params != s.params {
                     d.change(
@@ -278,6 +285,7 @@ pub(super) fn sequences(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                         order::ALTER_SEQUENCE,
                         format!("ALTER SEQUENCE {name} {};", s.params),
                     );
+                    d.attach_since(d.stmts.len() - 1);
                 }
             }
         }

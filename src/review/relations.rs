@@ -76,6 +76,7 @@ pub(super) fn constraints(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     ),
                 );
                 d.stmt(add_order(k), add);
+                d.attach_since(d.stmts.len() - 2);
             }
             Some(old) if old.name != k.name => {
                 d.change(
@@ -93,6 +94,7 @@ pub(super) fn constraints(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                         old.name, k.name
                     ),
                 );
+                d.attach_since(d.stmts.len() - 1);
             }
             _ => {}
         }
@@ -155,6 +157,7 @@ pub(super) fn indexes(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     format!("DROP INDEX {};", q(&old.schema, &old.name)),
                 );
                 d.stmt(order::CREATE_INDEX, format!("{};", i.def));
+                d.attach_since(d.stmts.len() - 2);
             }
             Some(old) if old.name != i.name => {
                 d.change(
@@ -173,6 +176,7 @@ pub(super) fn indexes(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                         i.name
                     ),
                 );
+                d.attach_since(d.stmts.len() - 1);
             }
             _ => {}
         }
@@ -230,6 +234,7 @@ pub(super) fn views(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     Some(v.def.clone()),
                 );
                 d.stmt(order::CREATE_VIEW, view_sql(v));
+                d.attach_since(d.stmts.len() - 1);
             }
             Some(old) if old != v => {
                 let (action, detail) = if old.def == v.def && old.flag == v.flag {
@@ -251,6 +256,7 @@ pub(super) fn views(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 d.recreated.insert(('c', *oid));
                 d.stmt(order::DROP_VIEW, drop(old));
                 d.stmt(order::CREATE_VIEW, view_sql(v));
+                d.attach_since(d.stmts.len() - 2);
             }
             _ => {}
         }
@@ -266,6 +272,7 @@ pub(super) fn views(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 None,
             );
             d.stmt(order::DROP_VIEW, drop(v));
+            d.attach_since(d.stmts.len() - 1);
         }
     }
 }
@@ -319,6 +326,7 @@ pub(super) fn triggers(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                         t.name
                     ),
                 );
+                d.attach_since(d.stmts.len() - 1);
             }
             _ => {}
         }
@@ -338,6 +346,7 @@ pub(super) fn triggers(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 order::DROP_TRIGGER,
                 format!("DROP TRIGGER {} ON {tn};", t.name),
             );
+            d.attach_since(d.stmts.len() - 1);
         }
     }
 }

@@ -128,7 +128,16 @@ impl SchemaDiff {
             detail,
             before,
             after,
+            sql: Vec::new(),
         });
+    }
+
+    /// The patch statements made since `from` (a length of `stmts`) belong to the last change.
+    pub(super) fn attach_since(&mut self, from: usize) {
+        let made: Vec<(u32, String)> = self.stmts.get(from..).unwrap_or_default().to_vec();
+        if let Some(c) = self.changes.last_mut() {
+            c.sql.extend(made);
+        }
     }
 
     pub(super) fn stmt(&mut self, order: u32, sql: String) {
@@ -237,6 +246,7 @@ fn tables(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
             continue;
         };
         if old.schema != t.schema || old.name != t.name {
+            let from = d.stmts.len();
             d.change(
                 "table",
                 Action::Renamed,
@@ -259,6 +269,7 @@ fn tables(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     format!("ALTER TABLE {cur} SET SCHEMA {};", t.schema),
                 );
             }
+            d.attach_since(from);
         }
         if old.persistence != t.persistence {
             let w = if t.persistence == "u" {
@@ -275,6 +286,7 @@ fn tables(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                 None,
             );
             d.stmt(order::ALTER_COLUMN, format!("ALTER TABLE {name} SET {w};"));
+            d.attach_since(d.stmts.len() - 1);
         }
         columns(&name, old, t, (b, a), d);
     }
@@ -324,6 +336,7 @@ fn columns(table: &str, old: &Table, new: &Table, cats: (&Catalog, &Catalog), d:
                     o.name, c.name
                 ),
             );
+            d.attach_since(d.stmts.len() - 1);
         }
         alter_column(table, &obj, o, c, cats, d);
     }
@@ -404,6 +417,7 @@ fn alter_column(
     d: &mut SchemaDiff,
 ) {
     let mut what = Vec::new();
+    let from = d.stmts.len();
     let col = &c.name;
     if o.type_name != c.type_name || o.collation != c.collation {
         what.push(format!("type {} -> {}", o.type_name, c.type_name));
@@ -462,6 +476,7 @@ fn alter_column(
             Some(o.definition()),
             Some(c.definition()),
         );
+        d.attach_since(from);
     }
 }
 

@@ -182,6 +182,7 @@ pub(in crate::review) fn comments(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) 
             order::COMMENT,
             format!("COMMENT ON {} IS {value};", t.comment),
         );
+        d.attach_since(d.stmts.len() - 1);
     }
 }
 
@@ -254,6 +255,7 @@ pub(in crate::review) fn grants(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     .join(", ")
             };
             let mut granted = Vec::new();
+            let from = d.stmts.len();
             if !grant.is_empty() {
                 d.stmt(order::GRANT, format!("GRANT {}{on} TO {g};", col(&grant)));
                 granted.push(col(&grant));
@@ -274,8 +276,10 @@ pub(in crate::review) fn grants(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     None,
                     None,
                 );
+                d.attach_since(from);
             }
             let mut revoked = Vec::new();
+            let from = d.stmts.len();
             if !revoke_opt.is_empty() {
                 d.stmt(
                     order::GRANT,
@@ -299,6 +303,7 @@ pub(in crate::review) fn grants(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
                     None,
                     None,
                 );
+                d.attach_since(from);
             }
         }
     }
