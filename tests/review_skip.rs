@@ -46,11 +46,17 @@ create unlogged table t_unlogged(id int primary key, v text);
 insert into t_unlogged select g, 'u' || g from generate_series(1, 20) g;
 create table t_crash(id int primary key, v text);
 insert into t_crash select g, 'x' || g from generate_series(1, 20) g;
+create table t_fire(id int primary key, v text);
+create table t_fired(id int, v text);
+create function note_fire() returns trigger language plpgsql as
+  'begin insert into public.t_fired values (new.id, new.v); return new; end';
+create trigger t_note after insert on t_fire for each row execute function note_fire();
 "#;
 
-/// Tables of the golden nobody touches in the first test: q1..q4, t_crash and t_rule_src
-/// (whose rule wrote elsewhere). The unlogged table is read whatever its counters say.
-const QUIET: u64 = 6;
+/// Tables of the golden nobody touches in the first test: q1..q4, t_crash, t_fire, t_fired
+/// and t_rule_src (whose rule wrote elsewhere). The unlogged table is read whatever its
+/// counters say.
+const QUIET: u64 = 8;
 
 fn gateway() -> &'static Gateway {
     static G: OnceLock<&'static Gateway> = OnceLock::new();
@@ -289,4 +295,50 @@ fn a_crash_restart_makes_every_table_read() {
     let c = captured(g, task, &id);
     assert_eq!(c["review"]["scan"]["mode"], "all");
     assert_eq!(changes(&c["review"], "public.t_crash"), Some((0, 3, 0)));
+}
+
+/// The patch check must also read what the patch changed in the fork and the agent did not
+/// change in the scratch database: here the golden's trigger, which the agent had turned
+/// off around its insert, fires when the patch replays it.
+#[test]
+fn a_table_only_the_patch_writes_is_hashed_and_differs() {
+    let g = gateway();
+    let t = g.issue("fork-side", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    let dsn = t["dsn"].as_str().expect("dsn").to_string();
+    run(
+        &dsn,
+        &[
+            "alter table t_fire disable trigger t_note",
+            "insert into t_fire values (1, 'quietly')",
+            "alter table t_fire enable trigger t_note",
+        ],
+    );
+    let (s, _) = g.revoke(&id);
+    assert_eq!(s, 200);
+    let r = stored_review(g, &id);
+    assert_eq!(r["scan"]["mode"], "touched", "{}", r["scan"]);
+    assert_eq!(changes(&r, "public.t_fire"), Some((1, 0, 0)), "{r:#}");
+    assert_eq!(changes(&r, "public.t_fired"), None, "{r:#}");
+    let v = &r["verification"];
+    assert_eq!(v["status"], "differs", "{v:#}");
+    let diffs: Vec<&str> = v["differences"]
+        .as_array()
+        .expect("differences")
+        .iter()
+        .filter_map(|d| d.as_str())
+        .collect();
+    assert!(
+        diffs
+            .iter()
+            .any(|d| d.starts_with("rows of public.t_fired")),
+        "{v:#}"
+    );
+    // Hashed: t_fire (scratch), t_fired (fork) and the unlogged table; nothing else.
+    let total = v["compared"]["tables"].as_u64().expect("tables");
+    assert_eq!(
+        v["compared"]["tables_unchanged"].as_u64(),
+        Some(total - 3),
+        "{v:#}"
+    );
 }
