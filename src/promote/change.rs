@@ -166,8 +166,9 @@ pub async fn capture(
         settle_timeout: cfg.review.settle_timeout,
         samples: max.saturating_add(1),
         // Only tables that may differ from the golden, on evidence the agent cannot forge
-        // (`review::touched`); a full read whenever that evidence is missing.
-        full_scan: false,
+        // (`review::touched`); a full read whenever that evidence is missing, or when the
+        // agent was a superuser (who could forge it).
+        full_scan: rec.superuser,
         end_sessions: false,
         ..DiffOptions::default()
     };

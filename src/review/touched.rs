@@ -20,7 +20,8 @@
 //! are on (`track_counts` is superuser-only; no role, database or function setting names
 //! it, and no grant lets anyone set it); no `pg_stat_reset*` function may be run by anyone
 //! but a superuser. The agent is never a superuser of an `instance`, `template` or `remote`
-//! backend; a provider that gives it one (`superuser_sessions`) gets a full read.
+//! backend; a token whose sessions were superusers (`microvm`'s `superuser` tokens) gets a
+//! full read from its callers (`review::store`, `review::verify`, `promote::change`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
