@@ -195,19 +195,22 @@ pub fn may_differ(reference: &Marks, side: &Marks, oid: u32) -> bool {
         || s.counters != r.counters
 }
 
-/// Names of the tables of `side` that may differ from the golden, or None when the
-/// counters are no evidence (every table must be read).
-pub fn changed_names(reference: &Marks, side: &Marks) -> Option<BTreeSet<String>> {
-    if side.distrust.is_some() || reference.distrust.is_some() {
-        return None;
+/// Names of the tables that hold the golden's rows in both `a` and `b` (two forks of the
+/// golden compared with each other): under each name the same relation (OID) on both sides,
+/// shown unchanged on both. Any missing evidence skips nothing. Only these may go unread.
+pub fn unchanged_in_both(reference: &Marks, a: &Marks, b: &Marks) -> BTreeSet<String> {
+    if [reference, a, b].iter().any(|m| m.distrust.is_some()) {
+        return BTreeSet::new();
     }
-    Some(
-        side.tables
-            .iter()
-            .filter(|(oid, _)| may_differ(reference, side, **oid))
-            .map(|(_, m)| m.qname.clone())
-            .collect(),
-    )
+    a.tables
+        .iter()
+        .filter(|(oid, ma)| {
+            b.tables.get(oid).is_some_and(|mb| mb.qname == ma.qname)
+                && !may_differ(reference, a, **oid)
+                && !may_differ(reference, b, **oid)
+        })
+        .map(|(_, m)| m.qname.clone())
+        .collect()
 }
 
 /// Why `side` must be read whole, if it must (the reference's or its own reason).
@@ -263,11 +266,29 @@ mod tests {
             distrust: None,
         };
         assert!(may_differ(&r, &other, 2));
-        assert_eq!(
-            changed_names(&r, &other).map(|s| s.len()),
-            Some(1),
-            "the new table is named"
-        );
+    }
+
+    #[test]
+    fn only_the_same_unchanged_relation_under_one_name_goes_unread() {
+        let r = Marks {
+            tables: BTreeMap::from([(1, mark("100", [5, 0, 0])), (2, mark("200", [5, 0, 0]))]),
+            distrust: None,
+        };
+        let mut both = r.clone();
+        both.tables.get_mut(&2).expect("2").qname = "public.u".into();
+        let skip = unchanged_in_both(&r, &both, &both);
+        assert_eq!(skip.len(), 2, "{skip:?}");
+        // Two unchanged tables whose names were swapped on one side: each name holds
+        // another relation on each side, so neither is skipped.
+        let mut swapped = both.clone();
+        swapped.tables.get_mut(&1).expect("1").qname = "public.u".into();
+        swapped.tables.get_mut(&2).expect("2").qname = "public.t".into();
+        assert!(unchanged_in_both(&r, &both, &swapped).is_empty());
+        // Written on one side only: read on both.
+        let mut written = both.clone();
+        written.tables.get_mut(&1).expect("1").counters = Some([6, 0, 0]);
+        let skip = unchanged_in_both(&r, &both, &written);
+        assert_eq!(skip, BTreeSet::from(["public.u".to_string()]));
     }
 
     #[test]
@@ -276,11 +297,12 @@ mod tests {
         let mut s = marks(mark("100", [5, 0, 0]));
         s.distrust = Some("track_counts is off".into());
         assert!(may_differ(&r, &s, 1));
-        assert!(changed_names(&r, &s).is_none());
-        assert!(why_all(&r, &s).is_some_and(|w| w.contains("track_counts")));
+        assert!(unchanged_in_both(&r, &s, &r).is_empty());
+        assert!(unchanged_in_both(&r, &r, &s).is_empty());
         assert!(
-            changed_names(&s, &r).is_none(),
+            unchanged_in_both(&s, &r, &r).is_empty(),
             "a distrusted reference too"
         );
+        assert!(why_all(&r, &s).is_some_and(|w| w.contains("track_counts")));
     }
 }

@@ -289,10 +289,10 @@ async fn apply_and_compare(
     // sessions have ended before the review.
     let settle = rv.settings.settle_timeout;
     let (sa, sb) = tokio::join!(settle_side(&a, settle), settle_side(&b, settle));
-    let only = only_changed(fork, reference, t, &a, &b, sa? && sb?).await;
+    let skip = skippable(fork, reference, t, &a, &b, sa? && sb?).await;
     let (da, db) = tokio::join!(
-        dump::take(&a, &scratch_owner, only.as_ref()),
-        dump::take(&b, &owner.user, only.as_ref())
+        dump::take(&a, &scratch_owner, &skip),
+        dump::take(&b, &owner.user, &skip)
     );
     let _ = a.rollback().await;
     let _ = b.rollback().await;
@@ -305,35 +305,39 @@ async fn settle_side(side: &Side, timeout: Duration) -> Result<bool, ConnError> 
     super::diff::settle(side, timeout).await
 }
 
-/// The tables to hash on both sides: those the scratch database or the patched fork may
-/// have changed since the golden ([`super::touched`]); None (hash every table) when the
-/// evidence is missing on any side. Every other table holds the golden's rows on both.
-async fn only_changed(
+/// The tables not to hash: under each name the same relation on both sides, shown
+/// unchanged since the golden on both ([`touched::unchanged_in_both`]; empty when any
+/// evidence is missing). Every other table is hashed on both sides.
+async fn skippable(
     fork: &Backend,
     reference: Option<&BackendTarget>,
     t: Timeouts,
     a: &Side,
     b: &Side,
     settled: bool,
-) -> Option<BTreeSet<String>> {
+) -> BTreeSet<String> {
     if !settled {
         tracing::info!("patch check hashes every table: a session did not end in time");
-        return None;
+        return BTreeSet::new();
     }
-    let reference = reference?;
-    let r = Side::connect("reference", reference, t).await.ok()?;
-    r.begin().await.ok()?;
+    let Some(reference) = reference else {
+        return BTreeSet::new();
+    };
+    let Ok(r) = Side::connect("reference", reference, t).await else {
+        return BTreeSet::new();
+    };
+    if r.begin().await.is_err() {
+        return BTreeSet::new();
+    }
     let (ma, mb, mr) = tokio::join!(touched::read(a), touched::read(b), touched::read(&r));
     let _ = r.rollback().await;
-    let (ma, mb, mr) = (ma.ok()?, mb.ok()?, mr.ok()?);
-    let why = touched::why_all(&mr, &ma).or_else(|| touched::why_all(&mr, &mb));
-    if let Some(why) = why {
+    let (Ok(ma), Ok(mb), Ok(mr)) = (ma, mb, mr) else {
+        return BTreeSet::new();
+    };
+    if let Some(why) = touched::why_all(&mr, &ma).or_else(|| touched::why_all(&mr, &mb)) {
         tracing::info!(handle = %fork.handle, reason = %why, "patch check hashes every table");
-        return None;
     }
-    let mut names = touched::changed_names(&mr, &ma)?;
-    names.extend(touched::changed_names(&mr, &mb)?);
-    Some(names)
+    touched::unchanged_in_both(&mr, &ma, &mb)
 }
 
 /// The check as text lines for a person (the text and HTML formats show these).
