@@ -51,12 +51,15 @@ create table t_fired(id int, v text);
 create function note_fire() returns trigger language plpgsql as
   'begin insert into public.t_fired values (new.id, new.v); return new; end';
 create trigger t_note after insert on t_fire for each row execute function note_fire();
+create table t_prep(id int primary key, v text);
+create table t_open(id int primary key, v text);
+insert into t_open select g, 'x' || g from generate_series(1, 20) g;
 "#;
 
-/// Tables of the golden nobody touches in the first test: q1..q4, t_crash, t_fire, t_fired
-/// and t_rule_src (whose rule wrote elsewhere). The unlogged table is read whatever its
-/// counters say.
-const QUIET: u64 = 8;
+/// Tables of the golden nobody touches in the first test: q1..q4, t_crash, t_fire, t_fired,
+/// t_prep, t_open and t_rule_src (whose rule wrote elsewhere). The unlogged table is read
+/// whatever its counters say.
+const QUIET: u64 = 10;
 
 fn gateway() -> &'static Gateway {
     static G: OnceLock<&'static Gateway> = OnceLock::new();
@@ -339,6 +342,69 @@ fn a_table_only_the_patch_writes_is_hashed_and_differs() {
     assert_eq!(
         v["compared"]["tables_unchanged"].as_u64(),
         Some(total - 3),
+        "{v:#}"
+    );
+}
+
+/// A write pending in a prepared transaction publishes no counter until it ends: while one
+/// is pending every table is read; once it is committed its write shows as any other.
+#[test]
+fn a_prepared_transaction_makes_every_table_read_until_it_ends() {
+    let g = gateway();
+    let t = g.issue("prepared", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    let dsn = t["dsn"].as_str().expect("dsn").to_string();
+    run(
+        &dsn,
+        &["begin; insert into t_prep values (1, 'hidden'); prepare transaction 'hide'"],
+    );
+    let r = stored_review(g, &id);
+    assert_eq!(r["scan"]["mode"], "all", "{}", r["scan"]);
+    assert!(
+        r["scan"]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("prepared"),
+        "{}",
+        r["scan"]
+    );
+    run(&dsn, &["commit prepared 'hide'"]);
+    let r = stored_review(g, &id);
+    assert_eq!(r["scan"]["mode"], "touched", "{}", r["scan"]);
+    assert_eq!(changes(&r, "public.t_prep"), Some((1, 0, 0)), "{r:#}");
+    g.revoke(&id);
+}
+
+/// A session still open when the token ends holds its last counters unpublished; ending it
+/// publishes them, so its writes show while untouched tables stay unread.
+#[test]
+fn writes_of_a_session_open_at_the_end_show() {
+    let g = gateway();
+    let t = g.issue("open-session", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    let dsn = t["dsn"].as_str().expect("dsn").to_string();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let client = rt.block_on(async {
+        let c = common::connect(&dsn).await.expect("connect");
+        c.simple_query("update t_open set v = 'a' where id = 1")
+            .await
+            .expect("update 1");
+        c.simple_query("update t_open set v = 'b' where id = 2")
+            .await
+            .expect("update 2");
+        c
+    });
+    let (s, _) = g.revoke(&id);
+    assert_eq!(s, 200);
+    drop(client);
+    drop(rt);
+    let r = stored_review(g, &id);
+    assert_eq!(r["scan"]["mode"], "touched", "{}", r["scan"]);
+    assert_eq!(changes(&r, "public.t_open"), Some((0, 2, 0)), "{r:#}");
+    let v = &r["verification"];
+    assert_eq!(v["status"], "exact", "{v:#}");
+    assert!(
+        v["compared"]["tables_unchanged"].as_u64().unwrap_or(0) > 0,
         "{v:#}"
     );
 }
