@@ -9,6 +9,8 @@
 #   BASELINE=/path/to/sandpit           also time another build on the same goldens (e.g.
 #                                       one from before the change), same runs
 #   NO_BUILD=1                          use target/release/sandpit as it is
+#   XFS_GB=8                            run on a loop-mounted XFS with reflink (needs root),
+#                                       as `bench/run` does: forks are then reflink copies
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SMALL_ROWS=${SMALL_ROWS:-250000}
@@ -16,14 +18,27 @@ BIG_ROWS=${BIG_ROWS:-5000000}
 RUNS=${RUNS:-3}
 [ -n "${NO_BUILD:-}" ] || cargo build --release -q
 BIN=${CARGO_TARGET_DIR:-$PWD/target}/release/sandpit
-ROOT=$(mktemp -d /tmp/sandpit-bench-eot-XXXXXX)
-chmod 755 "$ROOT"
+TOP=$(mktemp -d /tmp/sandpit-bench-eot-XXXXXX)
+chmod 755 "$TOP"
+ROOT=$TOP
 GW=
+MNT=
 cleanup() {
   if [ -n "$GW" ]; then kill "$GW" 2>/dev/null || true; wait "$GW" 2>/dev/null || true; fi
-  rm -rf "$ROOT"
+  if [ -n "$MNT" ]; then umount "$MNT" 2>/dev/null || true; fi
+  rm -rf "$TOP"
 }
 trap cleanup EXIT
+if [ -n "${XFS_GB:-}" ]; then
+  truncate -s "${XFS_GB}G" "$TOP/xfs.img"
+  mkfs.xfs -q -m reflink=1 "$TOP/xfs.img"
+  mkdir "$TOP/xfs"
+  mount -o loop "$TOP/xfs.img" "$TOP/xfs"
+  MNT=$TOP/xfs
+  ROOT=$MNT
+  chmod 755 "$ROOT"
+  echo "on a loop-mounted XFS with reflink ($XFS_GB GB)" >&2
+fi
 
 # golden_sql ROWS: a small table the agent changes, and ROWS bulk rows over four tables.
 golden_sql() {
