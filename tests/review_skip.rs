@@ -281,6 +281,17 @@ fn a_crash_restart_makes_every_table_read() {
         back,
         "the server did not come back with an empty unlogged table"
     );
+    // The evidence any role can read (a provider's own role cannot see the checkpointer's
+    // start): the shared statistics were reset after the postmaster started.
+    let (ok, out, err) = psql(
+        &dsn,
+        &[
+            "-XAtc",
+            "select (stats_reset > pg_postmaster_start_time() + interval '1 second')::text \
+             from pg_stat_bgwriter",
+        ],
+    );
+    assert!(ok && out.trim() == "true", "{out} {err}");
     let (s, _) = g.revoke(&id);
     assert_eq!(s, 200);
     let r = stored_review(g, &id);

@@ -16,7 +16,9 @@
 //! database has ended (a backend publishes its counters before it leaves
 //! `pg_stat_activity`); no prepared transaction is pending (its counters are published only
 //! when it ends); the server has not crash-restarted since it started (a crash drops every
-//! counter; the checkpointer is restarted with it, so its start is the postmaster's); counts
+//! counter and resets the shared statistics' `stats_reset`, and restarts the checkpointer:
+//! both must date from the postmaster's start; a role that cannot see the checkpointer's
+//! start, such as a provider's own role without `pg_read_all_stats`, relies on the first); counts
 //! are on (`track_counts` is superuser-only; no role, database or function setting names
 //! it, and no grant lets anyone set it); no `pg_stat_reset*` function may be run by anyone
 //! but a superuser. The agent is never a superuser of an `instance`, `template` or `remote`
@@ -27,8 +29,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::conn::{ConnError, Side};
 
-/// The most the checkpointer may start after the postmaster without counting as a restart
-/// after a crash (at a normal start it is forked in the same pass as the startup process).
+/// The most the checkpointer may start, and the shared statistics may have been reset, after
+/// the postmaster started without counting as a restart after a crash: at a normal start the
+/// checkpointer is forked in the same pass as the startup process, which restores the
+/// statistics (keeping their reset time) or starts them afresh; a crash restarts the one and
+/// resets the other.
 const CHECKPOINTER_SLACK: &str = "1 second";
 
 /// What one table shows.
@@ -73,8 +78,10 @@ async fn distrust(side: &Side) -> Result<Option<String>, ConnError> {
          (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_xacts x \
            WHERE x.database = pg_catalog.current_database()), \
          (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a \
-           WHERE a.backend_type = 'checkpointer' AND a.backend_start IS NOT NULL \
-           AND a.backend_start <= pg_catalog.pg_postmaster_start_time() + interval '{CHECKPOINTER_SLACK}'), \
+           WHERE a.backend_type = 'checkpointer' AND (a.backend_start IS NULL \
+           OR a.backend_start <= pg_catalog.pg_postmaster_start_time() + interval '{CHECKPOINTER_SLACK}')) \
+         + (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_bgwriter b \
+           WHERE b.stats_reset <= pg_catalog.pg_postmaster_start_time() + interval '{CHECKPOINTER_SLACK}'), \
          pg_catalog.current_setting('track_counts'), \
          (SELECT pg_catalog.count(*) FROM pg_catalog.pg_db_role_setting s \
            WHERE pg_catalog.array_to_string(s.setconfig, ',') ~* 'track_counts') \
@@ -102,9 +109,8 @@ async fn distrust(side: &Side) -> Result<Option<String>, ConnError> {
     };
     let why = if n(0) != 0 {
         "a prepared transaction is pending (its counters are not published yet)"
-    } else if n(1) != 1 {
-        "the server may have restarted after a crash (which drops every counter), or its \
-         checkpointer is not visible to the review role"
+    } else if n(1) != 2 {
+        "the server may have restarted after a crash (which drops every counter)"
     } else if r.get(2).and_then(|v| v.as_deref()) != Some("on") {
         "track_counts is off"
     } else if n(3) != 0 {
