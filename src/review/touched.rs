@@ -17,8 +17,9 @@
 //! `pg_stat_activity`); no prepared transaction is pending (its counters are published only
 //! when it ends); the server has not crash-restarted since it started (a crash drops every
 //! counter and resets the shared statistics' `stats_reset`, and restarts the checkpointer:
-//! both must date from the postmaster's start; a role that cannot see the checkpointer's
-//! start, such as a provider's own role without `pg_read_all_stats`, relies on the first); counts
+//! both must date from the postmaster's start; a role that cannot see the checkpointer (a
+//! provider's own role without `pg_read_all_stats` sees no backend type) relies on the
+//! first); counts
 //! are on (`track_counts` is superuser-only; no role, database or function setting names
 //! it, and no grant lets anyone set it); no `pg_stat_reset*` function may be run by anyone
 //! but a superuser. The agent is never a superuser of an `instance`, `template` or `remote`
@@ -77,9 +78,10 @@ async fn distrust(side: &Side) -> Result<Option<String>, ConnError> {
         "SELECT \
          (SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_xacts x \
            WHERE x.database = pg_catalog.current_database()), \
-         (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a \
-           WHERE a.backend_type = 'checkpointer' AND (a.backend_start IS NULL \
-           OR a.backend_start <= pg_catalog.pg_postmaster_start_time() + interval '{CHECKPOINTER_SLACK}')) \
+         (SELECT CASE WHEN pg_catalog.count(a.backend_start) = 0 THEN 1 \
+           ELSE pg_catalog.count(*) FILTER (WHERE a.backend_start <= \
+             pg_catalog.pg_postmaster_start_time() + interval '{CHECKPOINTER_SLACK}') END \
+           FROM pg_catalog.pg_stat_activity a WHERE a.backend_type = 'checkpointer') \
          + (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_bgwriter b \
            WHERE b.stats_reset <= pg_catalog.pg_postmaster_start_time() + interval '{CHECKPOINTER_SLACK}'), \
          pg_catalog.current_setting('track_counts'), \
