@@ -209,8 +209,10 @@ pub async fn capture(
         statement_timeout: cfg.review.statement_timeout,
         settle_timeout: cfg.review.settle_timeout,
         samples: max.saturating_add(1),
-        // Every table: a promotion must not miss one whose counters did not move.
-        full_scan: true,
+        // Only tables that may differ from the golden, on evidence the agent cannot forge
+        // (`review::touched`); a full read whenever that evidence is missing, or when the
+        // agent was a superuser (who could forge it).
+        full_scan: rec.superuser,
         end_sessions: false,
         ..DiffOptions::default()
     };

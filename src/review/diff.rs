@@ -1,6 +1,6 @@
 //! The review diff: a scratch database against the pristine reference fork of the golden.
-//! Only tables whose activity counters or storage changed are scanned (Postgres' own
-//! `pg_stat` counters and `relfilenode`), so the cost follows what the agent touched.
+//! Only tables that may differ from the golden are scanned (on the evidence
+//! [`super::touched`] describes), so the cost follows what the agent touched.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use super::conn::{literal, ConnError, Side, Timeouts, SESSION_SETTINGS};
 use super::data::{self, Limits, TablePatch};
 use super::model::{Review, ScanInfo, TableDiff};
 use super::schema::{self, order};
+use super::touched;
 use crate::pgconn::BackendTarget;
 use crate::provider::golden::{AGENT, AGENT_READ, AGENT_WRITE, REVIEWER};
 use data_order::Step;
@@ -81,6 +82,8 @@ pub async fn diff(
     let new_cat = catalog::snapshot(&new).await?;
     let old_cat = catalog::snapshot(&old).await?;
     let sd = schema::diff(&old_cat, &new_cat);
+    let new_marks = touched::read(&new).await?;
+    let old_marks = touched::read(&old).await?;
 
     let mut scan = ScanInfo {
         mode: "touched".into(),
@@ -95,6 +98,9 @@ pub async fn diff(
         scan.reason = Some(format!(
             "a session of the token was active in the last {STATS_IDLE_FLUSH}, so table counters may lag"
         ));
+    } else if let Some(why) = touched::why_all(&old_marks, &new_marks) {
+        scan.mode = "all".into();
+        scan.reason = Some(format!("table counters are no evidence: {why}"));
     } else if stats_reset(&old_cat, &new_cat) {
         scan.mode = "all".into();
         scan.reason = Some("table counters went backwards (statistics were reset)".into());
@@ -117,6 +123,7 @@ pub async fn diff(
                     || o.counters != t.counters
                     || o.relfilenode != t.relfilenode
                     || t.columns.iter().any(|c| o.column(c.attnum).is_none())
+                    || touched::may_differ(&old_marks, &new_marks, *oid)
             }
         };
         if !scan_it {
@@ -216,7 +223,7 @@ pub async fn diff(
 /// Opens the scratch snapshot once no other session can hold unpublished counters: every
 /// other client session has ended or been idle longer than the stats flush interval.
 /// Returns whether that happened within `timeout` (the transaction is open either way).
-async fn settle(side: &Side, timeout: Duration) -> Result<bool, ConnError> {
+pub(crate) async fn settle(side: &Side, timeout: Duration) -> Result<bool, ConnError> {
     let deadline = Instant::now() + timeout;
     // Checked after the snapshot is taken, so anything the snapshot sees was committed by a
     // session this check covers.

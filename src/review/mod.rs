@@ -14,4 +14,5 @@ pub mod relations;
 pub mod render;
 pub mod schema;
 pub mod store;
+pub mod touched;
 pub mod verify;

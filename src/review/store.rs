@@ -293,8 +293,10 @@ async fn take_with(
                 .reference(rec.golden.as_deref())
                 .await
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
+            // A superuser session could have forged the evidence a skipped table rests on
+            // (`super::touched`): every table is read.
             let opts = DiffOptions {
-                full_scan,
+                full_scan: full_scan || rec.superuser,
                 end_sessions,
                 ..options(rv)
             };
@@ -302,6 +304,9 @@ async fn take_with(
             // controls).
             let target = rv.provider.review_target(&scratch);
             let mut r = diff::diff(&reference.target, &target, opts, &rec.id, &rec.task).await?;
+            if rec.superuser && !full_scan {
+                r.scan.reason = Some("the token's sessions were superusers".into());
+            }
             r.verification = Some(match no_verify {
                 Some(why) => super::verify::Verification::not_verified(why),
                 None => super::verify::check(rv, rec, &scratch, &r.patch).await,

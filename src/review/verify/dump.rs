@@ -4,7 +4,7 @@
 //! computed by the server as the review role (search path pinned to `pg_catalog`, so every
 //! name is printed qualified and no agent-defined function or operator is ever resolved).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::review::conn::{literal, ConnError, Side};
 
@@ -19,6 +19,9 @@ pub struct Dump {
     pub tables: BTreeMap<String, Result<(u64, String), String>>,
     /// Sequence positions: qualified name → `last_value called=is_called`.
     pub sequences: BTreeMap<String, String>,
+    /// Tables not hashed: shown unchanged since the golden on both sides
+    /// ([`crate::review::touched`]).
+    pub unchanged: usize,
 }
 
 /// Tables hashed in one round trip.
@@ -309,8 +312,9 @@ fn text(v: &Option<String>) -> String {
 }
 
 /// Read the dump, inside the caller's read-only snapshot. `owner` is the role that owns the
-/// golden's objects in this database (spelled `<owner>` in the dump).
-pub async fn take(side: &Side, owner: &str) -> Result<Dump, ConnError> {
+/// golden's objects in this database (spelled `<owner>` in the dump). `skip`: tables not to
+/// hash, shown to hold the golden's rows on both sides compared (every other is hashed).
+pub async fn take(side: &Side, owner: &str, skip: &BTreeSet<String>) -> Result<Dump, ConnError> {
     let mut dump = Dump::default();
     for q in schema_queries(owner) {
         for r in side.rows(&q).await? {
@@ -337,11 +341,13 @@ pub async fn take(side: &Side, owner: &str) -> Result<Dump, ConnError> {
             user_ns("n")
         ))
         .await?;
-    let tables: Vec<String> = rels
+    let all: Vec<String> = rels
         .iter()
         .filter(|r| r[1].as_deref() != Some("S"))
         .map(|r| text(&r[0]))
         .collect();
+    let tables: Vec<String> = all.iter().filter(|t| !skip.contains(*t)).cloned().collect();
+    dump.unchanged = all.len() - tables.len();
     let seqs: Vec<String> = rels
         .iter()
         .filter(|r| r[1].as_deref() == Some("S"))
