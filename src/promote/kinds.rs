@@ -8,7 +8,7 @@
 //! the promotion's own row changes), types, extensions, materialized views.
 
 use super::names;
-use super::plan::{Plan, SchemaGuard, Want};
+use super::plan_model::{Plan, SchemaGuard, Want};
 use crate::review::model::{Action, SchemaChange};
 use crate::review::schema::order;
 

@@ -13,6 +13,7 @@ pub mod leaks;
 pub mod multiset;
 pub mod names;
 pub mod plan;
+pub mod plan_model;
 pub mod promotable;
 pub mod rebase;
 pub mod resolve;

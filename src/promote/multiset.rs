@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use super::plan::TableChange;
+use super::plan_model::TableChange;
 
 /// A query giving a hash of the rows of `table` over `cols` (the row count and an md5 of
 /// the sorted rows, each value as a literal so NULL and '' differ).
