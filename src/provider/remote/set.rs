@@ -32,7 +32,10 @@ impl RemoteSet {
     }
 
     /// The member a handle names, with the service's own sandbox id.
-    fn member<'h>(&self, handle: &'h str) -> Result<(usize, &RemoteProvider, &'h str), ProviderError> {
+    fn member<'h>(
+        &self,
+        handle: &'h str,
+    ) -> Result<(usize, &RemoteProvider, &'h str), ProviderError> {
         let (n, id) = split(handle)
             .ok_or_else(|| ProviderError::NotFound(format!("invalid handle {handle:?}")))?;
         let (_, p) = self.members.get(n).ok_or_else(|| {

@@ -126,7 +126,14 @@ async fn fork(w: Arc<Worker>, id: String) {
                 user: door.user.clone(),
                 password: Some(door.password.clone()),
                 database: b.target.database.clone(),
-                sslmode: Some(if w.tls.is_some() { "require" } else { "disable" }.into()),
+                sslmode: Some(
+                    if w.tls.is_some() {
+                        "require"
+                    } else {
+                        "disable"
+                    }
+                    .into(),
+                ),
             };
             Ok::<_, String>((tokio::spawn(relay::serve(l, door)), conn))
         }

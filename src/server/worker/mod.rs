@@ -200,7 +200,10 @@ pub async fn run(
                 }
             }
             if !left.is_empty() {
-                tracing::info!(forks = left.len(), "worker: leftover forks of an earlier run removed");
+                tracing::info!(
+                    forks = left.len(),
+                    "worker: leftover forks of an earlier run removed"
+                );
             }
         }
         Err(e) => tracing::warn!(error = %e, "worker: listing leftover forks failed"),
@@ -270,7 +273,9 @@ pub async fn run(
     for id in &ids {
         match worker.remove(id).await {
             Ok(_) => removed += 1,
-            Err(e) => tracing::warn!(sandbox = %id, error = %e, "worker: deleting a sandbox at shutdown failed"),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "worker: deleting a sandbox at shutdown failed")
+            }
         }
     }
     let pool_members = match &pool {

@@ -127,7 +127,8 @@ async fn login<S: AsyncRead + AsyncWrite + Unpin>(
         }
         Ok(StartupPacket::Startup(m)) if m.get("user") == Some(door.user.as_str()) => {}
         _ => {
-            s.write_all(&refuse("this scratch server takes its own role only")).await?;
+            s.write_all(&refuse("this scratch server takes its own role only"))
+                .await?;
             return Ok(());
         }
     }
@@ -137,7 +138,8 @@ async fn login<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|_| bad("login timed out"))??;
     if !bool::from(given.as_slice().ct_eq(door.password.as_bytes())) {
-        s.write_all(&refuse("password authentication failed")).await?;
+        s.write_all(&refuse("password authentication failed"))
+            .await?;
         return Ok(());
     }
     let mut unix = UnixStream::connect(&door.socket).await?;
