@@ -81,7 +81,6 @@ impl Worker {
         if let Some(h) = e.handle {
             self.provider.destroy(&h).await.map_err(|e| e.to_string())?;
         }
-        metrics::counter!("sandpit_worker_sandboxes_deleted_total").increment(1);
         Ok(true)
     }
 
