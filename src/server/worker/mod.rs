@@ -207,7 +207,7 @@ pub async fn run(
         }
         Err(e) => tracing::warn!(error = %e, "worker: listing leftover forks failed"),
     }
-    let tls = tls::acceptor(&cfg.tls, &data_dir, &[host.clone()])?.map(|t| t.acceptor);
+    let tls = tls::acceptor(&cfg.tls, &data_dir, std::slice::from_ref(&host))?.map(|t| t.acceptor);
     let pool = cfg.pool.enabled().then(|| {
         WarmPool::new(
             provider.clone(),
