@@ -280,6 +280,10 @@ fn a_front_over_two_workers() {
             e.to_string().contains("password authentication failed"),
             "{e}"
         );
+        let e = sqlx::PgConnection::connect_with(&opts(password).username("postgres"))
+            .await
+            .expect_err("another role");
+        assert!(e.to_string().contains("its own role only"), "{e}");
         let mut ok = sqlx::PgConnection::connect_with(&opts(password))
             .await
             .expect("the fork's password over TLS");
@@ -335,6 +339,7 @@ fn a_front_over_two_workers() {
                 .map(|d| d.message().to_string())
                 .unwrap_or_default();
             assert!(msg.contains("scratch database"), "{e:?}");
+            eprintln!("a dead worker's token: {msg}");
         }
         for t in &alive {
             let c = connect(&dsn(t)).await.expect("the other worker's token");
