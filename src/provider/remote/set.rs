@@ -1,8 +1,12 @@
 //! Several sandbox services behind one provider (`remote.urls`, e.g. sandpit workers): a new
 //! fork goes to the next service round-robin, skipping one that fails; a token keeps its
-//! service, since its handle names it: `w<position in remote.urls>.<sandbox id>`.
+//! service, since its handle names it: `w<position in remote.urls>.<sandbox id>`. A service
+//! whose fork failed is tried last for a short while, so a dead worker does not slow every
+//! other new token down by its connect timeout and retries.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::RemoteProvider;
 use crate::provider::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
@@ -11,6 +15,20 @@ use crate::provider::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 pub struct RemoteSet {
     members: Vec<(String, RemoteProvider)>,
     next: AtomicUsize,
+    /// Per member: until when it is tried last, after a failed fork.
+    failed_until: Mutex<Vec<Option<Instant>>>,
+}
+
+/// How long a member whose fork failed is tried after the others.
+const FAILED_FOR: Duration = Duration::from_secs(10);
+
+/// The order to try members in: round-robin from `start`, members that failed lately last.
+fn order(start: usize, failed_until: &[Option<Instant>], now: Instant) -> Vec<usize> {
+    let n = failed_until.len();
+    let mut all: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
+    // Stable: round-robin order is kept within each group.
+    all.sort_by_key(|&i| failed_until[i].is_some_and(|t| t > now));
+    all
 }
 
 /// `w3.sbx-17` → (3, "sbx-17").
@@ -25,9 +43,11 @@ impl RemoteSet {
         if members.is_empty() {
             return Err(ProviderError::Invalid("remote.urls is empty".into()));
         }
+        let n = members.len();
         Ok(RemoteSet {
             members,
             next: AtomicUsize::new(0),
+            failed_until: Mutex::new(vec![None; n]),
         })
     }
 
@@ -72,12 +92,21 @@ impl Provider for RemoteSet {
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
             let start = self.next.fetch_add(1, Ordering::Relaxed);
+            let tries = {
+                let f = self.failed_until.lock().unwrap_or_else(|p| p.into_inner());
+                order(start, &f, Instant::now())
+            };
             let mut last = None;
-            for k in 0..self.members.len() {
-                let n = (start + k) % self.members.len();
-                match self.members[n].1.fork(tag).await {
-                    Ok(b) => return Ok(Self::prefixed(n, b)),
+            for n in tries {
+                let result = self.members[n].1.fork(tag).await;
+                let mut f = self.failed_until.lock().unwrap_or_else(|p| p.into_inner());
+                match result {
+                    Ok(b) => {
+                        f[n] = None;
+                        return Ok(Self::prefixed(n, b));
+                    }
                     Err(e) => {
+                        f[n] = Some(Instant::now() + FAILED_FOR);
                         let e = self.named(n, e);
                         tracing::warn!(worker = n, error = %e, "fork failed on this worker; trying the next");
                         last = Some(e);
@@ -162,7 +191,27 @@ impl Provider for RemoteSet {
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use std::time::{Duration, Instant};
+
+    use super::{order, split};
+
+    #[test]
+    fn members_that_failed_lately_come_last() {
+        let now = Instant::now();
+        let later = Some(now + Duration::from_secs(5));
+        let earlier = Some(now - Duration::from_secs(1));
+        // (start, failed_until, order)
+        let table: [(usize, Vec<Option<Instant>>, Vec<usize>); 5] = [
+            (0, vec![None, None, None], vec![0, 1, 2]),
+            (4, vec![None, None, None], vec![1, 2, 0]),
+            (0, vec![later, None, None], vec![1, 2, 0]),
+            (1, vec![None, later, None], vec![2, 0, 1]),
+            (0, vec![earlier, None], vec![0, 1]),
+        ];
+        for (start, failed, want) in table {
+            assert_eq!(order(start, &failed, now), want, "{start} {failed:?}");
+        }
+    }
 
     #[test]
     fn handles_name_their_member() {
