@@ -104,40 +104,7 @@ async fn fork(w: Arc<Worker>, id: String) {
     };
     let result = async {
         let b = w.provider.fork(&tag).await.map_err(|e| e.to_string())?;
-        let opened = async {
-            let socket = b
-                .target
-                .socket_path()
-                .ok_or("the fork has no unix socket")?
-                .to_path_buf();
-            let l = TcpListener::bind((w.listen_ip, 0))
-                .await
-                .map_err(|e| e.to_string())?;
-            let port = l.local_addr().map_err(|e| e.to_string())?.port();
-            let door = Arc::new(Door {
-                socket,
-                user: b.target.user.clone(),
-                password: crate::auth::new_secret(),
-                tls: w.tls.clone(),
-            });
-            let conn = Connection {
-                host: w.host.clone(),
-                port,
-                user: door.user.clone(),
-                password: Some(door.password.clone()),
-                database: b.target.database.clone(),
-                sslmode: Some(
-                    if w.tls.is_some() {
-                        "require"
-                    } else {
-                        "disable"
-                    }
-                    .into(),
-                ),
-            };
-            Ok::<_, String>((tokio::spawn(relay::serve(l, door)), conn))
-        }
-        .await;
+        let opened = open_door(&w, &b).await;
         match opened {
             Ok((task, conn)) => Ok((b.handle, task, conn)),
             Err(e) => {
@@ -175,6 +142,44 @@ async fn fork(w: Arc<Worker>, id: String) {
         // Deleted while it was being forked.
         let _ = w.provider.destroy(&handle).await;
     }
+}
+
+/// The fork's door: a TCP port on the worker's address, with a password of its own.
+async fn open_door(
+    w: &Worker,
+    b: &crate::provider::Backend,
+) -> Result<(tokio::task::JoinHandle<()>, Connection), String> {
+    let socket = b
+        .target
+        .socket_path()
+        .ok_or("the fork has no unix socket")?
+        .to_path_buf();
+    let l = TcpListener::bind((w.listen_ip, 0))
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = l.local_addr().map_err(|e| e.to_string())?.port();
+    let door = Arc::new(Door {
+        socket,
+        user: b.target.user.clone(),
+        password: crate::auth::new_secret(),
+        tls: w.tls.clone(),
+    });
+    let conn = Connection {
+        host: w.host.clone(),
+        port,
+        user: door.user.clone(),
+        password: Some(door.password.clone()),
+        database: b.target.database.clone(),
+        sslmode: Some(
+            if w.tls.is_some() {
+                "require"
+            } else {
+                "disable"
+            }
+            .into(),
+        ),
+    };
+    Ok((tokio::spawn(relay::serve(l, door)), conn))
 }
 
 async fn show(State(w): State<Arc<Worker>>, h: HeaderMap, Path(id): Path<String>) -> Response {

@@ -156,20 +156,7 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServeError> {
-    let Some(listen) = cfg.worker.listen else {
-        return Err(ServeError::Config(crate::config::ConfigError::Invalid {
-            key: "worker.listen",
-            message: "worker mode needs an address".into(),
-        }));
-    };
-    if !matches!(cfg.provider.as_str(), "instance" | "microvm") {
-        return Err(ServeError::Config(crate::config::ConfigError::Invalid {
-            key: "provider",
-            message: "a worker holds its own forks: provider \"instance\" or \"microvm\"".into(),
-        }));
-    }
-    cfg.validate()?;
-    let key = cfg.worker.key()?;
+    let (listen, key) = checked(&cfg)?;
     serve::prepare_data_dir(&cfg.data_dir)?;
     let _data_dir_lock = super::lock::lock_data_dir(&cfg.data_dir)?;
     let (listener, addr) = serve::bind(listen).await?;
@@ -189,24 +176,7 @@ pub async fn run(
     else {
         return Ok(());
     };
-    // No adoption yet: whatever a killed run left (its fronts have lost those tokens' forks
-    // anyway, the ids are not reused) is destroyed before anything new is made.
-    match provider.list().await {
-        Ok(left) => {
-            for (h, _) in &left {
-                if let Err(e) = provider.destroy(h).await {
-                    tracing::warn!(handle = %h, error = %e, "worker: removing a leftover fork failed");
-                }
-            }
-            if !left.is_empty() {
-                tracing::info!(
-                    forks = left.len(),
-                    "worker: leftover forks of an earlier run removed"
-                );
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "worker: listing leftover forks failed"),
-    }
+    remove_leftovers(provider.as_ref()).await;
     let tls = tls::acceptor(&cfg.tls, &data_dir, std::slice::from_ref(&host))?.map(|t| t.acceptor);
     let pool = cfg.pool.enabled().then(|| {
         WarmPool::new(
@@ -235,16 +205,7 @@ pub async fn run(
         sandboxes: Mutex::new(HashMap::new()),
         by_key: Mutex::new(HashMap::new()),
     });
-    let reaper = {
-        let w = worker.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(REAP_EVERY);
-            loop {
-                tick.tick().await;
-                w.reap_expired().await;
-            }
-        })
-    };
+    let reaper = spawn_reaper(worker.clone());
     let app = api::router(worker.clone());
     let shutdown = {
         let mut stop = stop.clone();
@@ -267,6 +228,66 @@ pub async fn run(
     tracing::info!("worker shutting down");
     reaper.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    delete_all(&worker, pool.as_deref()).await;
+    Ok(())
+}
+
+/// Deletes expired sandboxes every `REAP_EVERY` until aborted.
+fn spawn_reaper(w: Arc<Worker>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(REAP_EVERY);
+        loop {
+            tick.tick().await;
+            w.reap_expired().await;
+        }
+    })
+}
+
+/// The worker's address and bearer key, once the configuration is found fit for a worker.
+fn checked(cfg: &Config) -> Result<(SocketAddr, String), ServeError> {
+    let invalid = |key, message: &str| {
+        ServeError::Config(crate::config::ConfigError::Invalid {
+            key,
+            message: message.into(),
+        })
+    };
+    let listen = cfg
+        .worker
+        .listen
+        .ok_or_else(|| invalid("worker.listen", "worker mode needs an address"))?;
+    if !matches!(cfg.provider.as_str(), "instance" | "microvm") {
+        return Err(invalid(
+            "provider",
+            "a worker holds its own forks: provider \"instance\" or \"microvm\"",
+        ));
+    }
+    cfg.validate()?;
+    Ok((listen, cfg.worker.key()?))
+}
+
+/// No adoption yet: whatever a killed run left (its fronts have lost those tokens' forks
+/// anyway, and ids are not reused) is destroyed before anything new is made.
+async fn remove_leftovers(provider: &dyn Provider) {
+    match provider.list().await {
+        Ok(left) => {
+            for (h, _) in &left {
+                if let Err(e) = provider.destroy(h).await {
+                    tracing::warn!(handle = %h, error = %e, "worker: removing a leftover fork failed");
+                }
+            }
+            if !left.is_empty() {
+                tracing::info!(
+                    forks = left.len(),
+                    "worker: leftover forks of an earlier run removed"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "worker: listing leftover forks failed"),
+    }
+}
+
+/// At shutdown: every sandbox deleted, the warm pool drained.
+async fn delete_all(worker: &Worker, pool: Option<&WarmPool>) {
     let ids: Vec<String> = lock(&worker.sandboxes).keys().cloned().collect();
     let mut removed = 0;
     for id in &ids {
@@ -277,7 +298,7 @@ pub async fn run(
             }
         }
     }
-    let pool_members = match &pool {
+    let pool_members = match pool {
         Some(p) => p.drain().await,
         None => 0,
     };
@@ -286,5 +307,4 @@ pub async fn run(
         pool_members,
         "worker stopped: {removed} sandbox(es) deleted, {pool_members} warm-pool member(s) removed"
     );
-    Ok(())
 }
