@@ -452,6 +452,14 @@ fn serve(mut cfg: Config, args: &ServeArgs) -> Result<()> {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
             sandpit::server::stop::second_signal(&data_dir).await;
         });
+        if cfg.worker.listen.is_some() {
+            let tls = cfg.tls.mode != "off";
+            return sandpit::server::worker::run(cfg, stop_rx, |api| {
+                let scheme = if tls { "https" } else { "http" };
+                println!("sandpit worker ready api={scheme}://{api}");
+            })
+            .await;
+        }
         sandpit::server::run(cfg, Some(metrics), stop_rx, |pg, api| {
             println!("sandpit ready postgres={pg} api=http://{api}");
         })

@@ -69,6 +69,8 @@ pub struct Config {
     pub registry: RegistrySection,
     /// Review decisions, validators and promotion of approved changes.
     pub promote: PromoteSection,
+    /// Worker mode: serve scratch databases to front gateways (docs/workers.md).
+    pub worker: WorkerSection,
 }
 
 /// Janitor settings.
@@ -132,6 +134,7 @@ impl Default for Config {
             review: ReviewConfig::default(),
             registry: RegistrySection::default(),
             promote: PromoteSection::default(),
+            worker: WorkerSection::default(),
         }
     }
 }
@@ -433,11 +436,15 @@ impl Config {
                 }
             }
             "remote" => {
-                let url = self.remote.url.as_deref().unwrap_or("");
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                let http = |u: &str| u.starts_with("http://") || u.starts_with("https://");
+                let one = self.remote.url.as_deref().filter(|u| http(u)).is_some();
+                let many = !self.remote.urls.is_empty() && self.remote.urls.iter().all(|u| http(u));
+                if one == many {
                     return Err(ConfigError::Invalid {
                         key: "remote.url",
-                        message: "provider \"remote\" needs the service's http(s):// URL".into(),
+                        message: "provider \"remote\" needs the service's http(s):// URL \
+                                  (`url`), or the URLs of workers (`urls`), not both"
+                            .into(),
                     });
                 }
                 check_sslmode("remote.sslmode", &self.remote.sslmode)?;
@@ -566,6 +573,9 @@ pub use pool::PoolConfig;
 
 mod microvm;
 pub use microvm::MicrovmSection;
+
+mod worker;
+pub use worker::WorkerSection;
 
 #[cfg(test)]
 mod tests;

@@ -50,6 +50,10 @@ impl Default for TemplateSection {
 pub struct RemoteSection {
     /// Base URL of the service API, e.g. `https://sandboxes.internal/`.
     pub url: Option<String>,
+    /// Instead of `url`: base URLs of several services (sandpit workers, docs/workers.md);
+    /// new forks go round-robin, a token keeps its service. Only append: a token's handle
+    /// names its service by position in this list.
+    pub urls: Vec<String>,
     /// Bearer key for the service; else `SANDPIT_REMOTE_API_KEY`.
     pub api_key: Option<String>,
     /// The golden sandbox forks are made from.
@@ -81,6 +85,7 @@ impl Default for RemoteSection {
     fn default() -> Self {
         RemoteSection {
             url: None,
+            urls: Vec::new(),
             api_key: None,
             golden: "sandpit-golden".into(),
             owner: "sandpit".into(),

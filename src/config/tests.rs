@@ -39,10 +39,10 @@ fn provider_sections_are_checked() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("admin"), "{e}");
-    let e = toml::from_str::<Config>("[remote]\nurls = \"x\"")
+    let e = toml::from_str::<Config>("[remote]\nendpoints = \"x\"")
         .unwrap_err()
         .to_string();
-    assert!(e.contains("urls"), "{e}");
+    assert!(e.contains("endpoints"), "{e}");
     let c: Config = toml::from_str(
         "provider = \"remote\"\n[remote]\nurl = \"http://127.0.0.1:1/\"\nfork_timeout = \"5s\"",
     )
@@ -254,4 +254,34 @@ fn pool_growth_settings_default_off_and_need_a_usable_half_life() {
     // No ceiling above size: the half-life is never used, so any value passes.
     let c: Config = toml::from_str("[pool]\nsize = 2\ndemand_half_life = \"0s\"\n").unwrap();
     c.validate().unwrap();
+}
+
+#[test]
+fn remote_takes_one_url_or_a_list_and_a_worker_needs_a_key() {
+    // (remote section, valid)
+    let table = [
+        ("url = \"https://a/\"", true),
+        ("urls = [\"https://a/\", \"http://b/\"]", true),
+        ("url = \"https://a/\"\nurls = [\"https://b/\"]", false),
+        ("urls = []", false),
+        ("urls = [\"https://a/\", \"ftp://b/\"]", false),
+    ];
+    for (section, ok) in table {
+        let c: Config = toml::from_str(&format!("provider = \"remote\"\n[remote]\n{section}"))
+            .unwrap_or_else(|e| panic!("{section}: {e}"));
+        assert_eq!(c.validate().is_ok(), ok, "{section}");
+    }
+    let c: Config =
+        toml::from_str("[worker]\nlisten = \"127.0.0.1:0\"\napi_key = \"short\"").unwrap();
+    assert!(c
+        .worker
+        .key()
+        .unwrap_err()
+        .to_string()
+        .contains("worker.api_key"));
+    let c: Config =
+        toml::from_str("[worker]\nlisten = \"127.0.0.1:0\"\napi_key = \"a-key-of-enough-length\"")
+            .unwrap();
+    assert_eq!(c.worker.key().unwrap(), "a-key-of-enough-length");
+    assert_eq!(c.worker.golden, "sandpit-golden");
 }

@@ -15,9 +15,9 @@ use crate::lifecycle::{janitor, Gateway, TokenHooks};
 use crate::pgconn::tls::SslMode;
 use crate::provider::instance::{InstanceConfig, InstanceProvider};
 use crate::provider::pool::WarmPool;
-use crate::provider::remote::{RemoteConfig, RemoteProvider};
+use crate::provider::remote::{RemoteConfig, RemoteProvider, RemoteSet};
 use crate::provider::template::{TemplateConfig, TemplateProvider};
-use crate::provider::{BoxFuture, Provider};
+use crate::provider::{BoxFuture, Provider, ProviderError};
 use crate::proxy::{tls, Proxy};
 use crate::registry::postgres::PgRegistryConfig;
 use crate::registry::{Registry, TokenRecord};
@@ -107,7 +107,7 @@ pub fn admin_key(cfg: &Config, create: bool) -> std::io::Result<Option<String>> 
     Ok(Some(key))
 }
 
-fn prepare_data_dir(dir: &Path) -> Result<(), ServeError> {
+pub(super) fn prepare_data_dir(dir: &Path) -> Result<(), ServeError> {
     let err = |source| ServeError::DataDir {
         path: dir.to_path_buf(),
         source,
@@ -167,24 +167,34 @@ async fn build_provider(
         }
         "remote" => {
             let r = &cfg.remote;
-            let p = RemoteProvider::new(RemoteConfig {
-                url: r.url.clone().unwrap_or_default(),
-                api_key: r
-                    .api_key
-                    .clone()
-                    .or_else(|| std::env::var("SANDPIT_REMOTE_API_KEY").ok())
-                    .filter(|k| !k.is_empty()),
-                golden: r.golden.clone(),
-                owner: r.owner.clone(),
-                connect_timeout: r.connect_timeout,
-                request_timeout: r.request_timeout,
-                fork_timeout: r.fork_timeout,
-                retries: r.retries,
-                ttl_grace: r.ttl_grace,
-                sslmode: mode(&r.sslmode),
-                ca_file: r.ca_file.clone(),
-            })?;
-            Ok(Arc::new(p))
+            let one = |url: &str| {
+                RemoteProvider::new(RemoteConfig {
+                    url: url.to_string(),
+                    api_key: r
+                        .api_key
+                        .clone()
+                        .or_else(|| std::env::var("SANDPIT_REMOTE_API_KEY").ok())
+                        .filter(|k| !k.is_empty()),
+                    golden: r.golden.clone(),
+                    owner: r.owner.clone(),
+                    connect_timeout: r.connect_timeout,
+                    request_timeout: r.request_timeout,
+                    fork_timeout: r.fork_timeout,
+                    retries: r.retries,
+                    ttl_grace: r.ttl_grace,
+                    sslmode: mode(&r.sslmode),
+                    ca_file: r.ca_file.clone(),
+                })
+            };
+            if r.urls.is_empty() {
+                return Ok(Arc::new(one(r.url.as_deref().unwrap_or_default())?));
+            }
+            let members = r
+                .urls
+                .iter()
+                .map(|u| Ok((u.clone(), one(u)?)))
+                .collect::<Result<Vec<_>, ProviderError>>()?;
+            Ok(Arc::new(RemoteSet::new(members)?))
         }
         "microvm" => {
             let golden_sql = golden_sql_path(cfg, data_dir)?;
@@ -242,7 +252,7 @@ fn golden_sql_path(cfg: &Config, data_dir: &Path) -> Result<PathBuf, ServeError>
 }
 
 /// Binds a listener, returning it with the address it got (the real port for port 0).
-async fn bind(
+pub(super) async fn bind(
     addr: std::net::SocketAddr,
 ) -> Result<(TcpListener, std::net::SocketAddr), ServeError> {
     let err = |source| ServeError::Listen { addr, source };
@@ -255,7 +265,7 @@ async fn bind(
 /// takes minutes). Dropping the preparation ends its children (the image build's process
 /// group and mount namespace); a golden build's staging server is stopped here and its
 /// directory removed at the next start.
-async fn provider_unless_stopped(
+pub(super) async fn provider_unless_stopped(
     cfg: &Config,
     data_dir: &Path,
     shared_key: Option<String>,
@@ -278,7 +288,7 @@ async fn provider_unless_stopped(
 }
 
 /// Resolves once `stop` turns true (never if its sender is gone without saying so).
-async fn stop_requested(stop: &mut watch::Receiver<bool>) {
+pub(super) async fn stop_requested(stop: &mut watch::Receiver<bool>) {
     while !*stop.borrow_and_update() {
         if stop.changed().await.is_err() {
             std::future::pending::<()>().await;

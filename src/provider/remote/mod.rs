@@ -91,8 +91,17 @@ enum Outcome {
 impl RemoteProvider {
     /// Builds the HTTP client and the TLS settings; contacts nothing yet.
     pub fn new(cfg: RemoteConfig) -> Result<Self, ProviderError> {
-        let http = reqwest::Client::builder()
-            .use_rustls_tls()
+        let mut http = reqwest::Client::builder().use_rustls_tls();
+        // The CA that verifies sandboxes also verifies the API (a worker signs both).
+        if let Some(ca) = &cfg.ca_file {
+            let pem = std::fs::read(ca).map_err(|e| remote(format!("{}: {e}", ca.display())))?;
+            for c in reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| remote(format!("{}: {e}", ca.display())))?
+            {
+                http = http.add_root_certificate(c);
+            }
+        }
+        let http = http
             .connect_timeout(cfg.connect_timeout)
             .timeout(cfg.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
@@ -577,6 +586,9 @@ fn url_encode(s: &str) -> String {
     }
     out
 }
+
+mod set;
+pub use set::RemoteSet;
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,239 @@
+//! The worker's sandbox API: the routes of `docs/remote-provider.yaml` over the node's own
+//! provider (instance forks, the warm pool when configured).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use subtle::ConstantTimeEq;
+use time::OffsetDateTime;
+use tokio::net::TcpListener;
+
+use super::relay::{self, Door};
+use super::{lock, Entry, Worker};
+use crate::provider::remote_api::{
+    self as api, ApiError, Connection, CreateSandbox, Sandbox, SandboxList, SandboxState, SetTtl,
+};
+use crate::provider::BackendTag;
+
+/// The API's routes.
+pub(super) fn router(w: Arc<Worker>) -> Router {
+    Router::new()
+        .route("/v1/sandboxes", get(list).post(create))
+        .route("/v1/sandboxes/{id}", get(show).delete(delete))
+        .route("/v1/sandboxes/{id}/ttl", put(set_ttl))
+        .with_state(w)
+}
+
+fn err(status: StatusCode, msg: &str) -> Response {
+    (status, Json(ApiError { error: msg.into() })).into_response()
+}
+
+fn authorized(w: &Worker, h: &HeaderMap) -> bool {
+    let Some(given) = h
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    bool::from(given.as_bytes().ct_eq(w.key.as_bytes()))
+}
+
+macro_rules! authorize {
+    ($w:expr, $h:expr) => {
+        if !authorized(&$w, &$h) {
+            tracing::warn!("worker API: request without the right bearer key");
+            return err(StatusCode::UNAUTHORIZED, "bad api key");
+        }
+    };
+}
+
+async fn create(
+    State(w): State<Arc<Worker>>,
+    h: HeaderMap,
+    Json(req): Json<CreateSandbox>,
+) -> Response {
+    authorize!(w, h);
+    if req.golden != w.golden {
+        return err(StatusCode::NOT_FOUND, "no such golden on this worker");
+    }
+    let key = h
+        .get(api::IDEMPOTENCY_KEY)
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| k.len() <= 200)
+        .map(str::to_string);
+    if let Some(k) = &key {
+        let known = lock(&w.by_key).get(k).cloned();
+        if let Some(e) = known.and_then(|id| lock(&w.sandboxes).get(&id).map(|e| e.sb.clone())) {
+            return (StatusCode::OK, Json(e)).into_response();
+        }
+    }
+    let id = format!("sbx-{}", hex::encode(rand::random::<[u8; 9]>()));
+    let sb = Sandbox {
+        id: id.clone(),
+        golden: req.golden,
+        state: SandboxState::Creating,
+        metadata: req.metadata,
+        expires_at: None,
+        connection: None,
+        error: None,
+    };
+    lock(&w.sandboxes).insert(id.clone(), Entry::new(sb.clone()));
+    if let Some(k) = key {
+        lock(&w.by_key).insert(k, id.clone());
+    }
+    tokio::spawn(fork(w.clone(), id));
+    (StatusCode::ACCEPTED, Json(sb)).into_response()
+}
+
+/// Forks in the background (clients poll), then opens the fork's door.
+async fn fork(w: Arc<Worker>, id: String) {
+    let meta = lock(&w.sandboxes).get(&id).map(|e| e.sb.metadata.clone());
+    let Some(meta) = meta else { return };
+    let tag = BackendTag {
+        token_id: id.clone(),
+        task: meta.get(api::META_TASK).cloned().unwrap_or_default(),
+        expires_at: meta.get(api::META_EXPIRES).cloned().unwrap_or_default(),
+        gateway_id: super::GATEWAY_ID.into(),
+        golden: None,
+    };
+    let result = async {
+        let b = w.provider.fork(&tag).await.map_err(|e| e.to_string())?;
+        let opened = open_door(&w, &b).await;
+        match opened {
+            Ok((task, conn)) => Ok((b.handle, task, conn)),
+            Err(e) => {
+                let _ = w.provider.destroy(&b.handle).await;
+                Err(e)
+            }
+        }
+    }
+    .await;
+    // Decided under the lock, awaited after it.
+    let orphan = {
+        let mut all = lock(&w.sandboxes);
+        match (all.get_mut(&id), result) {
+            (None, Ok((handle, task, _))) => {
+                task.abort();
+                Some(handle)
+            }
+            (None, Err(_)) => None,
+            (Some(e), Ok((handle, task, conn))) => {
+                e.sb.state = SandboxState::Ready;
+                e.sb.connection = Some(conn);
+                e.handle = Some(handle);
+                e.door = Some(task);
+                None
+            }
+            (Some(e), Err(msg)) => {
+                tracing::warn!(sandbox = %id, error = %msg, "worker fork failed");
+                e.sb.state = SandboxState::Failed;
+                e.sb.error = Some(msg);
+                None
+            }
+        }
+    };
+    if let Some(handle) = orphan {
+        // Deleted while it was being forked.
+        let _ = w.provider.destroy(&handle).await;
+    }
+}
+
+/// The fork's door: a TCP port on the worker's address, with a password of its own.
+async fn open_door(
+    w: &Worker,
+    b: &crate::provider::Backend,
+) -> Result<(tokio::task::JoinHandle<()>, Connection), String> {
+    let socket = b
+        .target
+        .socket_path()
+        .ok_or("the fork has no unix socket")?
+        .to_path_buf();
+    let l = TcpListener::bind((w.listen_ip, 0))
+        .await
+        .map_err(|e| e.to_string())?;
+    let port = l.local_addr().map_err(|e| e.to_string())?.port();
+    let door = Arc::new(Door {
+        socket,
+        user: b.target.user.clone(),
+        password: crate::auth::new_secret(),
+        tls: w.tls.clone(),
+    });
+    let conn = Connection {
+        host: w.host.clone(),
+        port,
+        user: door.user.clone(),
+        password: Some(door.password.clone()),
+        database: b.target.database.clone(),
+        sslmode: Some(
+            if w.tls.is_some() {
+                "require"
+            } else {
+                "disable"
+            }
+            .into(),
+        ),
+    };
+    Ok((tokio::spawn(relay::serve(l, door)), conn))
+}
+
+async fn show(State(w): State<Arc<Worker>>, h: HeaderMap, Path(id): Path<String>) -> Response {
+    authorize!(w, h);
+    match lock(&w.sandboxes).get(&id) {
+        Some(e) => Json(e.sb.clone()).into_response(),
+        None => err(StatusCode::NOT_FOUND, "no such sandbox"),
+    }
+}
+
+async fn set_ttl(
+    State(w): State<Arc<Worker>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    Json(req): Json<SetTtl>,
+) -> Response {
+    authorize!(w, h);
+    // Bounded so the addition cannot overflow: ten years is past any token.
+    let secs = req.ttl_seconds.min(10 * 365 * 24 * 3600) as i64;
+    let at = OffsetDateTime::now_utc() + time::Duration::seconds(secs);
+    match lock(&w.sandboxes).get_mut(&id) {
+        Some(e) => {
+            e.expires = Some(at);
+            e.sb.expires_at = crate::rfc3339::try_format(at).ok();
+            Json(e.sb.clone()).into_response()
+        }
+        None => err(StatusCode::NOT_FOUND, "no such sandbox"),
+    }
+}
+
+async fn delete(State(w): State<Arc<Worker>>, h: HeaderMap, Path(id): Path<String>) -> Response {
+    authorize!(w, h);
+    match w.remove(&id).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => err(StatusCode::NOT_FOUND, "no such sandbox"),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, &e),
+    }
+}
+
+async fn list(
+    State(w): State<Arc<Worker>>,
+    h: HeaderMap,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    authorize!(w, h);
+    let filter = q.get("label").and_then(|l| l.split_once('='));
+    let mut sandboxes: Vec<Sandbox> = lock(&w.sandboxes)
+        .values()
+        .filter(|e| match filter {
+            Some((k, v)) => e.sb.metadata.get(k).map(String::as_str) == Some(v),
+            None => true,
+        })
+        .map(|e| e.sb.clone())
+        .collect();
+    sandboxes.sort_by(|a, b| a.id.cmp(&b.id));
+    Json(SandboxList { sandboxes }).into_response()
+}
