@@ -104,6 +104,14 @@ async fn fork(w: Arc<Worker>, id: String) {
     };
     let result = async {
         let b = w.provider.fork(&tag).await.map_err(|e| e.to_string())?;
+        // A pool member claimed for a provider that leaves ownership to a registry record
+        // still carries the pool's tag: a worker keeps no token records, so it re-tags it.
+        if w.provider.claims_by_record() {
+            if let Err(e) = w.provider.retag(&b.handle, &tag).await {
+                let _ = w.provider.destroy(&b.handle).await;
+                return Err(e.to_string());
+            }
+        }
         let opened = open_door(&w, &b).await;
         match opened {
             Ok((task, conn)) => Ok((b.handle, task, conn)),

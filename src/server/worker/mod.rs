@@ -190,7 +190,8 @@ pub async fn run(
     });
     let provider: Arc<dyn Provider> = match &pool {
         Some(p) => {
-            p.start().await;
+            // A worker keeps no token records: no member is claimed by one.
+            p.start(&std::collections::HashMap::new()).await;
             p.clone()
         }
         None => provider,
