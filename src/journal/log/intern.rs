@@ -147,7 +147,13 @@ impl Interner {
     /// would cost bytes, an allocation and a hash for nothing). At its second use it is
     /// defined (in `out`, first byte at offset `at`; `defined` then true). One hash per
     /// statement, none when it repeats the last one.
-    fn text<'t>(&mut self, out: &mut Vec<u8>, at: u64, text: &'t str, defined: &mut bool) -> Text<'t> {
+    fn text<'t>(
+        &mut self,
+        out: &mut Vec<u8>,
+        at: u64,
+        text: &'t str,
+        defined: &mut bool,
+    ) -> Text<'t> {
         if let Some(off) = self.last_off {
             if self.last == text {
                 return Text::Ref(Ref::At(off));
