@@ -179,6 +179,23 @@ fn a_text_is_inline_at_its_first_use_and_defined_at_its_second() {
     let lines: Vec<&[u8]> = raw.split(|&b| b == b'\n').collect();
     let count = |f: &dyn Fn(&[u8]) -> bool| lines.iter().filter(|l| f(l)).count();
     assert_eq!(count(&|l| l.first() == Some(&b'T')), 3001);
+    let inline: Vec<usize> = lines
+        .iter()
+        .filter(|l| l.first() == Some(&b'T'))
+        .map(|l| l.len() + 1)
+        .collect();
+    println!(
+        "a pgbench -S text used once: {:.1} bytes inline (a definition line and its record: {})",
+        inline.iter().sum::<usize>() as f64 / inline.len() as f64,
+        lines
+            .iter()
+            .find(|l| l.starts_with(b"{\"type\":\"text\""))
+            .map_or(0, |l| l.len() + 1)
+            + lines
+                .iter()
+                .find(|l| l.first() == Some(&b'S'))
+                .map_or(0, |l| l.len() + 1)
+    );
     assert_eq!(count(&|l| l.first() == Some(&b'S')), 201);
     assert_eq!(count(&|l| l.starts_with(b"{\"type\":\"text\"")), 101);
     let all = read_statements(&path).expect("read");
