@@ -16,8 +16,9 @@ pub(super) const OUTCOME: u8 = b'O';
 /// Marks a compact statement record carrying its text inline (a text seen for the first
 /// time: most are never seen again, so a definition line would only cost more).
 pub(super) const INLINE: u8 = b'T';
-/// Inline texts longer than this (bytes) are not read (the writer cuts texts at 64 KiB).
-pub(super) const INLINE_MAX: usize = 64 << 10;
+/// Inline texts longer than this (bytes) are not read (the writer cuts longer texts and
+/// defines them, with their length and digest).
+pub(super) const INLINE_MAX: usize = super::TEXT_MAX;
 /// Escape byte inside strings.
 const ESC: u8 = 0x0B;
 /// Values below this in a reference name a word of [`WORDS`]; from it on, the file offset
