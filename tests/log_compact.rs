@@ -105,12 +105,17 @@ fn compact_records_read_back_exactly_as_json_lines_do() {
     let v2 = sandpit::journal::log::log_path(a.path(), TASK, TOKEN);
     let raw = std::fs::read(&v2).expect("v2");
     assert!(raw.starts_with(b"{\"type\":\"log\",\"version\":2,"));
-    // Times after the log's start are stored compact (others stay JSON lines).
-    let compact = raw
-        .split(|&b| b == b'\n')
-        .filter(|l| l.first() == Some(&b'S'))
-        .count();
-    assert_eq!(compact, 60);
+    // Times after the log's start are stored compact (others stay JSON lines): a text's
+    // first use carries it inline (`T`), later ones refer to its definition (`S`).
+    let marks = |m: u8| {
+        raw.split(|&b| b == b'\n')
+            .filter(|l| l.first() == Some(&m))
+            .count()
+    };
+    assert_eq!(marks(b'S') + marks(b'T'), 60);
+    // The three short texts are inline once each; the cut one (over 64 KiB) is always
+    // defined.
+    assert_eq!(marks(b'T'), 3);
     assert!(raw.len() < std::fs::metadata(&v1).expect("v1").len() as usize);
     let (two, one) = (
         read_statements(&v2).expect("v2"),
@@ -124,7 +129,7 @@ fn compact_records_read_back_exactly_as_json_lines_do() {
     assert_eq!(json(&p2.statements), json(&one[17..26].to_vec()));
     assert_eq!(p2.next_after, p1.next_after);
     assert_eq!(unreadable_lines(&v2).expect("check"), Vec::<u64>::new());
-    // Reopened, it goes on in the same format, defining texts again, seq continuing.
+    // Reopened, it goes on in the same format, its texts new again, seq continuing.
     let log = TokenLog::open(a.path(), TASK, TOKEN, 0).expect("reopen");
     assert_eq!(log.next_seq(), 61);
     log.append(&LogRecord::Statement(statement(61, "select 1", vec![])))
@@ -134,6 +139,75 @@ fn compact_records_read_back_exactly_as_json_lines_do() {
     assert_eq!(again.len(), 61);
     assert_eq!(again[60].statement.text, "select 1");
     assert_eq!(again[60].statement.seq, 61);
+}
+
+#[test]
+fn a_text_is_inline_at_its_first_use_and_defined_at_its_second() {
+    let d = tempfile::tempdir().expect("tmp");
+    let log = TokenLog::open(d.path(), TASK, TOKEN, 0).expect("open");
+    let path = log.path().to_path_buf();
+    let texts: Vec<String> = (0..3000)
+        .map(|i| format!("SELECT abalance FROM pgbench_accounts WHERE aid = {i};"))
+        .collect();
+    // 100 texts three times each, then 2900 once each, then one with a line break twice.
+    // (A text seen once is remembered in a table of hashes that later texts may take over:
+    // then its next use is inline again, and the one after defines it.)
+    let odd = "select 'a\nb\u{0}c\u{b}'".to_string();
+    let order: Vec<&String> = texts[..100]
+        .iter()
+        .flat_map(|t| [t, t, t])
+        .chain(texts[100..].iter())
+        .chain([&odd, &odd])
+        .collect();
+    for t in &order {
+        let seq = log.next_seq();
+        let s = StatementRef {
+            seq,
+            ts: None,
+            token: TOKEN,
+            task: TASK,
+            session: 1,
+            protocol: "simple",
+            text: t,
+            params: &[],
+            kind: "read",
+        };
+        log.append_statement(&s).expect("statement");
+    }
+    drop(log);
+    let raw = std::fs::read(&path).expect("read");
+    let lines: Vec<&[u8]> = raw.split(|&b| b == b'\n').collect();
+    let count = |f: &dyn Fn(&[u8]) -> bool| lines.iter().filter(|l| f(l)).count();
+    assert_eq!(count(&|l| l.first() == Some(&b'T')), 3001);
+    let inline: Vec<usize> = lines
+        .iter()
+        .filter(|l| l.first() == Some(&b'T'))
+        .map(|l| l.len() + 1)
+        .collect();
+    println!(
+        "a pgbench -S text used once: {:.1} bytes inline (a definition line and its record: {})",
+        inline.iter().sum::<usize>() as f64 / inline.len() as f64,
+        lines
+            .iter()
+            .find(|l| l.starts_with(b"{\"type\":\"text\""))
+            .map_or(0, |l| l.len() + 1)
+            + lines
+                .iter()
+                .find(|l| l.first() == Some(&b'S'))
+                .map_or(0, |l| l.len() + 1)
+    );
+    assert_eq!(count(&|l| l.first() == Some(&b'S')), 201);
+    assert_eq!(count(&|l| l.starts_with(b"{\"type\":\"text\"")), 101);
+    let all = read_statements(&path).expect("read");
+    let got: Vec<&str> = all.iter().map(|s| s.statement.text.as_str()).collect();
+    let want: Vec<&str> = order.iter().map(|t| t.as_str()).collect();
+    assert_eq!(got, want);
+    assert_eq!(unreadable_lines(&path).expect("check"), Vec::<u64>::new());
+    // A page from the middle of the inline ones, bisected, starts where it should.
+    let p = read_page(&path, 1500, 3).expect("page");
+    let seqs: Vec<u64> = p.statements.iter().map(|s| s.statement.seq).collect();
+    assert_eq!(seqs, vec![1501, 1502, 1503]);
+    assert_eq!(p.statements[0].statement.text, *order[1500]);
 }
 
 #[test]

@@ -13,6 +13,12 @@
 pub(super) const STATEMENT: u8 = b'S';
 /// Marks a compact outcome record.
 pub(super) const OUTCOME: u8 = b'O';
+/// Marks a compact statement record carrying its text inline (a text seen for the first
+/// time: most are never seen again, so a definition line would only cost more).
+pub(super) const INLINE: u8 = b'T';
+/// Inline texts longer than this (bytes) are not read (the writer cuts longer texts and
+/// defines them, with their length and digest).
+pub(super) const INLINE_MAX: usize = super::TEXT_MAX;
 /// Escape byte inside strings.
 const ESC: u8 = 0x0B;
 /// Values below this in a reference name a word of [`WORDS`]; from it on, the file offset
@@ -92,15 +98,22 @@ impl Ref {
     }
 }
 
-/// A statement record with its texts as references.
+/// A statement's text in its record: a reference, or the text itself.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct Statement {
+pub(super) enum Text<'a> {
+    Ref(Ref),
+    Inline(std::borrow::Cow<'a, str>),
+}
+
+/// A statement record with its texts as references (its statement text possibly inline).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Statement<'a> {
     pub seq: u64,
     /// Nanoseconds since the log's epoch (its header).
     pub ts: u64,
     pub session: u64,
     pub protocol: Ref,
-    pub text: Ref,
+    pub text: Text<'a>,
     pub kind: Ref,
 }
 
@@ -177,9 +190,9 @@ impl<'a> Cursor<'a> {
         Ref::from_code(self.v()?)
     }
 
-    fn string(&mut self) -> Option<String> {
+    fn string(&mut self, max: usize) -> Option<String> {
         let len = usize::try_from(self.v()?).ok()?;
-        if len > PARAM_MAX {
+        if len > max {
             return None;
         }
         let mut s = Vec::with_capacity(len);
@@ -204,7 +217,13 @@ impl<'a> Cursor<'a> {
 
 fn put_string(out: &mut Vec<u8>, s: &str) {
     put_v(out, s.len() as u64);
-    for &c in s.as_bytes() {
+    let b = s.as_bytes();
+    // Most strings need no escape: copied whole.
+    if !b.iter().any(|&c| c == 0 || c == b'\n' || c == ESC) {
+        out.extend_from_slice(b);
+        return;
+    }
+    for &c in b {
         match c {
             0 => out.extend_from_slice(&[ESC, 0x30]),
             b'\n' => out.extend_from_slice(&[ESC, 0x31]),
@@ -215,13 +234,19 @@ fn put_string(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Appends a statement record's line (with its newline).
-pub(super) fn put_statement(out: &mut Vec<u8>, s: &Statement, params: &[Option<String>]) {
-    out.push(STATEMENT);
+pub(super) fn put_statement(out: &mut Vec<u8>, s: &Statement<'_>, params: &[Option<String>]) {
+    out.push(match s.text {
+        Text::Ref(_) => STATEMENT,
+        Text::Inline(_) => INLINE,
+    });
     put_v(out, s.seq);
     put_v(out, s.ts);
     put_v(out, s.session);
     put_v(out, s.protocol.code());
-    put_v(out, s.text.code());
+    match &s.text {
+        Text::Ref(r) => put_v(out, r.code()),
+        Text::Inline(t) => put_string(out, t),
+    }
     put_v(out, s.kind.code());
     put_v(out, params.len() as u64);
     for p in params {
@@ -271,18 +296,27 @@ pub(super) fn put_outcome(out: &mut Vec<u8>, o: &Outcome) {
 /// The record's kind and `seq` from a line's start (None: not a compact record).
 pub(super) fn head(line: &[u8]) -> Option<(u8, u64)> {
     let (&mark, rest) = line.split_first()?;
-    if mark != STATEMENT && mark != OUTCOME {
-        return None;
-    }
+    let mark = match mark {
+        STATEMENT | INLINE => STATEMENT,
+        OUTCOME => OUTCOME,
+        _ => return None,
+    };
     Some((mark, Cursor::new(rest).v()?))
 }
 
-/// A statement record and its parameters from its line (without the newline); None when it
-/// does not decode whole (a torn or corrupt line).
-pub(super) fn statement(line: &[u8]) -> Option<(Statement, Vec<Option<String>>)> {
-    let mut c = Cursor::new(line.strip_prefix(&[STATEMENT])?);
+/// A statement record (referring to its text or carrying it) and its parameters from its
+/// line (without the newline); None when it does not decode whole (a torn or corrupt line).
+pub(super) fn statement(line: &[u8]) -> Option<(Statement<'static>, Vec<Option<String>>)> {
+    let (&mark, rest) = line.split_first()?;
+    let mut c = Cursor::new(rest);
     let (seq, ts, session) = (c.v()?, c.v()?, c.v()?);
-    let (protocol, text, kind) = (c.r#ref()?, c.r#ref()?, c.r#ref()?);
+    let protocol = c.r#ref()?;
+    let text = match mark {
+        STATEMENT => Text::Ref(c.r#ref()?),
+        INLINE => Text::Inline(c.string(INLINE_MAX)?.into()),
+        _ => return None,
+    };
+    let kind = c.r#ref()?;
     let n = c.v()?;
     if n > PARAMS_MAX {
         return None;
@@ -291,7 +325,7 @@ pub(super) fn statement(line: &[u8]) -> Option<(Statement, Vec<Option<String>>)>
     for _ in 0..n {
         params.push(match c.v()? {
             0 => None,
-            1 => Some(c.string()?),
+            1 => Some(c.string(PARAM_MAX)?),
             _ => return None,
         });
     }
@@ -410,26 +444,39 @@ mod tests {
         }
     }
 
-    fn sample_statement() -> Statement {
+    fn sample_statement() -> Statement<'static> {
         Statement {
             seq: 5_000_000,
             ts: 3_600_000_000_123,
             session: 7,
             protocol: Ref::Word(1),
-            text: Ref::At(123),
+            text: Text::Ref(Ref::At(123)),
             kind: Ref::Word(3),
         }
     }
 
     #[test]
     fn statements_round_trip_and_cuts_are_refused() {
-        for params in [
+        let texts = [
+            Text::Ref(Ref::At(123)),
+            Text::Inline("select 1".into()),
+            Text::Inline("a\nb\0c\u{b}d ✓ 'S' O\u{1}".into()),
+            Text::Inline(String::new().into()),
+            Text::Inline("y".repeat(300).into()),
+        ];
+        for (params, text) in [
             vec![],
             vec![None],
             vec![Some(String::new()), None, Some("a\nb\0c\u{b}d ✓".into())],
             vec![Some("x".repeat(300))],
-        ] {
-            let s = sample_statement();
+        ]
+        .into_iter()
+        .flat_map(|p| texts.iter().map(move |t| (p.clone(), t.clone())))
+        {
+            let s = Statement {
+                text,
+                ..sample_statement()
+            };
             let mut out = Vec::new();
             put_statement(&mut out, &s, &params);
             assert_eq!(out.pop(), Some(b'\n'));
@@ -439,6 +486,20 @@ mod tests {
             for cut in 0..out.len() {
                 assert_eq!(statement(&out[..cut]), None, "cut at {cut}");
             }
+        }
+    }
+
+    #[test]
+    fn inline_texts_are_bounded() {
+        for (len, read) in [(INLINE_MAX, true), (INLINE_MAX + 1, false)] {
+            let s = Statement {
+                text: Text::Inline("z".repeat(len).into()),
+                ..sample_statement()
+            };
+            let mut out = Vec::new();
+            put_statement(&mut out, &s, &[]);
+            out.pop();
+            assert_eq!(statement(&out).is_some(), read, "{len}");
         }
     }
 

@@ -128,11 +128,12 @@ impl Defs {
         let (s, params) = compact::statement(line)?;
         let ts = self.time(s.ts)?;
         let (text, cut) = match s.text {
-            Ref::At(off) => {
+            compact::Text::Inline(t) => (t.into_owned(), None),
+            compact::Text::Ref(Ref::At(off)) => {
                 let d = self.def(off)?;
                 (d.0.clone(), d.1.clone())
             }
-            w => (self.word(w)?, None),
+            compact::Text::Ref(w) => (self.word(w)?, None),
         };
         let h = self.header.as_ref()?;
         let (token, task) = (h.token.clone(), h.task.clone());

@@ -4,15 +4,42 @@
 //! one read, from anywhere in the file, with no index). Anything a compact record cannot
 //! hold exactly (another token's record, a time in another shape) is written as a JSON line.
 
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
-use super::compact::{self, Ref};
+use super::compact::{self, Ref, Text};
 use super::line::{self, cut_text, put_str, OutcomeRef, StatementRef};
 
 /// Bytes of distinct texts a log remembers (per token, in memory); texts past it are
-/// defined again at each use (still correct, only longer). Bounds what an agent sending only
+/// carried inline at each use (still correct, only longer). Bounds what an agent sending only
 /// distinct texts makes the gateway hold.
 const DICT_MAX: usize = 8 << 20;
+/// Slots of the table of texts seen once (their hashes; 64 KiB per log, made at the first
+/// new text): a text is defined at its second use only while its first is remembered.
+const SEEN_SLOTS: usize = 8192;
+
+/// Hashes the dictionary's keys are already (keyed SipHash of the text, computed once per
+/// statement): used as they are, so an agent cannot aim texts at one bucket either.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A defined text: the text (to tell hash collisions apart) and its definition's offset.
+type Entry = (Box<str>, u64);
 
 /// A version 2 log's writing state.
 pub(super) struct Interner {
@@ -20,11 +47,16 @@ pub(super) struct Interner {
     epoch: u64,
     token: String,
     task: String,
-    /// Text to the offset of its definition line.
-    dict: HashMap<Box<str>, u64>,
+    hasher: RandomState,
+    /// Hash of a text to the text and the offset of its definition line.
+    dict: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
     dict_bytes: usize,
-    /// The last statement text and its offset: a repeated statement skips the hash.
-    last: Option<(Box<str>, u64)>,
+    /// Hashes of texts seen once, by `hash % SEEN_SLOTS` (0: none).
+    seen: Vec<u64>,
+    /// The last statement text that had a definition, and the definition's offset: a
+    /// repeated statement skips the hash. Its buffer is reused.
+    last: String,
+    last_off: Option<u64>,
 }
 
 impl Interner {
@@ -33,9 +65,12 @@ impl Interner {
             epoch,
             token: token.to_string(),
             task: task.to_string(),
-            dict: HashMap::new(),
+            hasher: RandomState::new(),
+            dict: HashMap::default(),
             dict_bytes: 0,
-            last: None,
+            seen: Vec::new(),
+            last: String::new(),
+            last_off: None,
         }
     }
 
@@ -52,7 +87,7 @@ impl Interner {
     pub(super) fn forget(&mut self) {
         self.dict.clear();
         self.dict_bytes = 0;
-        self.last = None;
+        self.last_off = None;
     }
 
     fn ts(&self, ts: Option<&str>) -> Option<u64> {
@@ -63,26 +98,9 @@ impl Interner {
         ns.checked_sub(self.epoch)
     }
 
-    /// A reference to `text`, appending its definition to `out` (whose first byte lands at
-    /// file offset `at`) when it has none yet; true in `defined` then.
-    fn text_ref(
-        &mut self,
-        out: &mut Vec<u8>,
-        at: u64,
-        text: &str,
-        cut: Option<&(u64, String)>,
-        defined: &mut bool,
-    ) -> Ref {
-        if cut.is_none() {
-            if let Some((t, off)) = &self.last {
-                if **t == *text {
-                    return Ref::At(*off);
-                }
-            }
-            if let Some(&off) = self.dict.get(text) {
-                return Ref::At(off);
-            }
-        }
+    /// Appends the definition line of `text` to `out` (whose first byte lands at file offset
+    /// `at`); its offset.
+    fn define(out: &mut Vec<u8>, at: u64, text: &str, cut: Option<&(u64, String)>) -> u64 {
         let off = at + out.len() as u64;
         out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
         put_str(out, text);
@@ -92,19 +110,82 @@ impl Interner {
             );
         }
         out.extend_from_slice(b"}\n");
-        *defined = true;
-        if cut.is_none() && self.dict_bytes + text.len() <= DICT_MAX {
-            self.dict_bytes += text.len();
-            self.dict.insert(text.into(), off);
-        }
-        Ref::At(off)
+        off
     }
 
-    fn word_ref(&mut self, out: &mut Vec<u8>, at: u64, w: &str, defined: &mut bool) -> Ref {
-        match Ref::word(w) {
-            Some(r) => r,
-            None => self.text_ref(out, at, w, None, defined),
+    /// Remembers `text`'s definition at `off` (while the dictionary has room).
+    fn remember(&mut self, h: u64, text: &str, off: u64) {
+        if self.dict_bytes + text.len() <= DICT_MAX {
+            self.dict_bytes += text.len();
+            self.dict.insert(h, (text.into(), off));
         }
+    }
+
+    /// A word's reference (tag words, SQLSTATEs, unusual kinds: few and repeated, so
+    /// defined at their first use), appending its definition when it has none yet.
+    fn word_ref(&mut self, out: &mut Vec<u8>, at: u64, w: &str, defined: &mut bool) -> Ref {
+        if let Some(r) = Ref::word(w) {
+            return r;
+        }
+        let h = self.hasher.hash_one(w);
+        match self.dict.get(&h) {
+            Some((t, off)) if **t == *w => Ref::At(*off),
+            found => {
+                let collides = found.is_some();
+                let off = Self::define(out, at, w, None);
+                *defined = true;
+                if !collides {
+                    self.remember(h, w, off);
+                }
+                Ref::At(off)
+            }
+        }
+    }
+
+    /// A statement text in its record: a reference to its definition, or the text inline
+    /// when it is seen for the first time (most such texts never come back: a definition
+    /// would cost bytes, an allocation and a hash for nothing). At its second use it is
+    /// defined (in `out`, first byte at offset `at`; `defined` then true). One hash per
+    /// statement, none when it repeats the last one.
+    fn text<'t>(
+        &mut self,
+        out: &mut Vec<u8>,
+        at: u64,
+        text: &'t str,
+        defined: &mut bool,
+    ) -> Text<'t> {
+        if let Some(off) = self.last_off {
+            if self.last == text {
+                return Text::Ref(Ref::At(off));
+            }
+        }
+        let h = self.hasher.hash_one(text);
+        let off = match self.dict.get(&h) {
+            Some((t, off)) if **t == *text => *off,
+            // Another text with this hash (or a full dictionary): inline, always correct.
+            Some(_) => return Text::Inline(text.into()),
+            None if self.dict_bytes + text.len() > DICT_MAX => return Text::Inline(text.into()),
+            None => {
+                if self.seen.is_empty() {
+                    self.seen = vec![0; SEEN_SLOTS];
+                }
+                let mark = h | 1;
+                let slot = &mut self.seen[(h % SEEN_SLOTS as u64) as usize];
+                if *slot != mark {
+                    *slot = mark;
+                    return Text::Inline(text.into());
+                }
+                *slot = 0;
+                let off = Self::define(out, at, text, None);
+                *defined = true;
+                self.remember(h, text, off);
+                off
+            }
+        };
+        self.last.clear();
+        self.last.push_str(text);
+        self.last_off = Some(off);
+        Text::Ref(Ref::At(off))
     }
 
     /// Appends the statement's compact record to `out` (first byte at file offset `at`),
@@ -119,19 +200,21 @@ impl Interner {
         let (text, cut) = cut_text(s.text);
         let mut defined = false;
         let protocol = self.word_ref(out, at, s.protocol, &mut defined);
-        let text_ref = self.text_ref(out, at, text, cut.as_ref(), &mut defined);
-        if let (None, Ref::At(off)) = (&cut, text_ref) {
-            if self.last.as_ref().is_none_or(|(t, _)| **t != *text) {
-                self.last = Some((text.into(), off));
+        let text = match &cut {
+            // A cut text keeps its length and hash in a definition (rare: over 64 KiB).
+            Some(c) => {
+                defined = true;
+                Text::Ref(Ref::At(Self::define(out, at, text, Some(c))))
             }
-        }
+            None => self.text(out, at, text, &mut defined),
+        };
         let kind = self.word_ref(out, at, s.kind, &mut defined);
         let rec = compact::Statement {
             seq: s.seq,
             ts,
             session: s.session,
             protocol,
-            text: text_ref,
+            text,
             kind,
         };
         compact::put_statement(out, &rec, s.params);

@@ -86,7 +86,7 @@ fn head(line: &[u8], complete: bool) -> Head {
 fn stored(defs: &mut Defs, line: &[u8]) -> Option<Stored> {
     match line.first()? {
         b'{' => serde_json::from_slice(line).ok(),
-        &compact::STATEMENT => {
+        &compact::STATEMENT | &compact::INLINE => {
             let (statement, cut) = defs.statement(line)?;
             Some(Stored::Statement(StoredStatement { statement, cut }))
         }
