@@ -76,6 +76,9 @@ fn sigkill_with_50_backends_then_restart_leaks_nothing_and_revives_valid_tokens(
     let short_ttl = (t0.elapsed().as_secs() * 4 / 3).clamp(20, 90) + 10;
     let t0 = Instant::now();
     let short = issue_and_fork(&rt, &g, 20, short_ttl, 200_000);
+    // Every short token was issued by now: the last of them expires short_ttl from here at
+    // the latest (waiting from t0 instead let a slow machine restart just before it expired).
+    let issued = Instant::now();
     eprintln!("20 more forks: {:?}", t0.elapsed());
     assert!(
         t0.elapsed() < Duration::from_secs(short_ttl),
@@ -108,7 +111,7 @@ fn sigkill_with_50_backends_then_restart_leaks_nothing_and_revives_valid_tokens(
     // …and something that is not sandpit's sits among the instances.
     std::fs::create_dir(inst.join("not-sandpit")).expect("mkdir");
     std::fs::write(inst.join("not-sandpit").join("keep.txt"), "mine").expect("write");
-    let wait = Duration::from_secs(short_ttl + 1).saturating_sub(t0.elapsed());
+    let wait = Duration::from_secs(short_ttl + 1).saturating_sub(issued.elapsed());
     std::thread::sleep(wait);
 
     let g = Gateway::start_in(&dir, Some(SMALL_GOLDEN), None);
@@ -117,7 +120,11 @@ fn sigkill_with_50_backends_then_restart_leaks_nothing_and_revives_valid_tokens(
     gone.push(unknown.clone());
     for id in &gone {
         let (pid, sock) = &running[id];
-        assert!(!pid_alive(*pid), "postgres of {id} still running");
+        assert!(
+            !pid_alive(*pid),
+            "postgres of {id} still running; gateway:\n{}",
+            g.log_problems()
+        );
         assert!(!inst.join(id).exists(), "instance dir of {id} left");
         assert!(!sock.exists(), "socket dir of {id} left");
         assert!(
