@@ -316,7 +316,7 @@ fn an_upward_import_is_caught() {
             "use crate::proxy::caps::ResultCount;",
         ),
         (
-            "journal/log/read.rs",
+            "journal/log/read/mod.rs",
             "use crate::{datadir, config::Config};",
         ),
         ("journal/mod.rs", "pub use crate::wire::frame;"),
@@ -359,20 +359,14 @@ fn an_upward_import_is_caught() {
 
 #[test]
 fn no_path_attributes() {
-    // Parts of a module live in its folder. journal/log/read.rs still includes its tests
-    // with #[path] while that folder is being rewritten on another branch.
-    const STILL: &[&str] = &["journal/log/read.rs"];
+    // Parts of a module live in its folder.
     let (files, _) = sources();
     let with: Vec<String> = files
         .iter()
         .filter(|(_, text)| code_only(text).contains("#[path"))
         .map(|(rel, _)| rel.display().to_string())
         .collect();
-    let unexpected: Vec<&String> = with
-        .iter()
-        .filter(|f| !STILL.contains(&f.as_str()))
-        .collect();
-    assert!(unexpected.is_empty(), "#[path] in {unexpected:?}");
+    assert!(with.is_empty(), "#[path] in {with:?}");
     // The check sees an attribute, and not one in a comment or a string.
     assert!(code_only("#[path = \"x.rs\"]\nmod x;").contains("#[path"));
     assert!(!code_only("// #[path = \"x.rs\"]\nlet s = \"#[path]\";").contains("#[path"));

@@ -423,5 +423,4 @@ pub fn statement_at(path: &Path, offset: u64) -> Result<Option<StatementRecord>,
 }
 
 #[cfg(test)]
-#[path = "read_tests.rs"]
 mod tests;
