@@ -19,6 +19,7 @@ pub mod rebase;
 pub mod resolve;
 pub mod safety;
 pub mod target;
+pub mod target_catalog;
 pub mod validators;
 
 use std::collections::BTreeSet;
