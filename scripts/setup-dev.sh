@@ -16,7 +16,7 @@
 # - Debian's pgbouncer package would start a PgBouncer service on 127.0.0.1:6432 (the
 #   gateway's default port). When this script installs it, the package is kept from starting
 #   it and its start at boot is disabled; a pgbouncer that was there before is left alone.
-# - Python packages go into the `python3` the tests run (PATH; tests/clients.rs also honours
+# - Python packages go into the `python3` the tests run (PATH; tests/agent/clients.rs also honours
 #   SANDPIT_PYTHON), with --break-system-packages where PEP 668 refuses otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,12 +74,12 @@ command -v psql >/dev/null 2>&1 || debs+=(postgresql-client)
 command -v cc >/dev/null 2>&1 || debs+=(gcc libc6-dev)
 command -v curl >/dev/null 2>&1 || debs+=(curl ca-certificates)
 command -v git >/dev/null 2>&1 || debs+=(git)
-# Headless Chromium renders the review page (tests/review.rs, tests/review_page.rs).
+# Headless Chromium renders the review page (tests/review/diffs.rs, tests/review/review_page.rs).
 command -v chromium >/dev/null 2>&1 || debs+=(chromium)
 command -v python3 >/dev/null 2>&1 || debs+=(python3)
 python3 -m pip --version >/dev/null 2>&1 || debs+=(python3-pip)
 command -v npm >/dev/null 2>&1 || debs+=(nodejs npm)
-# The SDK test (tests/sdk.rs) installs clients/python into a clean virtualenv.
+# The SDK test (tests/operator/sdk.rs) installs clients/python into a clean virtualenv.
 venv_probe=$(mktemp -d)
 python3 -m venv "$venv_probe/v" >/dev/null 2>&1 || debs+=(python3-venv)
 rm -rf "$venv_probe"
@@ -177,7 +177,7 @@ rust_ok || need "Rust >= $min_rust (cargo)" install_rust
 
 # --- Python packages (pinned) -------------------------------------------------------------
 # psycopg's binary wheel carries libpq 18, which the protocol-3.2 negotiation test relies on;
-# mcp drives `sandpit mcp` and POST /mcp (tests/mcp.rs); Django and SQLAlchemy are the ORM
+# mcp drives `sandpit mcp` and POST /mcp (tests/agent/mcp.rs); Django and SQLAlchemy are the ORM
 # steps of the psycopg scenario (tests/clients/orm_steps.py).
 python=${SANDPIT_PYTHON:-python3}
 pip_install() {
@@ -217,7 +217,7 @@ for dir_mods in "tests/clients/node:pg postgres" "clients/typescript:typescript"
 done
 
 # --- What no package gives ----------------------------------------------------------------
-# Network namespaces and tmpfs mounts (tests/e2e.rs, containment.rs, instance_provider.rs,
+# Network namespaces and tmpfs mounts (tests/agent/e2e.rs, containment.rs, instance_provider.rs,
 # disk_full.rs) need root; as another user those tests skip, or fail under CI=true.
 [ "$(id -u)" = 0 ] || say "note: not root, so the tests needing namespaces and mounts will skip"
 

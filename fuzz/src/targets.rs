@@ -1,5 +1,5 @@
 //! The fuzz target bodies, shared by the cargo-fuzz binaries (`fuzz/fuzz_targets/`) and the
-//! stable-toolchain smoke test (`tests/fuzz_smoke.rs`, which includes this file by path).
+//! stable-toolchain smoke test (`tests/checks/fuzz_smoke.rs`, which includes this file by path).
 //! Each takes arbitrary bytes and must never panic.
 
 use std::sync::{Arc, OnceLock};

@@ -1,7 +1,7 @@
 //! `# HELP` / `# TYPE` for every metric, and zero values for those a dashboard or alert
 //! reads before the first event (an absent series and a zero differ in PromQL: `increase()`
 //! of a counter born at 1 misses that first event). docs/operations.md's metrics table lists the same
-//! names; `tests/docs.rs` keeps the two and the code in step.
+//! names; `tests/checks/docs.rs` keeps the two and the code in step.
 
 /// Kind of a metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Copy the client matrix that `cargo test --test clients` wrote (<target>/client-matrix.md)
+# Copy the client matrix that `cargo test --test agent clients::` wrote (<target>/client-matrix.md)
 # into docs/clients.md, between the client-matrix markers. Usage: update-client-matrix.sh [MATRIX.md]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 matrix="${1:-${CARGO_TARGET_DIR:-target}/client-matrix.md}"
-[ -s "$matrix" ] || { echo "no matrix at $matrix: run cargo test --test clients first" >&2; exit 1; }
+[ -s "$matrix" ] || { echo "no matrix at $matrix: run cargo test --test agent clients:: first" >&2; exit 1; }
 python3 - "$matrix" docs/clients.md <<'PY'
 import sys
 matrix, readme = open(sys.argv[1]).read().strip(), sys.argv[2]

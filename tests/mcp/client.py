@@ -1,5 +1,5 @@
 """Drive sandpit's MCP server with the official MCP Python SDK (mcp 2.x) and print what
-was seen as one JSON object; tests/mcp.rs asserts on it.
+was seen as one JSON object; tests/agent/mcp.rs asserts on it.
 
     client.py stdio <sandpit binary>      (token DSN in SANDPIT_DSN, API URL in SANDPIT_API)
     client.py http <url of /mcp>          (token <id>.<secret> in SANDPIT_TOKEN)

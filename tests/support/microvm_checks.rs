@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::common::{connect, sqlstate, Gateway};
+use super::harness::{connect, sqlstate, Gateway};
 
 /// Where tests keep the built guest image between runs (built once, ~3 minutes).
 pub fn image_dir() -> PathBuf {
@@ -158,7 +158,7 @@ fn vm_tags(g: &Gateway) -> Vec<(String, String)> {
 pub async fn warm_pool(g: &Gateway) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
     // Ready members only (a member's VM dir exists while it is still being restored).
-    while crate::common::metrics(&g.api)
+    while super::harness::metrics(&g.api)
         .get("sandpit_pool_ready")
         .copied()
         .unwrap_or(0.0)

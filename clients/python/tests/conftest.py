@@ -1,4 +1,4 @@
-"""The SDK's suite runs against a real gateway: tests/sdk.rs starts one and sets
+"""The SDK's suite runs against a real gateway: tests/operator/sdk.rs starts one and sets
 SANDPIT_API and SANDPIT_ADMIN_KEY; without them the suite fails rather than skips."""
 
 import os
@@ -8,4 +8,4 @@ import pytest
 
 def pytest_sessionstart(session):
     if not os.environ.get("SANDPIT_API") or not os.environ.get("SANDPIT_ADMIN_KEY"):
-        raise pytest.UsageError("set SANDPIT_API and SANDPIT_ADMIN_KEY (tests/sdk.rs does)")
+        raise pytest.UsageError("set SANDPIT_API and SANDPIT_ADMIN_KEY (tests/operator/sdk.rs does)")

@@ -1,6 +1,6 @@
 """sandpit-client against a real gateway: task lifecycle (a crash or Ctrl-C inside the block
 leaves no live token), tool schema shapes, the cap notice, review -> approve -> promote dry
-run, the statement log and error classes. Run from an installed wheel (tests/sdk.rs)."""
+run, the statement log and error classes. Run from an installed wheel (tests/operator/sdk.rs)."""
 
 import asyncio
 import os

@@ -1,7 +1,7 @@
 /**
  * Typed objects of the sandpit control API (docs/api.yaml). Each interface has a field list
  * beside it; `Exact` makes the compiler refuse a list that differs from its interface, and
- * the lists are what `surface()` reports to the drift test (tests/sdk.rs).
+ * the lists are what `surface()` reports to the drift test (tests/operator/sdk.rs).
  */
 
 /** A model's JSON fields, and the models of its nested objects (or list items). */

@@ -1,6 +1,6 @@
 /**
  * The route table every client call goes through, and `surface()`, its machine-readable
- * form for the drift test against docs/api.yaml (tests/sdk.rs).
+ * form for the drift test against docs/api.yaml (tests/operator/sdk.rs).
  */
 import { MODELS, type ModelInfo } from "./models.js";
 

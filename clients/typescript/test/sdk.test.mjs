@@ -1,4 +1,4 @@
-// sandpit-client against a real gateway (tests/sdk.rs starts it and runs this file from a
+// sandpit-client against a real gateway (tests/operator/sdk.rs starts it and runs this file from a
 // clean folder where the packed tarball and pg are installed): task lifecycle (a throw inside
 // the task leaves no live token), tool schema shapes, the cap notice, review -> approve ->
 // promote dry run, the statement log and error classes.
@@ -20,7 +20,7 @@ import {
 } from "sandpit-client";
 
 if (!process.env.SANDPIT_API || !process.env.SANDPIT_ADMIN_KEY) {
-  throw new Error("set SANDPIT_API and SANDPIT_ADMIN_KEY (tests/sdk.rs does)");
+  throw new Error("set SANDPIT_API and SANDPIT_ADMIN_KEY (tests/operator/sdk.rs does)");
 }
 const sp = new Sandpit();
 

@@ -2,7 +2,7 @@
 
 Each class's fields are the JSON fields of its schema, by the same names; `from_json` keeps
 unknown fields in `extra` (a newer gateway may send more) and leaves absent optional ones None.
-The drift test (tests/sdk.rs) compares these fields with docs/api.yaml.
+The drift test (tests/operator/sdk.rs) compares these fields with docs/api.yaml.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A call names its route here; the table gives method, path, body model, query and header
 parameters and response model. `surface()` reports that, with each model's fields read from
-the dataclasses themselves, so tests/sdk.rs can compare it with docs/api.yaml.
+the dataclasses themselves, so tests/operator/sdk.rs can compare it with docs/api.yaml.
 """
 
 from __future__ import annotations

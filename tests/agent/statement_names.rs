@@ -1,0 +1,347 @@
+//! The statement log cannot be made to lie about what ran (issue 29): raw protocol over real
+//! sockets to a real gateway. The server forgets statement names (`DISCARD ALL`,
+//! `DEALLOCATE [ALL]`) and SQL `PREPARE` shares their namespace; whatever a client does with
+//! them, an Execute that ran an UPDATE is logged with the UPDATE's text and kind `write`, and
+//! the number of UPDATEs the log shows is the number the table saw. Kinds follow the
+//! server's command tags, whatever the splitter made of the text.
+
+use crate::support::harness;
+use crate::support::wire;
+
+use std::sync::OnceLock;
+
+use crate::support::harness::Gateway;
+use serde_json::Value;
+use wire::{bind, execute, field, first_column, parse, query, sync, Msg, Raw};
+
+const GOLDEN: &str = "create table t(id int primary key, a int not null);\n\
+insert into t select g, 0 from generate_series(1, 10) g;\n";
+
+fn gw() -> &'static Gateway {
+    static G: OnceLock<&'static Gateway> = OnceLock::new();
+    G.get_or_init(|| harness::process_gateway(|| Gateway::start(Some(GOLDEN), None)))
+}
+
+/// A token and its whole secret (`<id>.<secret>`).
+fn token(task: &str) -> (String, String) {
+    let v = gw().issue(task, 600);
+    let d = v["dsn"].as_str().expect("dsn");
+    let creds = d
+        .split("://")
+        .nth(1)
+        .and_then(|s| s.split('@').next())
+        .expect("creds");
+    (
+        v["id"].as_str().expect("id").to_string(),
+        creds.replacen(':', ".", 1),
+    )
+}
+
+fn statements(id: &str) -> Vec<Value> {
+    let (s, v) = gw().raw_call("GET", &format!("/v1/tokens/{id}/statements"), None);
+    assert_eq!(s, 200, "{v}");
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// Sends `msgs` in one write and reads `readies` ReadyForQuerys' worth of answers.
+fn flight(raw: &mut Raw, msgs: &[Vec<u8>], readies: usize) -> Vec<Msg> {
+    raw.send(&msgs.concat());
+    (0..readies).flat_map(|_| raw.until_ready()).collect()
+}
+
+/// Sends each group (up to its Sync or Query) after the previous one was answered.
+fn stepwise(raw: &mut Raw, groups: &[Vec<Vec<u8>>]) -> Vec<Msg> {
+    groups.iter().flat_map(|g| flight(raw, g, 1)).collect()
+}
+
+fn tags(msgs: &[Msg]) -> Vec<String> {
+    msgs.iter()
+        .filter(|(t, _)| *t == b'C')
+        .map(|(_, b)| String::from_utf8_lossy(&b[..b.len() - 1]).into_owned())
+        .collect()
+}
+
+fn codes(msgs: &[Msg]) -> Vec<String> {
+    msgs.iter()
+        .filter(|(t, _)| *t == b'E')
+        .map(|(_, b)| field(b, b'C'))
+        .collect()
+}
+
+/// `t.a` of row `id`, read on its own session.
+fn counter(secret: &str, id: i32) -> i64 {
+    let mut raw = Raw::login(gw().pg_port, secret);
+    let msgs = flight(
+        &mut raw,
+        &[query(&format!("select a from t where id = {id}"))],
+        1,
+    );
+    let row = msgs.iter().find(|(t, _)| *t == b'D').expect("row");
+    first_column(&row.1).expect("value").parse().expect("int")
+}
+
+/// Every outcome tagged UPDATE is logged as a write with one of `updates`' texts (or a SQL
+/// `EXECUTE`, which runs the UPDATE of row `executed`), the harmless text never carries an
+/// UPDATE's tag, and the log shows as many UPDATEs of each row as the row saw.
+fn check_log(id: &str, secret: &str, updates: &[(i32, String)], executed: i32) {
+    let log = statements(id);
+    let mut seen = std::collections::BTreeMap::<i32, i64>::new();
+    for s in &log {
+        let text = s["text"].as_str().unwrap_or("");
+        let tag = s["outcome"]["tag"].as_str().unwrap_or("");
+        if tag.starts_with("UPDATE") {
+            assert_eq!(s["kind"], "write", "{s}");
+            assert_eq!(s["kind_source"], "server", "{s}");
+            let row = match updates.iter().find(|(_, u)| u == text) {
+                Some((row, _)) => *row,
+                None if text.starts_with("EXECUTE") => executed,
+                None => panic!("an UPDATE logged as {s}"),
+            };
+            *seen.entry(row).or_default() += 1;
+        }
+        if text.contains("harmless") {
+            assert!(!tag.starts_with("UPDATE"), "{s}");
+        }
+    }
+    for (row, _) in updates {
+        assert_eq!(
+            seen.get(row).copied().unwrap_or(0),
+            counter(secret, *row),
+            "UPDATEs of row {row} in the log vs the row: {log:#?}"
+        );
+    }
+}
+
+/// How a scenario's messages travel.
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    /// Each Sync group after the previous one's answer.
+    Stepwise,
+    /// Everything in one write, before any answer.
+    OneFlight,
+}
+
+/// Parse `s8` harmless; `forget` (a simple Query); Parse `s8` = the UPDATE; Bind/Execute
+/// `s8`. Returns the answers.
+fn forget_and_reparse(raw: &mut Raw, forget: &str, update: &str, mode: Mode) -> Vec<Msg> {
+    let groups = vec![
+        vec![parse("s8", "SELECT 'harmless'"), sync()],
+        vec![query(forget)],
+        vec![parse("s8", update), sync()],
+        vec![bind("", "s8"), execute("", 0), sync()],
+    ];
+    match mode {
+        Mode::Stepwise => stepwise(raw, &groups),
+        Mode::OneFlight => flight(raw, &groups.concat(), 4),
+    }
+}
+
+#[test]
+fn a_forgotten_name_parsed_again_is_logged_with_the_text_that_ran() {
+    let (id, secret) = token("names-forget");
+    let mut row = 0;
+    for forget in ["DISCARD ALL", "DEALLOCATE ALL", "DEALLOCATE s8"] {
+        for mode in [Mode::Stepwise, Mode::OneFlight] {
+            row += 1;
+            let update = format!("UPDATE t SET a = a + 1 WHERE id = {row}");
+            let mut raw = Raw::login(gw().pg_port, &secret);
+            let msgs = forget_and_reparse(&mut raw, forget, &update, mode);
+            let ran = tags(&msgs).iter().any(|t| t == "UPDATE 1");
+            if forget.ends_with("ALL") {
+                // The server forgot every statement: the second Parse is accepted and the
+                // Execute runs the UPDATE.
+                assert!(
+                    ran,
+                    "{forget} {mode:?}: {:?} {:?}",
+                    tags(&msgs),
+                    codes(&msgs)
+                );
+            } else {
+                // The server never held the client's name `s8` (the gateway's name for it
+                // differs): DEALLOCATE fails, the second Parse is refused as a duplicate, and
+                // the Execute runs the first text.
+                assert!(!ran, "{forget} {mode:?}: {:?}", tags(&msgs));
+                assert_eq!(codes(&msgs), ["26000", "42P05"], "{forget} {mode:?}");
+            }
+        }
+    }
+    let updates: Vec<(i32, String)> = (1..=6)
+        .map(|row| (row, format!("UPDATE t SET a = a + 1 WHERE id = {row}")))
+        .collect();
+    check_log(&id, &secret, &updates, 0);
+}
+
+#[test]
+fn deallocate_inside_one_sync_group_is_followed_too() {
+    // The forgetting statement runs through the extended protocol, in the same Sync group
+    // as the second Parse and the Execute: nothing is answered before all of it was sent.
+    let (id, secret) = token("names-group");
+    let update = "UPDATE t SET a = a + 1 WHERE id = 7";
+    let mut raw = Raw::login(gw().pg_port, &secret);
+    let msgs = flight(
+        &mut raw,
+        &[
+            parse("s8", "SELECT 'harmless'"),
+            sync(),
+            parse("", "DEALLOCATE ALL"),
+            bind("", ""),
+            execute("", 0),
+            parse("s8", update),
+            bind("", "s8"),
+            execute("", 0),
+            sync(),
+        ],
+        2,
+    );
+    assert!(codes(&msgs).is_empty(), "{:?}", codes(&msgs));
+    assert_eq!(tags(&msgs), ["DEALLOCATE ALL", "UPDATE 1"]);
+    check_log(&id, &secret, &[(7, update.to_string())], 0);
+}
+
+#[test]
+fn sql_prepare_and_protocol_parse_of_one_name_stay_apart() {
+    let (id, secret) = token("names-sql");
+    let update = "UPDATE t SET a = a + 1 WHERE id = 8";
+    // A protocol Parse first, then SQL PREPARE of the same name: each reaches its own.
+    let mut raw = Raw::login(gw().pg_port, &secret);
+    let msgs = stepwise(
+        &mut raw,
+        &[
+            vec![parse("s8", "SELECT 'harmless'"), sync()],
+            vec![query(&format!("PREPARE s8 AS {update}"))],
+            vec![bind("", "s8"), execute("", 0), sync()],
+            vec![query("EXECUTE s8")],
+        ],
+    );
+    assert!(codes(&msgs).is_empty(), "{:?}", codes(&msgs));
+    assert_eq!(tags(&msgs), ["PREPARE", "SELECT 1", "UPDATE 1"]);
+    // The reverse, in one flight: SQL PREPARE first, then a protocol Parse of the name.
+    let mut raw = Raw::login(gw().pg_port, &secret);
+    let msgs = flight(
+        &mut raw,
+        &[
+            query(&format!("PREPARE s9 AS {update}")),
+            parse("s9", "SELECT 'harmless'"),
+            bind("", "s9"),
+            execute("", 0),
+            sync(),
+            query("EXECUTE s9"),
+        ],
+        3,
+    );
+    assert!(codes(&msgs).is_empty(), "{:?}", codes(&msgs));
+    assert_eq!(tags(&msgs), ["PREPARE", "SELECT 1", "UPDATE 1"]);
+    // A name only SQL prepared: a protocol Bind of it does not reach that statement.
+    for mode in [Mode::Stepwise, Mode::OneFlight] {
+        let mut raw = Raw::login(gw().pg_port, &secret);
+        let groups = vec![
+            vec![query(&format!("PREPARE s10 AS {update}"))],
+            vec![bind("", "s10"), execute("", 0), sync()],
+        ];
+        let msgs = match mode {
+            Mode::Stepwise => stepwise(&mut raw, &groups),
+            Mode::OneFlight => flight(&mut raw, &groups.concat(), 2),
+        };
+        assert_eq!(codes(&msgs), ["26000"], "{mode:?}");
+        assert_eq!(tags(&msgs), ["PREPARE"], "{mode:?}");
+    }
+    check_log(&id, &secret, &[(8, update.to_string())], 8);
+}
+
+#[test]
+fn kinds_follow_the_servers_tags() {
+    let (id, secret) = token("names-kinds");
+    let mut raw = Raw::login(gw().pg_port, &secret);
+    flight(
+        &mut raw,
+        &[
+            query("SELECT 'BEGIN ATOMIC'; DELETE FROM t WHERE id = 10"),
+            query("SELECT 1; UPDATE t SET a = a WHERE id = 9; CREATE TABLE k(x int); BEGIN; COMMIT; GRANT SELECT ON k TO PUBLIC"),
+            query("SELECT $$; DELETE FROM t WHERE id = 9; $$"),
+            query("PREPARE d AS DELETE FROM t WHERE id = 8"),
+            query("EXECUTE d"),
+        ],
+        5,
+    );
+    // The lexer's guess for `EXECUTE d` (stored in the statement record) is not a write; the
+    // server's tag says it is one, and that is what readers give.
+    let file = gw()
+        .data_dir
+        .join("logs")
+        .join("names-kinds")
+        .join(format!("{id}.jsonl"));
+    let mut stored = None;
+    sandpit::journal::log::scan(&file, |e| {
+        if let sandpit::journal::log::LogEntry::Statement { statement, .. } = e {
+            if statement.text == "EXECUTE d" {
+                stored = Some(serde_json::to_value(&statement).expect("json"));
+            }
+        }
+    })
+    .expect("log file");
+    let stored = stored.expect("EXECUTE d logged");
+    assert_ne!(stored["kind"], "write", "{stored}");
+    let execute = statements(&id)
+        .into_iter()
+        .find(|s| s["text"] == "EXECUTE d")
+        .expect("EXECUTE d read back");
+    assert_eq!(execute["outcome"]["tag"], "DELETE 1", "{execute}");
+    assert_eq!(execute["kind"], "write", "{execute}");
+    assert_eq!(execute["kind_source"], "server", "{execute}");
+    let log = statements(&id);
+    let mut checked = 0;
+    for s in &log {
+        let Some(tag) = s["outcome"]["tag"].as_str() else {
+            continue;
+        };
+        let want = match tag.split(' ').next().unwrap_or("") {
+            "DELETE" | "UPDATE" => "write",
+            "CREATE" => "ddl",
+            "BEGIN" | "COMMIT" => "transaction",
+            "GRANT" => "privilege",
+            "PREPARE" => "utility",
+            "SELECT" => {
+                // A text that brought a SELECT and a DELETE result is as strong as the DELETE.
+                if s["text"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("DELETE FROM t WHERE id = 10")
+                {
+                    "write"
+                } else {
+                    "read"
+                }
+            }
+            other => panic!("unexpected tag {other}: {s}"),
+        };
+        assert_eq!(s["kind"], want, "{s}");
+        assert_eq!(s["kind_source"], "server", "{s}");
+        checked += 1;
+    }
+    // Every statement of the three texts completed (however the splitter cut them).
+    assert!(checked >= 3, "{log:#?}");
+    // The review counts kinds the same way (its "writes" follow the tags).
+    let (st, review) = gw().raw_call("GET", &format!("/v1/tokens/{id}/diff"), None);
+    assert_eq!(st, 200, "{review}");
+    let log = statements(&id);
+    for kind in ["read", "write", "ddl", "transaction", "privilege"] {
+        let n = log.iter().filter(|s| s["kind"] == kind).count() as u64;
+        let counted = review["statements"]["by_kind"][kind].as_u64().unwrap_or(0);
+        assert_eq!(counted, n, "{kind}: {review} vs {log:#?}");
+    }
+    assert!(
+        review["statements"]["by_kind"]["write"].as_u64() >= Some(2),
+        "{review}"
+    );
+    assert!(
+        log.iter().any(|s| s["outcome"]["tag"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("DELETE"))
+            || s["text"]
+                .as_str()
+                .unwrap_or("")
+                .contains("DELETE FROM t WHERE id = 10")
+                && s["kind"] == "write"),
+        "{log:#?}"
+    );
+}
