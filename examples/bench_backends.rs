@@ -13,7 +13,7 @@
 //! under `TMPDIR`. Run as root (Postgres itself runs as the unprivileged user).
 
 #[path = "../tests/support/tempdir.rs"]
-mod common;
+mod tempdir;
 #[allow(dead_code)]
 #[path = "../tests/support/remote_server.rs"]
 mod remote_server;

@@ -79,7 +79,7 @@ fn now_plus(secs: u64) -> String {
 impl RemoteServer {
     /// Builds the golden (instance provider) and serves the API on 127.0.0.1:0.
     pub async fn start(golden_sql: &str) -> RemoteServer {
-        let tmp = super::harness::tempdir();
+        let tmp = super::tempdir::tempdir();
         let sql = tmp.path().join("golden.sql");
         std::fs::write(&sql, golden_sql).expect("golden sql");
         let mut srv = RemoteServer::start_at(tmp.path().join("pg"), &sql).await;

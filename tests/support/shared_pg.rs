@@ -52,7 +52,7 @@ impl SharedPg {
     pub async fn start_with(max_connections: u32) -> SharedPg {
         let bins = pgbin::find_binaries(None).expect("postgres binaries");
         let run_as = user::resolve(None).expect("postgres OS user");
-        let tmp = super::harness::tempdir();
+        let tmp = super::tempdir::tempdir();
         let data = tmp.path().join("data");
         std::fs::DirBuilder::new()
             .mode(0o700)
