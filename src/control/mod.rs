@@ -327,6 +327,7 @@ async fn token_diff(
     Path(id): Path<String>,
     Query(q): Query<DiffQuery>,
 ) -> Response {
+    use crate::review::reviewer::{reviews_dir, Reviewer};
     use crate::review::store::{self, Format};
     let Some(f) = Format::parse(q.format.as_deref().unwrap_or("json")) else {
         return error(
@@ -343,7 +344,7 @@ async fn token_diff(
             Some("all") => true,
             Some(_) => return error(StatusCode::BAD_REQUEST, "scan must be touched or all"),
         };
-        let reviewer = store::Reviewer::new(&s.gw.config, s.gw.provider.clone(), s.gw.gateway_id());
+        let reviewer = Reviewer::new(&s.gw.config, s.gw.provider.clone(), s.gw.gateway_id());
         let verify = q.verify.unwrap_or(false);
         // Outcomes its sessions deferred are written before the review reads the log.
         s.gw.logs.flush(&rec.id);
@@ -366,7 +367,7 @@ async fn token_diff(
             format!("token {id} has ended and no review was stored: {why}"),
         );
     } else {
-        match store::load(&store::reviews_dir(&s.gw.config), &rec.task, &rec.id, f) {
+        match store::load(&reviews_dir(&s.gw.config), &rec.task, &rec.id, f) {
             Some(b) => b,
             None => {
                 return error(

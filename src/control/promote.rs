@@ -15,8 +15,9 @@ use super::{error, ApiState};
 use crate::promote::{self, decisions::ReviewRecord, Decision, PromoteError, PromoteRequest, Who};
 use crate::registry::TokenRecord;
 use crate::review::model::Review;
+use crate::review::model::VerifyStatus;
+use crate::review::reviewer::reviews_dir;
 use crate::review::store::{self, Format};
-use crate::review::verify::VerifyStatus;
 
 /// Who a key is: the admin, a reviewer, or nobody.
 pub(crate) fn who_is(s: &ApiState, given: &str) -> Option<Who> {
@@ -260,12 +261,7 @@ pub(crate) async fn promote_token(
 
 /// The token's stored review (its JSON form), when one was written and parses.
 pub(crate) fn stored_review(s: &ApiState, rec: &TokenRecord) -> Option<Review> {
-    let text = store::load(
-        &store::reviews_dir(&s.gw.config),
-        &rec.task,
-        &rec.id,
-        Format::Json,
-    )?;
+    let text = store::load(&reviews_dir(&s.gw.config), &rec.task, &rec.id, Format::Json)?;
     serde_json::from_str(&text).ok()
 }
 

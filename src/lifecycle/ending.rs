@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::registry::end::{self, crash_point, EndEvent, EndPhase};
 use crate::registry::TokenRecord;
 
-use super::janitor::ReapReport;
+use super::reap_report::ReapReport;
 use super::{Gateway, LifecycleError};
 
 /// Removes a token from the ends running in this process when dropped.

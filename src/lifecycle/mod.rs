@@ -7,6 +7,7 @@ mod faults;
 mod issue;
 mod issue_check;
 pub mod janitor;
+mod reap_report;
 mod replicas;
 mod stop;
 

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use super::sql::Outcome;
 use crate::lifecycle::Gateway;
+use crate::review::reviewer::Reviewer;
 use crate::review::store::{self, Format};
 
 /// Longest review text handed to the model; the rest is cut with a note.
@@ -61,8 +62,7 @@ impl ReviewSource {
                 let Some(rec) = gw.registry.get(token) else {
                     return failed(format!("unknown token {token}"));
                 };
-                let reviewer =
-                    store::Reviewer::new(&gw.config, gw.provider.clone(), gw.gateway_id());
+                let reviewer = Reviewer::new(&gw.config, gw.provider.clone(), gw.gateway_id());
                 gw.logs.flush(token);
                 match store::take(&reviewer, &rec, false).await {
                     Ok(review) => Outcome {

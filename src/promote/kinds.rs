@@ -10,7 +10,7 @@
 use super::names;
 use super::plan_model::{Plan, SchemaGuard, Want};
 use crate::review::model::{Action, SchemaChange};
-use crate::review::schema::order;
+use crate::review::sql::order;
 
 /// Where a kind handled here goes.
 pub enum Placed {

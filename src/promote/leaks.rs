@@ -59,7 +59,7 @@ fn row_label(t: &TableDiff, row: &[Option<String>]) -> String {
             .iter()
             .map(|v| v.clone().unwrap_or_else(|| "NULL".into()))
             .collect();
-        return format!("row ({})", crate::review::store::cap(&all.join(", "), 120));
+        return format!("row ({})", crate::review::escape::cap(&all.join(", "), 120));
     }
     let cols: Vec<&str> = key.iter().map(|(_, k)| k.as_str()).collect();
     let vals: Vec<String> = key

@@ -29,7 +29,7 @@ use decisions::{Event, PromoteReport, ReviewRecord, ReviewState};
 use crate::lifecycle::Gateway;
 use crate::provider::Provider;
 use crate::registry::TokenRecord;
-use crate::review::store::reviews_dir;
+use crate::review::reviewer::reviews_dir;
 
 /// Longest comment kept.
 pub const COMMENT_MAX: usize = 4000;

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::kinds;
 use super::names::{self, Part};
 use crate::review::model::{Action, Review, TableDiff};
-use crate::review::schema::order;
+use crate::review::sql::order;
 
 pub use super::plan_model::{Counts, Plan, Row, SchemaGuard, TableChange, Want};
 

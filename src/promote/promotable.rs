@@ -12,7 +12,7 @@ use super::{leaks, plan, safety};
 use crate::pgconn::BackendTarget;
 use crate::review::conn::{Side, Timeouts};
 use crate::review::model::Review;
-use crate::review::verify::VerifyStatus;
+use crate::review::model::VerifyStatus;
 
 /// Every reason `review` (the captured change) cannot be promoted; `stored` is the token's
 /// stored review (with the patch check), `scratch` the review's login to its scratch

@@ -12,7 +12,7 @@ use tokio::io::AsyncReadExt;
 use crate::config::ValidatorSection;
 use crate::pgconn::{BackendAddr, BackendTarget};
 use crate::review::conn::{Side, Timeouts};
-use crate::review::store::cap;
+use crate::review::escape::cap;
 
 /// Rows of a failing SQL validator shown.
 const ROWS_SHOWN: usize = 5;

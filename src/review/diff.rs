@@ -11,7 +11,8 @@ pub mod data_order;
 use super::conn::{literal, ConnError, Side, Timeouts, SESSION_SETTINGS};
 use super::data::{self, Limits, TablePatch};
 use super::model::{Review, ScanInfo, TableDiff};
-use super::schema::{self, order};
+use super::schema::{self, relations};
+use super::sql::{order, Stmts};
 use super::touched;
 use crate::pgconn::BackendTarget;
 use crate::provider::golden::{AGENT, AGENT_READ, AGENT_WRITE, REVIEWER};
@@ -49,10 +50,6 @@ impl Default for DiffOptions {
     }
 }
 
-/// A backend keeps table counters locally for up to this long after a commit before
-/// publishing them when idle (Postgres' PGSTAT_IDLE_INTERVAL is 10 s), plus a margin.
-const STATS_IDLE_FLUSH: &str = "11 seconds";
-
 /// Take the diff. `token`/`task` only label the patch.
 pub async fn diff(
     reference: &BackendTarget,
@@ -77,7 +74,7 @@ pub async fn diff(
         ))
         .await?;
     }
-    let settled = settle(&new, opts.settle_timeout).await?;
+    let settled = touched::settle(&new, opts.settle_timeout).await?;
     old.begin().await?;
     let new_cat = catalog::snapshot(&new).await?;
     let old_cat = catalog::snapshot(&old).await?;
@@ -96,7 +93,8 @@ pub async fn diff(
     } else if !settled {
         scan.mode = "all".into();
         scan.reason = Some(format!(
-            "a session of the token was active in the last {STATS_IDLE_FLUSH}, so table counters may lag"
+            "a session of the token was active in the last {}, so table counters may lag",
+            touched::STATS_IDLE_FLUSH
         ));
     } else if let Some(why) = touched::why_all(&old_marks, &new_marks) {
         scan.mode = "all".into();
@@ -220,42 +218,6 @@ pub async fn diff(
     })
 }
 
-/// Opens the scratch snapshot once no other session can hold unpublished counters: every
-/// other client session has ended or been idle longer than the stats flush interval.
-/// Returns whether that happened within `timeout` (the transaction is open either way).
-pub(crate) async fn settle(side: &Side, timeout: Duration) -> Result<bool, ConnError> {
-    let deadline = Instant::now() + timeout;
-    // Checked after the snapshot is taken, so anything the snapshot sees was committed by a
-    // session this check covers.
-    let q = format!(
-        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a \
-         WHERE a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid() \
-         AND a.datname = pg_catalog.current_database() \
-         AND (a.state IS DISTINCT FROM 'idle' \
-              OR a.state_change > pg_catalog.clock_timestamp() - interval '{STATS_IDLE_FLUSH}')"
-    );
-    loop {
-        side.begin().await?;
-        let busy = side
-            .rows(&q)
-            .await?
-            .first()
-            .and_then(|r| r[0].as_deref())
-            .and_then(|s| s.parse::<i64>().ok())
-            .unwrap_or(1);
-        // An exiting backend publishes its counters (a before_shmem_exit hook) before it
-        // leaves pg_stat_activity (an on_shmem_exit hook), so "gone" means "published".
-        if busy == 0 {
-            return Ok(true);
-        }
-        if Instant::now() >= deadline {
-            return Ok(false);
-        }
-        side.rollback().await?;
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 /// Which sessions of `pg_stat_activity a` are the agent's: those of the agent roles when
 /// the review logs in as its own role (which may signal them), else those of the role the
 /// review shares with the agent (the one thing a non-superuser may signal).
@@ -324,9 +286,10 @@ fn quiet_triggers(
         // Triggers in force while the rows change: the golden's, unchanged (a changed one
         // is dropped before and created after).
         for (toid, g) in new.triggers.iter().filter(|(_, g)| g.table == *oid) {
-            let kept = old.triggers.get(toid).map(|og| {
-                super::relations::trigger_shape(og, old) == super::relations::trigger_shape(g, new)
-            });
+            let kept = old
+                .triggers
+                .get(toid)
+                .map(|og| relations::trigger_shape(og, old) == relations::trigger_shape(g, new));
             if kept != Some(true) {
                 continue;
             }
@@ -347,7 +310,7 @@ fn quiet_triggers(
 }
 
 fn render_patch(
-    stmts: &schema::Stmts,
+    stmts: &Stmts,
     tables: &BTreeMap<u32, TablePatch>,
     order: &data_order::DataOrder,
     token: &str,

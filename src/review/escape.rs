@@ -1,7 +1,8 @@
 //! Values and names shown to a person, made unable to lie about their shape: control and
 //! format characters (a newline that would start a fake line, U+202E that would reverse
 //! what follows, U+200B that hides a difference) are shown as `\u{..}` escapes, in text and
-//! MCP answers and (styled, inside a bidi isolate) on HTML pages.
+//! MCP answers and (styled, inside a bidi isolate) on HTML pages; long text is cut short
+//! with an ellipsis, never inside a character.
 
 /// Whether `c` changes how text around it is laid out or read rather than showing as a
 /// glyph: controls (C0, DEL, C1), format characters (Unicode category Cf: bidi embeddings,
@@ -40,6 +41,18 @@ pub fn visible(s: &str) -> String {
 /// `s` as a quoted value on one line: `'…'`, quotes doubled, hidden characters escaped.
 pub fn quoted(s: &str) -> String {
     format!("'{}'", visible(s).replace('\'', "''"))
+}
+
+/// `s` cut to at most `max` bytes on a char boundary, with an ellipsis when cut.
+pub fn cap(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

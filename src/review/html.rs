@@ -3,10 +3,9 @@
 
 use std::fmt::Write;
 
-use super::escape::{escape_of, is_hidden};
+use super::escape::{cap, escape_of, is_hidden};
 use super::model::{Review, TableDiff};
-use super::render::headline;
-use super::store::cap;
+use super::render::{headline, verification};
 use crate::journal::log::LoggedStatement;
 
 /// Statements listed on the page (the log itself has all of them).
@@ -305,7 +304,7 @@ pub fn page(r: &Review, stmts: &[LoggedStatement]) -> String {
         out,
         "<h2>SQL patch</h2><p class=\"muted\">Never applied by sandpit.</p>\
          <pre id=\"verification\">{}</pre><pre id=\"patch\">{}</pre></body></html>",
-        show_lines(&super::verify::text(r.verification.as_ref())),
+        show_lines(&verification(r.verification.as_ref())),
         show_lines(&r.patch)
     );
     out.push('\n');

@@ -35,7 +35,7 @@ pub struct Review {
     /// The patch replayed on a fresh fork of the golden and compared with the scratch
     /// database (None only in reviews stored before the check existed).
     #[serde(default)]
-    pub verification: Option<super::verify::Verification>,
+    pub verification: Option<Verification>,
 }
 
 impl Review {
@@ -104,7 +104,7 @@ pub struct SchemaChange {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
     /// The patch statements this change contributes, with their place in the patch
-    /// ([`super::schema::order`]): promotion runs them for the kinds it takes whole
+    /// ([`super::sql::order`]): promotion runs them for the kinds it takes whole
     /// (renames, altered columns, views, comments, grants).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sql: Vec<(u32, String)>,
@@ -235,4 +235,72 @@ pub struct FailedStatement {
     pub text: String,
     /// SQLSTATE.
     pub sqlstate: String,
+}
+
+/// Outcome of the patch check ([`super::verify`]).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum VerifyStatus {
+    /// The patched fork equals the scratch database in everything compared.
+    Exact,
+    /// It does not, or the patch did not apply.
+    Differs,
+    /// The check was not made (not asked for, or it could not be).
+    NotVerified,
+}
+
+/// What the check found, as kept in the review.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Verification {
+    /// Exact, differs or not verified.
+    pub status: VerifyStatus,
+    /// One line for a person: `patch verified: exact`, `patch verified: differs at …`,
+    /// `patch not verified: <reason>`.
+    pub summary: String,
+    /// Why it was not verified, or the error that stopped the patch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What differs, one line per object (at most 200; see `differences_total`).
+    #[serde(default)]
+    pub differences: Vec<String>,
+    /// How many differences there are.
+    #[serde(default)]
+    pub differences_total: usize,
+    /// Schema objects, tables and sequences compared (in the scratch database).
+    #[serde(default)]
+    pub compared: Compared,
+    /// Wall time of the check (fork, apply, compare, destroy), in milliseconds.
+    #[serde(default)]
+    pub duration_ms: f64,
+}
+
+/// Sizes of what was compared.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Compared {
+    /// Schema objects (relations, columns, constraints, indexes, functions, …).
+    pub objects: usize,
+    /// Tables compared: hashed, or shown unchanged since the golden on both sides.
+    pub tables: usize,
+    /// Of those, the tables shown unchanged on both sides and so not read
+    /// ([`super::touched`]).
+    #[serde(default)]
+    pub tables_unchanged: usize,
+    /// Sequences whose positions were read.
+    pub sequences: usize,
+}
+
+impl Verification {
+    /// A check that was not made, and why.
+    pub fn not_verified(reason: impl Into<String>) -> Verification {
+        let reason = reason.into();
+        Verification {
+            status: VerifyStatus::NotVerified,
+            summary: format!("patch not verified: {reason}"),
+            reason: Some(reason),
+            differences: Vec::new(),
+            differences_total: 0,
+            compared: Compared::default(),
+            duration_ms: 0.0,
+        }
+    }
 }

@@ -2,9 +2,8 @@
 
 use std::fmt::Write;
 
-use super::escape::{quoted, visible as v};
-use super::model::{Review, TableDiff};
-use super::store::cap;
+use super::escape::{cap, quoted, visible as v};
+use super::model::{Review, TableDiff, Verification, VerifyStatus};
 
 /// Longest value shown in a sample.
 const VALUE_MAX: usize = 80;
@@ -115,7 +114,7 @@ pub fn text(r: &Review) -> String {
         r.generated_at
     );
     let _ = writeln!(out, "{}", headline(r));
-    out.push_str(&super::verify::text(r.verification.as_ref()));
+    out.push_str(&verification(r.verification.as_ref()));
     let _ = writeln!(
         out,
         "Scanned {} of {} tables (mode {}{}), {} rows read, {:.0} ms",
@@ -205,6 +204,43 @@ pub fn text(r: &Review) -> String {
         let _ = writeln!(out, "\nNotes:");
         for n in &r.notes {
             let _ = writeln!(out, "  - {}", v(n));
+        }
+    }
+    out
+}
+
+/// The check as text lines for a person (the text and HTML formats show these).
+pub fn verification(v: Option<&Verification>) -> String {
+    let mut out = String::new();
+    match v {
+        None => {
+            let _ = writeln!(out, "patch not verified: this review predates the check");
+        }
+        Some(v) => {
+            let _ = writeln!(out, "{}", v.summary);
+            if v.status != VerifyStatus::NotVerified && v.reason.is_none() {
+                let _ = writeln!(
+                    out,
+                    "  compared {} schema objects, {} tables ({} unchanged since the golden, \
+                     not read), {} sequences in {:.0} ms",
+                    v.compared.objects,
+                    v.compared.tables,
+                    v.compared.tables_unchanged,
+                    v.compared.sequences,
+                    v.duration_ms
+                );
+            }
+            for d in &v.differences {
+                let _ = writeln!(out, "  - {d}");
+            }
+            if v.differences_total > v.differences.len() {
+                let _ = writeln!(
+                    out,
+                    "  (showing {} of {} differences)",
+                    v.differences.len(),
+                    v.differences_total
+                );
+            }
         }
     }
     out

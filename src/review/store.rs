@@ -5,14 +5,13 @@
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use super::diff::{self, DiffOptions};
-use super::model::{FailedStatement, Review, StatementSummary};
-use super::{html, render};
-use crate::config::{Config, ReviewConfig};
+use super::escape::cap;
+use super::model::{FailedStatement, Review, ScanInfo, StatementSummary, Verification};
+use super::reviewer::Reviewer;
+use super::{html, render, verify};
 use crate::journal::log::{self, LoggedStatement};
-use crate::provider::Provider;
 use crate::registry::end::crash_point;
 use crate::registry::TokenRecord;
 
@@ -85,46 +84,6 @@ pub enum ReviewError {
     },
 }
 
-/// What taking and storing reviews needs from the gateway, handed in by the caller (the
-/// review never reaches for the gateway itself).
-#[derive(Clone)]
-pub struct Reviewer {
-    /// Where scratch and reference databases come from.
-    pub provider: Arc<dyn Provider>,
-    /// The `[review]` settings.
-    pub settings: ReviewConfig,
-    /// The gateway's data dir (statement logs live under it).
-    pub data_dir: PathBuf,
-    /// Where reviews are stored ([`reviews_dir`]).
-    pub dir: PathBuf,
-    /// `limits.min_free_bytes`: no verification fork below it.
-    pub min_free_bytes: u64,
-    /// The gateway's id, tagged on the forks the review makes (the janitor's ownership).
-    pub gateway_id: String,
-}
-
-impl Reviewer {
-    /// The reviewer of a gateway with this configuration and provider.
-    pub fn new(cfg: &Config, provider: Arc<dyn Provider>, gateway_id: &str) -> Reviewer {
-        Reviewer {
-            provider,
-            settings: cfg.review.clone(),
-            data_dir: cfg.data_dir.clone(),
-            dir: reviews_dir(cfg),
-            min_free_bytes: cfg.limits.min_free_bytes,
-            gateway_id: gateway_id.to_string(),
-        }
-    }
-}
-
-/// Directory of stored reviews: `review.dir`, else `<data dir>/reviews`.
-pub fn reviews_dir(cfg: &Config) -> PathBuf {
-    cfg.review
-        .dir
-        .clone()
-        .unwrap_or_else(|| cfg.data_dir.join("reviews"))
-}
-
 /// Path of a stored review file under `dir` (see [`reviews_dir`]).
 pub fn review_path(dir: &Path, task: &str, token: &str, f: Format) -> PathBuf {
     dir.join(task).join(format!("{token}.{}", f.ext()))
@@ -151,18 +110,6 @@ pub fn summarize(stmts: &[LoggedStatement]) -> StatementSummary {
         }
     }
     s
-}
-
-/// `s` cut to at most `max` bytes on a char boundary, with an ellipsis when cut.
-pub fn cap(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 fn options(rv: &Reviewer) -> DiffOptions {
@@ -270,13 +217,13 @@ async fn take_with(
             token: rec.id.clone(),
             task: rec.task.clone(),
             generated_at: crate::rfc3339::now(),
-            scan: super::model::ScanInfo {
+            scan: ScanInfo {
                 mode: "none".into(),
                 reason: Some("the token never connected: no scratch database exists".into()),
                 ..Default::default()
             },
             patch: String::new(),
-            verification: Some(super::verify::Verification::not_verified(
+            verification: Some(Verification::not_verified(
                 "the token never connected: there is no scratch database to rebuild",
             )),
             ..Default::default()
@@ -308,8 +255,8 @@ async fn take_with(
                 r.scan.reason = Some("the token's sessions were superusers".into());
             }
             r.verification = Some(match no_verify {
-                Some(why) => super::verify::Verification::not_verified(why),
-                None => super::verify::check(rv, rec, &scratch, &r.patch).await,
+                Some(why) => Verification::not_verified(why),
+                None => verify::check(rv, rec, &scratch, &r.patch).await,
             });
             r
         }
@@ -471,7 +418,7 @@ pub async fn on_end(rv: &Reviewer, rec: &TokenRecord) -> Result<(), String> {
                 .map_err(|e| ReviewError::Backend(e.to_string()))?;
             crash_point("review:quiesced");
         }
-        let review = take_with(rv, rec, false, true, super::verify::skipped_at_end(rv)).await?;
+        let review = take_with(rv, rec, false, true, verify::skipped_at_end(rv)).await?;
         crash_point("review:taken");
         let stmts = statements(rv, rec)?;
         write_all(&rv.dir, &review, &stmts)?;

@@ -27,6 +27,7 @@
 //! full read from its callers (`review::store`, `review::verify`, `promote::change`).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use super::conn::{ConnError, Side};
 
@@ -36,6 +37,10 @@ use super::conn::{ConnError, Side};
 /// statistics (keeping their reset time) or starts them afresh; a crash restarts the one and
 /// resets the other.
 const CHECKPOINTER_SLACK: &str = "1 second";
+
+/// A backend keeps table counters locally for up to this long after a commit before
+/// publishing them when idle (Postgres' PGSTAT_IDLE_INTERVAL is 10 s), plus a margin.
+pub(super) const STATS_IDLE_FLUSH: &str = "11 seconds";
 
 /// What one table shows.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +77,7 @@ impl Marks {
 
 /// Why the server's counters are no evidence, if they are not. Read inside the caller's
 /// transaction, after the caller has waited for the other sessions of the database to end or
-/// publish (`super::diff::settle`).
+/// publish ([`settle`]).
 async fn distrust(side: &Side) -> Result<Option<String>, ConnError> {
     let q = format!(
         "SELECT \
@@ -226,6 +231,42 @@ pub fn why_all<'a>(reference: &'a Marks, side: &'a Marks) -> Option<String> {
     side.trust()
         .map(|w| format!("scratch side: {w}"))
         .or_else(|| reference.trust().map(|w| format!("reference: {w}")))
+}
+
+/// Opens the scratch snapshot once no other session can hold unpublished counters: every
+/// other client session has ended or been idle longer than the stats flush interval.
+/// Returns whether that happened within `timeout` (the transaction is open either way).
+pub(super) async fn settle(side: &Side, timeout: Duration) -> Result<bool, ConnError> {
+    let deadline = Instant::now() + timeout;
+    // Checked after the snapshot is taken, so anything the snapshot sees was committed by a
+    // session this check covers.
+    let q = format!(
+        "SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity a \
+         WHERE a.backend_type = 'client backend' AND a.pid <> pg_catalog.pg_backend_pid() \
+         AND a.datname = pg_catalog.current_database() \
+         AND (a.state IS DISTINCT FROM 'idle' \
+              OR a.state_change > pg_catalog.clock_timestamp() - interval '{STATS_IDLE_FLUSH}')"
+    );
+    loop {
+        side.begin().await?;
+        let busy = side
+            .rows(&q)
+            .await?
+            .first()
+            .and_then(|r| r[0].as_deref())
+            .and_then(|s| s.parse::<i64>().ok())
+            .unwrap_or(1);
+        // An exiting backend publishes its counters (a before_shmem_exit hook) before it
+        // leaves pg_stat_activity (an on_shmem_exit hook), so "gone" means "published".
+        if busy == 0 {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        side.rollback().await?;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
 }
 
 #[cfg(test)]

@@ -8,15 +8,12 @@
 
 pub mod dump;
 
-use std::fmt::Write;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
-use std::collections::BTreeSet;
-
 use super::conn::{ConnError, Side, Timeouts};
-use super::store::Reviewer;
+use super::model::{Compared, Verification, VerifyStatus};
+use super::reviewer::Reviewer;
 use super::touched;
 use crate::pgconn::BackendTarget;
 use crate::provider::{Backend, BackendTag};
@@ -30,123 +27,57 @@ const SUMMARY_NAMES: usize = 5;
 /// crashed gateway; while a check runs, [`crate::provider::holds::in_flight`] keeps it off the janitor's list).
 const FORK_TTL: time::Duration = time::Duration::hours(1);
 
-/// Outcome of the check.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum VerifyStatus {
-    /// The patched fork equals the scratch database in everything compared.
-    Exact,
-    /// It does not, or the patch did not apply.
-    Differs,
-    /// The check was not made (not asked for, or it could not be).
-    NotVerified,
-}
-
-/// What the check found, as kept in the review.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Verification {
-    /// Exact, differs or not verified.
-    pub status: VerifyStatus,
-    /// One line for a person: `patch verified: exact`, `patch verified: differs at …`,
-    /// `patch not verified: <reason>`.
-    pub summary: String,
-    /// Why it was not verified, or the error that stopped the patch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// What differs, one line per object (at most 200; see `differences_total`).
-    #[serde(default)]
-    pub differences: Vec<String>,
-    /// How many differences there are.
-    #[serde(default)]
-    pub differences_total: usize,
-    /// Schema objects, tables and sequences compared (in the scratch database).
-    #[serde(default)]
-    pub compared: Compared,
-    /// Wall time of the check (fork, apply, compare, destroy), in milliseconds.
-    #[serde(default)]
-    pub duration_ms: f64,
-}
-
-/// Sizes of what was compared.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Compared {
-    /// Schema objects (relations, columns, constraints, indexes, functions, …).
-    pub objects: usize,
-    /// Tables compared: hashed, or shown unchanged since the golden on both sides.
-    pub tables: usize,
-    /// Of those, the tables shown unchanged on both sides and so not read
-    /// ([`super::touched`]).
-    #[serde(default)]
-    pub tables_unchanged: usize,
-    /// Sequences whose positions were read.
-    pub sequences: usize,
-}
-
-impl Verification {
-    /// A check that was not made, and why.
-    pub fn not_verified(reason: impl Into<String>) -> Verification {
-        let reason = reason.into();
-        Verification {
-            status: VerifyStatus::NotVerified,
-            summary: format!("patch not verified: {reason}"),
-            reason: Some(reason),
-            differences: Vec::new(),
-            differences_total: 0,
-            compared: Compared::default(),
-            duration_ms: 0.0,
-        }
+/// The patch did not apply: the check ends there.
+fn failed_to_apply(error: String) -> Verification {
+    Verification {
+        status: VerifyStatus::Differs,
+        summary: format!("patch verified: differs — the patch does not apply: {error}"),
+        reason: Some(format!("the patch does not apply: {error}")),
+        differences: Vec::new(),
+        differences_total: 0,
+        compared: Compared::default(),
+        duration_ms: 0.0,
     }
+}
 
-    fn failed_to_apply(error: String) -> Verification {
-        Verification {
-            status: VerifyStatus::Differs,
-            summary: format!("patch verified: differs — the patch does not apply: {error}"),
-            reason: Some(format!("the patch does not apply: {error}")),
-            differences: Vec::new(),
-            differences_total: 0,
-            compared: Compared::default(),
-            duration_ms: 0.0,
-        }
-    }
-
-    fn compared(scratch: &dump::Dump, patched: &dump::Dump) -> Verification {
-        let all = dump::differences(scratch, patched);
-        let compared = Compared {
-            objects: scratch.objects.len(),
-            tables: scratch.tables.len() + scratch.unchanged,
-            tables_unchanged: scratch.unchanged,
-            sequences: scratch.sequences.len(),
-        };
-        if all.is_empty() {
-            return Verification {
-                status: VerifyStatus::Exact,
-                summary: "patch verified: exact".into(),
-                reason: None,
-                differences: Vec::new(),
-                differences_total: 0,
-                compared,
-                duration_ms: 0.0,
-            };
-        }
-        let names: Vec<&str> = all
-            .iter()
-            .take(SUMMARY_NAMES)
-            .map(|d| d.split(": ").next().unwrap_or(d))
-            .collect();
-        let more = if all.len() > SUMMARY_NAMES {
-            format!(" and {} more", all.len() - SUMMARY_NAMES)
-        } else {
-            String::new()
-        };
-        Verification {
-            status: VerifyStatus::Differs,
-            summary: format!("patch verified: differs at {}{more}", names.join(", ")),
+/// What comparing the scratch database with the patched fork found.
+fn compared(scratch: &dump::Dump, patched: &dump::Dump) -> Verification {
+    let all = dump::differences(scratch, patched);
+    let compared = Compared {
+        objects: scratch.objects.len(),
+        tables: scratch.tables.len() + scratch.unchanged,
+        tables_unchanged: scratch.unchanged,
+        sequences: scratch.sequences.len(),
+    };
+    if all.is_empty() {
+        return Verification {
+            status: VerifyStatus::Exact,
+            summary: "patch verified: exact".into(),
             reason: None,
-            differences_total: all.len(),
-            differences: all.into_iter().take(DIFFERENCES_MAX).collect(),
+            differences: Vec::new(),
+            differences_total: 0,
             compared,
             duration_ms: 0.0,
-        }
+        };
+    }
+    let names: Vec<&str> = all
+        .iter()
+        .take(SUMMARY_NAMES)
+        .map(|d| d.split(": ").next().unwrap_or(d))
+        .collect();
+    let more = if all.len() > SUMMARY_NAMES {
+        format!(" and {} more", all.len() - SUMMARY_NAMES)
+    } else {
+        String::new()
+    };
+    Verification {
+        status: VerifyStatus::Differs,
+        summary: format!("patch verified: differs at {}{more}", names.join(", ")),
+        reason: None,
+        differences_total: all.len(),
+        differences: all.into_iter().take(DIFFERENCES_MAX).collect(),
+        compared,
+        duration_ms: 0.0,
     }
 }
 
@@ -276,7 +207,7 @@ async fn apply_and_compare(
         .await?;
     if let Err(e) = apply.exec(patch).await {
         let _ = apply.exec("ROLLBACK").await;
-        return Ok(Verification::failed_to_apply(match e {
+        return Ok(failed_to_apply(match e {
             ConnError::Query { message, .. } => message,
             other => other.to_string(),
         }));
@@ -296,13 +227,13 @@ async fn apply_and_compare(
     );
     let _ = a.rollback().await;
     let _ = b.rollback().await;
-    Ok(Verification::compared(&da?, &db?))
+    Ok(compared(&da?, &db?))
 }
 
 /// Opens `side`'s snapshot once its other sessions have published their counters; whether
 /// they did in time.
 async fn settle_side(side: &Side, timeout: Duration) -> Result<bool, ConnError> {
-    super::diff::settle(side, timeout).await
+    touched::settle(side, timeout).await
 }
 
 /// The tables not to hash: under each name the same relation on both sides, shown
@@ -340,43 +271,6 @@ async fn skippable(
     touched::unchanged_in_both(&mr, &ma, &mb)
 }
 
-/// The check as text lines for a person (the text and HTML formats show these).
-pub fn text(v: Option<&Verification>) -> String {
-    let mut out = String::new();
-    match v {
-        None => {
-            let _ = writeln!(out, "patch not verified: this review predates the check");
-        }
-        Some(v) => {
-            let _ = writeln!(out, "{}", v.summary);
-            if v.status != VerifyStatus::NotVerified && v.reason.is_none() {
-                let _ = writeln!(
-                    out,
-                    "  compared {} schema objects, {} tables ({} unchanged since the golden, \
-                     not read), {} sequences in {:.0} ms",
-                    v.compared.objects,
-                    v.compared.tables,
-                    v.compared.tables_unchanged,
-                    v.compared.sequences,
-                    v.duration_ms
-                );
-            }
-            for d in &v.differences {
-                let _ = writeln!(out, "  - {d}");
-            }
-            if v.differences_total > v.differences.len() {
-                let _ = writeln!(
-                    out,
-                    "  (showing {} of {} differences)",
-                    v.differences.len(),
-                    v.differences_total
-                );
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -384,14 +278,14 @@ mod tests {
     #[test]
     fn summaries_say_exact_differs_or_why_not() {
         let a = dump::Dump::default();
-        let v = Verification::compared(&a, &a);
+        let v = compared(&a, &a);
         assert_eq!(v.summary, "patch verified: exact");
         let mut b = dump::Dump::default();
         for i in 0..7 {
             b.sequences
                 .insert(format!("public.s{i}"), "1 called=true".into());
         }
-        let v = Verification::compared(&a, &b);
+        let v = compared(&a, &b);
         assert_eq!(v.status, VerifyStatus::Differs);
         assert_eq!(
             v.summary,
@@ -402,8 +296,9 @@ mod tests {
         assert_eq!(v.differences_total, 7);
         let v = Verification::not_verified("not asked for");
         assert_eq!(v.summary, "patch not verified: not asked for");
-        assert!(text(Some(&v)).starts_with("patch not verified: not asked for"));
-        let v = Verification::failed_to_apply("relation \"x\" does not exist".into());
+        assert!(crate::review::render::verification(Some(&v))
+            .starts_with("patch not verified: not asked for"));
+        let v = failed_to_apply("relation \"x\" does not exist".into());
         assert!(v
             .summary
             .starts_with("patch verified: differs — the patch does not apply"));

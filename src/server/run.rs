@@ -21,7 +21,8 @@ use crate::provider::{BoxFuture, Provider, ProviderError};
 use crate::proxy::{tls, Proxy};
 use crate::registry::postgres::PgRegistryConfig;
 use crate::registry::{Registry, TokenRecord};
-use crate::review::store::{self as review, Reviewer};
+use crate::review::reviewer::Reviewer;
+use crate::review::store as review;
 
 use super::{lock, stop};
 
@@ -440,7 +441,7 @@ pub async fn run(
     let follower = gw.follow_replicas();
     gw.resume().await;
     // A promotion an earlier (killed) run left unfinished gets its audit entry.
-    crate::promote::recover_interrupted(&crate::review::store::reviews_dir(&gw.config));
+    crate::promote::recover_interrupted(&crate::review::reviewer::reviews_dir(&gw.config));
     // Before `ready`: whatever an earlier (killed) run left behind is settled first.
     match janitor::run_pass(&gw, false).await {
         Ok(r) => tracing::info!(

@@ -310,7 +310,7 @@ fn an_upward_import_is_caught() {
             "review/store.rs",
             "use crate::{config::Config, lifecycle::Gateway};",
         ),
-        ("journal/log.rs", "use crate::review::store::Reviewer;"),
+        ("journal/log.rs", "use crate::review::reviewer::Reviewer;"),
         (
             "journal/classify/mod.rs",
             "use crate::proxy::caps::ResultCount;",
@@ -544,25 +544,8 @@ fn tangles(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<BTreeSet<S
 /// `provider` ones): a folder's tangle may shrink or go, never grow, and no new one may
 /// appear. Remove a row when its circle is gone.
 const KNOWN_TANGLES: &[(&str, &[&str])] = &[
-    ("lifecycle", &["ending", "janitor"]),
     ("provider", &["golden", "golden_build"]),
     ("provider", &["instance", "version_store", "versions"]),
-    ("provider/template", &["records", "seatbelt"]),
-    (
-        "review",
-        &[
-            "data",
-            "diff",
-            "html",
-            "model",
-            "objects",
-            "relations",
-            "render",
-            "schema",
-            "store",
-            "verify",
-        ],
-    ),
 ];
 
 /// Each circle among a folder's parts that is not inside a known tangle, as a message
@@ -609,11 +592,12 @@ fn no_new_circle_inside_a_module() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let (files, _) = sources();
     let edges = part_edges(&src, &files);
-    // The check sees the circles it allows (it reads `super::` and `crate::` imports).
+    // The check sees the imports between a folder's parts (it reads `super::` and `crate::`).
     assert!(
         edges
             .get(&vec!["review".to_string()])
-            .is_some_and(|g| tangles(g).len() == 1),
+            .and_then(|g| g.get("diff"))
+            .is_some_and(|to| to.contains_key("schema") && to.contains_key("sql")),
         "{edges:?}"
     );
     let bad = new_circles(&edges, KNOWN_TANGLES);
@@ -676,8 +660,25 @@ fn a_circle_inside_a_module_is_caught() {
         bad.len() == 1 && bad[0].contains("caps -> session"),
         "{bad:?}"
     );
-    // A folder's own tangle grows: caught.
+    // A known tangle is allowed; grown, it is caught (one made for the test: ending and
+    // janitor naming each other).
+    let made: &[&str] = &["ending", "janitor"];
+    let known: Vec<(&str, &[&str])> = KNOWN_TANGLES
+        .iter()
+        .copied()
+        .chain([("lifecycle", made)])
+        .collect();
     let (mut files, _) = sources();
+    files.push((
+        PathBuf::from("lifecycle/ending.rs"),
+        "use super::janitor::x;".to_string(),
+    ));
+    files.push((
+        PathBuf::from("lifecycle/janitor.rs"),
+        "use super::ending::x;".to_string(),
+    ));
+    let bad = new_circles(&part_edges(&src, &files), &known);
+    assert!(bad.is_empty(), "{bad:?}");
     files.push((
         PathBuf::from("lifecycle/janitor.rs"),
         "use super::issue::x;".to_string(),
@@ -686,6 +687,6 @@ fn a_circle_inside_a_module_is_caught() {
         PathBuf::from("lifecycle/issue.rs"),
         "use super::ending::x;".to_string(),
     ));
-    let bad = new_circles(&part_edges(&src, &files), KNOWN_TANGLES);
+    let bad = new_circles(&part_edges(&src, &files), &known);
     assert_eq!(bad.len(), 1, "{bad:?}");
 }

@@ -284,7 +284,7 @@ pub(super) fn patch_section(b: &mut String, r: &Review) {
         b,
         "<section id=\"patch-section\"><h2>SQL patch</h2><p class=\"muted\">What the review models, as SQL; never applied by sandpit.</p>\
          <pre id=\"verification\">{}</pre><pre id=\"patch\">{}</pre></section>",
-        show_lines(&crate::review::verify::text(r.verification.as_ref())),
+        show_lines(&crate::review::render::verification(r.verification.as_ref())),
         show_lines(&r.patch)
     );
 }

@@ -14,7 +14,7 @@ use crate::promote::{self, plan, PromoteError};
 use crate::registry::TokenRecord;
 use crate::review::html::{esc, show, show_lines};
 use crate::review::model::Review;
-use crate::review::verify::VerifyStatus;
+use crate::review::model::VerifyStatus;
 
 /// The task and the metadata its token was issued with: why the change was made.
 pub(super) fn why_section(b: &mut String, rec: &TokenRecord) {

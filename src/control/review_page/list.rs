@@ -14,8 +14,8 @@ use crate::control::promote::{approval_blockers, summaries, ReviewSummary};
 use crate::control::ApiState;
 use crate::promote::{self, decisions::ReviewState};
 use crate::registry::TokenRecord;
+use crate::review::escape::cap;
 use crate::review::html::{esc, show};
-use crate::review::store::cap;
 
 /// Longest reason shown in the list (the task's page has all of them).
 const WHY_MAX: usize = 120;

@@ -33,7 +33,7 @@ use crate::promote::resolve::{self, Resolved};
 use crate::promote::{self, Decision, PromoteRequest, Who};
 use crate::registry::TokenRecord;
 use crate::review::html::{esc, show};
-use crate::review::store;
+use crate::review::reviewer::reviews_dir;
 
 mod changes;
 mod decision;
@@ -343,7 +343,7 @@ async fn token_page(
     };
     let r = promote::record(&s.gw, &rec).unwrap_or_default();
     let stored = stored_review(s, &rec);
-    let dir = store::reviews_dir(&s.gw.config);
+    let dir = reviews_dir(&s.gw.config);
     let change = promote::change::load(&dir, &rec.task, &rec.id);
     let blockers = if rec.state.is_usable() {
         Vec::new()

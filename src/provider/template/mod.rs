@@ -13,6 +13,7 @@ mod gate;
 mod golden;
 pub mod hba;
 mod key;
+mod logins;
 pub mod records;
 mod reference;
 mod retag;

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use sha2::{Digest, Sha256};
 use tokio_postgres::Client;
 
-use super::seatbelt::roles_of;
+use super::logins::roles_of;
 use super::{pg_err, quote_ident, Comment, TemplateProvider};
 use crate::provider::{BackendTag, ProviderError};
 

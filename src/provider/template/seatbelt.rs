@@ -11,9 +11,11 @@
 use tokio_postgres::Client;
 
 use super::hba::TASKS_GROUP;
+// The logins' names, handed on: the rest of the provider knows them from the seatbelt.
+pub(super) use super::logins::{handle_of, login_role, roles_of};
+pub use super::logins::{read_role, write_role};
 use super::records::RECORDS_TABLE;
 use super::{pg_err, quote_ident, quote_literal, TemplateProvider};
-use crate::provider::golden::{self, AGENT, AGENT_WRITE};
 use crate::provider::ProviderError;
 
 /// Group role holding SELECT on every table and sequence of each scratch database.
@@ -26,40 +28,6 @@ pub const WRITE_GROUP: &str = "sandpit_tpl_write";
 /// membership is their group, whose grants are their privileges); the task role does not.
 pub(super) const PLAIN: &str =
     "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS";
-
-/// The read login of a scratch database.
-pub fn read_role(handle: &str) -> String {
-    format!("{handle}_r")
-}
-
-/// The write login of a scratch database.
-pub fn write_role(handle: &str) -> String {
-    format!("{handle}_w")
-}
-
-/// Every login role of a scratch database: the task role first.
-pub(super) fn roles_of(handle: &str) -> [String; 3] {
-    [handle.to_string(), read_role(handle), write_role(handle)]
-}
-
-/// The scratch database a login role belongs to (its own name for a task role).
-pub(super) fn handle_of(role: &str) -> &str {
-    role.strip_suffix("_r")
-        .or_else(|| role.strip_suffix("_w"))
-        .filter(|h| super::validate_handle(h).is_ok())
-        .unwrap_or(role)
-}
-
-/// The login of a session whose token allows `allow` (None: no policy): the task role for
-/// `ddl` (or no policy), the write login for `write`, else the read login — the same levels
-/// as the `instance` provider's roles.
-pub(super) fn login_role(handle: &str, allow: Option<&[String]>) -> String {
-    match golden::login_role(allow) {
-        AGENT => handle.to_string(),
-        AGENT_WRITE => write_role(handle),
-        _ => read_role(handle),
-    }
-}
 
 /// Schemas a fork's grants cover: every one but the system's.
 const USER_SCHEMAS: &str = "SELECT nspname::text FROM pg_namespace \
@@ -172,35 +140,5 @@ impl TemplateProvider {
         dc.batch_execute(&sql)
             .await
             .map_err(|e| pg_err("granting the seatbelt groups", e))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn roles_follow_the_policy_and_map_back_to_their_handle() {
-        let h = "sp_abcdefghijklmnopqrst";
-        let allow = |k: &[&str]| -> Vec<String> { k.iter().map(|s| s.to_string()).collect() };
-        assert_eq!(login_role(h, None), h);
-        assert_eq!(login_role(h, Some(&allow(&["read", "ddl"]))), h);
-        assert_eq!(
-            login_role(h, Some(&allow(&["read", "write", "transaction"]))),
-            format!("{h}_w")
-        );
-        assert_eq!(
-            login_role(h, Some(&allow(&["read", "transaction"]))),
-            format!("{h}_r")
-        );
-        assert_eq!(login_role(h, Some(&[])), format!("{h}_r"));
-        for r in roles_of(h) {
-            assert_eq!(handle_of(&r), h);
-        }
-        assert_eq!(
-            handle_of("pool-abcdefghijklmnopqrst_w"),
-            "pool-abcdefghijklmnopqrst"
-        );
-        assert_eq!(handle_of("postgres_r"), "postgres_r");
     }
 }

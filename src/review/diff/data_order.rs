@@ -14,7 +14,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::review::catalog::Catalog;
-use crate::review::relations::constraint_shape;
+use crate::review::schema::relations::constraint_shape;
+use crate::review::sql::table_name;
 
 /// A kind of row change, in the order preferred when the keys allow any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -106,7 +107,7 @@ pub fn order(old: &Catalog, new: &Catalog, present: &BTreeMap<u32, Vec<Step>>) -
         // On a cycle: the parent reaches the child.
         if c == p || reaches(&edges, *p, *c) {
             let k = &new.constraints[oid];
-            let t = crate::review::schema::table_name(new, *c);
+            let t = table_name(new, *c);
             out.before.push(format!(
                 "ALTER TABLE {t} ALTER CONSTRAINT {} DEFERRABLE INITIALLY DEFERRED;",
                 k.name

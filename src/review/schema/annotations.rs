@@ -5,10 +5,11 @@
 
 use std::collections::BTreeMap;
 
-use super::{order, q, table_name, SchemaDiff};
+use super::SchemaDiff;
 use crate::review::catalog::{Catalog, ObjKey, Privileges};
 use crate::review::conn::literal;
 use crate::review::model::Action;
+use crate::review::sql::{order, q, table_name};
 
 /// How the patch names an object.
 struct Target {

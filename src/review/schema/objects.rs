@@ -1,9 +1,10 @@
 //! Schema diff of schemas, extensions, types, functions and sequences (matched by OID).
 
-use super::catalog::{Catalog, Object};
-use super::conn::literal;
-use super::model::{Action, SeqState, SequenceChange};
-use super::schema::{order, q, SchemaDiff};
+use super::SchemaDiff;
+use crate::review::catalog::{Catalog, Object};
+use crate::review::conn::literal;
+use crate::review::model::{Action, SeqState, SequenceChange};
+use crate::review::sql::{order, q};
 
 pub(super) fn schemas(b: &Catalog, a: &Catalog, d: &mut SchemaDiff) {
     for (oid, name) in &a.schemas {

@@ -1,14 +1,14 @@
 //! Schema diff of what hangs off tables: constraints, indexes, views, triggers (matched by
 //! OID; a definition change becomes drop + create, a pure rename a RENAME).
 
-use super::catalog::Catalog;
-use super::catalog::Object;
-use super::model::Action;
-use super::schema::{order, q, table_name, SchemaDiff};
+use super::SchemaDiff;
+use crate::review::catalog::{Catalog, Object};
+use crate::review::model::Action;
+use crate::review::sql::{order, q, table_name};
 
 /// A constraint's definition with the table it references (FK) written as `_`, so that
 /// renaming that table is not a change of the constraint.
-pub(super) fn constraint_shape(k: &Object, cat: &Catalog) -> String {
+pub(in crate::review) fn constraint_shape(k: &Object, cat: &Catalog) -> String {
     match k.extra.parse::<u32>() {
         Ok(target) if k.flag == "f" && target != 0 => k.def.replacen(
             &format!("REFERENCES {}(", table_name(cat, target)),
@@ -20,7 +20,7 @@ pub(super) fn constraint_shape(k: &Object, cat: &Catalog) -> String {
 }
 
 /// A trigger's definition with its own name and table written as `_`.
-pub(super) fn trigger_shape(t: &Object, cat: &Catalog) -> String {
+pub(in crate::review) fn trigger_shape(t: &Object, cat: &Catalog) -> String {
     t.def
         .replacen(&format!("TRIGGER {} ", t.name), "TRIGGER _ ", 1)
         .replacen(&format!(" ON {} ", table_name(cat, t.table)), " ON _ ", 1)

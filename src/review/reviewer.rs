@@ -1,0 +1,48 @@
+//! The reviewer: what taking and storing reviews needs from the gateway (provider, the
+//! `[review]` settings, where logs and reviews live), in one place.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::config::{Config, ReviewConfig};
+use crate::provider::Provider;
+
+/// What taking and storing reviews needs from the gateway, handed in by the caller (the
+/// review never reaches for the gateway itself).
+#[derive(Clone)]
+pub struct Reviewer {
+    /// Where scratch and reference databases come from.
+    pub provider: Arc<dyn Provider>,
+    /// The `[review]` settings.
+    pub settings: ReviewConfig,
+    /// The gateway's data dir (statement logs live under it).
+    pub data_dir: PathBuf,
+    /// Where reviews are stored ([`reviews_dir`]).
+    pub dir: PathBuf,
+    /// `limits.min_free_bytes`: no verification fork below it.
+    pub min_free_bytes: u64,
+    /// The gateway's id, tagged on the forks the review makes (the janitor's ownership).
+    pub gateway_id: String,
+}
+
+impl Reviewer {
+    /// The reviewer of a gateway with this configuration and provider.
+    pub fn new(cfg: &Config, provider: Arc<dyn Provider>, gateway_id: &str) -> Reviewer {
+        Reviewer {
+            provider,
+            settings: cfg.review.clone(),
+            data_dir: cfg.data_dir.clone(),
+            dir: reviews_dir(cfg),
+            min_free_bytes: cfg.limits.min_free_bytes,
+            gateway_id: gateway_id.to_string(),
+        }
+    }
+}
+
+/// Directory of stored reviews: `review.dir`, else `<data dir>/reviews`.
+pub fn reviews_dir(cfg: &Config) -> PathBuf {
+    cfg.review
+        .dir
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join("reviews"))
+}
