@@ -351,9 +351,10 @@ impl Relay<'_> {
     /// Accounts for a write to the backend.
     #[inline]
     fn wrote_to_backend(&mut self, w: std::io::Result<usize>) -> Result<(), Ending> {
-        match self.flow.to_backend.wrote(w) {
-            true => Ok(()),
-            false => Err(Ending::BackendGone),
+        if self.flow.to_backend.wrote(w) {
+            Ok(())
+        } else {
+            Err(Ending::BackendGone)
         }
     }
 
