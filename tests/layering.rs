@@ -409,8 +409,24 @@ fn super_paths(code: &str) -> Vec<(usize, Vec<String>)> {
             levels += 1;
             rest = r;
         }
-        // Reuse the `crate::` parser on the remainder.
-        for segs in crate_paths(&format!("crate::{rest}")) {
+        // Reuse the `crate::` parser on this path alone (on the whole remainder it would
+        // also take every later `crate::` path for one under `super`).
+        let mut depth = 0usize;
+        let end = rest
+            .char_indices()
+            .find(|&(_, c)| match c {
+                '{' => {
+                    depth += 1;
+                    false
+                }
+                '}' => {
+                    depth = depth.saturating_sub(1);
+                    depth == 0
+                }
+                c => depth == 0 && !(is_ident(c) || c == ':'),
+            })
+            .map_or(rest.len(), |(i, c)| if c == '}' { i + 1 } else { i });
+        for segs in crate_paths(&format!("crate::{}", &rest[..end])) {
             out.push((levels, segs));
         }
     }
