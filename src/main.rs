@@ -95,6 +95,7 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// One command, each its own step.
 fn run(cli: Cli) -> Result<()> {
     let cfg = load_config(&cli)?;
     match &cli.cmd {
@@ -106,75 +107,15 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Mcp { dsn, api } => mcp(dsn, api.as_deref()),
         Cmd::Golden { cmd } => golden(&cfg, cmd),
-        Cmd::Log { target, api } => {
-            let c = client(&cfg, api)?;
-            let ids: Vec<String> = if cli::looks_like_dsn(target) {
-                vec![cli::token_id_arg(target)?]
-            } else {
-                let all = c.list()?;
-                all.as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter(|t| {
-                                t.get("task").and_then(|x| x.as_str()) == Some(target.as_str())
-                            })
-                            .filter_map(|t| {
-                                t.get("id").and_then(|x| x.as_str()).map(str::to_string)
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            };
-            if ids.is_empty() {
-                anyhow::bail!("no token or task named {target:?}");
-            }
-            // Page by page: a long log is never held whole.
-            let mut written = Ok(());
-            for id in ids {
-                c.each_statement(&id, |v| {
-                    written = if api.json {
-                        outln(&v.to_string())
-                    } else {
-                        outln(&cli::statement_line(v))
-                    };
-                    // A closed stdout stops the paging too.
-                    if written.is_ok() {
-                        std::ops::ControlFlow::Continue(())
-                    } else {
-                        std::ops::ControlFlow::Break(())
-                    }
-                })?;
-                if written.is_err() {
-                    break;
-                }
-            }
-            written
-        }
+        Cmd::Log { target, api } => log(&cfg, target, api),
         Cmd::Review {
-            decide:
-                Some(
-                    ReviewCmd::Approve { id, comment, api }
-                    | ReviewCmd::Reject { id, comment, api },
-                ),
+            decide: Some(ReviewCmd::Approve { id, comment, api }),
             ..
-        } => {
-            let approve = matches!(
-                &cli.cmd,
-                Cmd::Review {
-                    decide: Some(ReviewCmd::Approve { .. }),
-                    ..
-                }
-            );
-            let id = cli::token_id_arg(id)?;
-            let v = client(&cfg, api)?.decide(&id, approve, comment)?;
-            print(&v, api.json, |v| {
-                format!(
-                    "{}: {}",
-                    v.get("token").and_then(|x| x.as_str()).unwrap_or(""),
-                    v.get("state").and_then(|x| x.as_str()).unwrap_or("")
-                )
-            })
-        }
+        } => decide(&cfg, id, true, comment, api),
+        Cmd::Review {
+            decide: Some(ReviewCmd::Reject { id, comment, api }),
+            ..
+        } => decide(&cfg, id, false, comment, api),
         Cmd::Promote {
             id,
             target,
@@ -183,25 +124,13 @@ fn run(cli: Cli) -> Result<()> {
             dry_run,
             api,
         } => {
-            let id = cli::token_id_arg(id)?;
             let body = serde_json::json!({
                 "dsn": target,
                 "target": target_name,
                 "role": role,
                 "dry_run": dry_run,
             });
-            let v = client(&cfg, api)?.promote(&id, body)?;
-            let outcome = v
-                .get("outcome")
-                .and_then(|x| x.as_str())
-                .unwrap_or("")
-                .to_string();
-            print(&v, api.json, cli::promote_text)?;
-            if outcome == "applied" || outcome == "dry_run" {
-                Ok(())
-            } else {
-                anyhow::bail!("promotion {outcome}")
-            }
+            promote(&cfg, id, body, api)
         }
         Cmd::Review {
             id,
@@ -223,81 +152,154 @@ fn run(cli: Cli) -> Result<()> {
                 outln(&body)
             }
         }
-        Cmd::Token { cmd } => match cmd {
-            TokenCmd::Issue {
+        Cmd::Token { cmd } => token(&cfg, cmd),
+    }
+}
+
+/// `sandpit log`: the statements of one token, or of every token of a task.
+fn log(cfg: &Config, target: &str, api: &ApiArgs) -> Result<()> {
+    let c = client(cfg, api)?;
+    let ids: Vec<String> = if cli::looks_like_dsn(target) {
+        vec![cli::token_id_arg(target)?]
+    } else {
+        let all = c.list()?;
+        all.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|t| t.get("task").and_then(|x| x.as_str()) == Some(target))
+                    .filter_map(|t| t.get("id").and_then(|x| x.as_str()).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if ids.is_empty() {
+        anyhow::bail!("no token or task named {target:?}");
+    }
+    // Page by page: a long log is never held whole.
+    let mut written = Ok(());
+    for id in ids {
+        c.each_statement(&id, |v| {
+            written = if api.json {
+                outln(&v.to_string())
+            } else {
+                outln(&cli::statement_line(v))
+            };
+            // A closed stdout stops the paging too.
+            if written.is_ok() {
+                std::ops::ControlFlow::Continue(())
+            } else {
+                std::ops::ControlFlow::Break(())
+            }
+        })?;
+        if written.is_err() {
+            break;
+        }
+    }
+    written
+}
+
+/// `sandpit review approve|reject`.
+fn decide(cfg: &Config, id: &str, approve: bool, comment: &str, api: &ApiArgs) -> Result<()> {
+    let id = cli::token_id_arg(id)?;
+    let v = client(cfg, api)?.decide(&id, approve, comment)?;
+    print(&v, api.json, |v| {
+        format!(
+            "{}: {}",
+            v.get("token").and_then(|x| x.as_str()).unwrap_or(""),
+            v.get("state").and_then(|x| x.as_str()).unwrap_or("")
+        )
+    })
+}
+
+/// `sandpit promote`: fails unless the promotion was applied (or was a dry run).
+fn promote(cfg: &Config, id: &str, body: serde_json::Value, api: &ApiArgs) -> Result<()> {
+    let id = cli::token_id_arg(id)?;
+    let v = client(cfg, api)?.promote(&id, body)?;
+    let outcome = v
+        .get("outcome")
+        .and_then(|x| x.as_str())
+        .unwrap_or("")
+        .to_string();
+    print(&v, api.json, cli::promote_text)?;
+    if outcome == "applied" || outcome == "dry_run" {
+        Ok(())
+    } else {
+        anyhow::bail!("promotion {outcome}")
+    }
+}
+
+/// `sandpit token …`.
+fn token(cfg: &Config, cmd: &TokenCmd) -> Result<()> {
+    match cmd {
+        TokenCmd::Issue {
+            task,
+            ttl,
+            max_rows,
+            max_bytes,
+            cap_mode,
+            allow,
+            max_connections,
+            statement_timeout,
+            idle_in_transaction_timeout,
+            meta,
+            superuser,
+            api,
+        } => {
+            let max_bytes = max_bytes.as_deref().map(cli::parse_size).transpose()?;
+            let metadata: BTreeMap<String, String> = meta
+                .iter()
+                .map(|m| cli::parse_meta(m))
+                .collect::<Result<_, _>>()?;
+            let v = client(cfg, api)?.issue(
                 task,
-                ttl,
-                max_rows,
+                ttl.map(Into::into),
+                *max_rows,
                 max_bytes,
-                cap_mode,
-                allow,
-                max_connections,
-                statement_timeout,
-                idle_in_transaction_timeout,
-                meta,
-                superuser,
-                api,
-            } => {
-                let max_bytes = max_bytes.as_deref().map(cli::parse_size).transpose()?;
-                let metadata: BTreeMap<String, String> = meta
-                    .iter()
-                    .map(|m| cli::parse_meta(m))
-                    .collect::<Result<_, _>>()?;
-                let v = client(&cfg, api)?.issue(
-                    task,
-                    ttl.map(Into::into),
-                    *max_rows,
-                    max_bytes,
-                    cap_mode.as_deref(),
-                    allow.clone(),
-                    *max_connections,
-                    (
-                        statement_timeout.map(Into::into),
-                        idle_in_transaction_timeout.map(Into::into),
-                    ),
-                    metadata,
-                    *superuser,
-                )?;
-                print(&v, api.json, |v| {
-                    v.get("dsn")
-                        .and_then(|d| d.as_str())
-                        .unwrap_or("")
-                        .to_string()
-                })
-            }
-            TokenCmd::List { api } => {
-                let v = client(&cfg, api)?.list()?;
-                print(&v, api.json, |v| {
-                    cli::token_table(v.as_array().map(Vec::as_slice).unwrap_or_default())
-                })
-            }
-            TokenCmd::Show { id, api } => {
-                let id = cli::token_id_arg(id)?;
-                let v = client(&cfg, api)?.show(&id)?;
-                print(&v, api.json, cli::token_text)
-            }
-            TokenCmd::Discard { id, api } => {
-                let id = cli::token_id_arg(id)?;
-                let v = client(&cfg, api)?.discard(&id)?;
-                print(&v, api.json, |v| {
-                    format!(
-                        "discarded the scratch data of {} ({})",
-                        v.get("id").and_then(|d| d.as_str()).unwrap_or(&id),
-                        cli::review_words(v)
-                    )
-                })
-            }
-            TokenCmd::Revoke { id, api } => {
-                let id = cli::token_id_arg(id)?;
-                let v = client(&cfg, api)?.revoke(&id)?;
-                print(&v, api.json, |v| {
-                    format!(
-                        "revoked {}",
-                        v.get("id").and_then(|d| d.as_str()).unwrap_or(&id)
-                    )
-                })
-            }
-        },
+                cap_mode.as_deref(),
+                allow.clone(),
+                *max_connections,
+                (
+                    statement_timeout.map(Into::into),
+                    idle_in_transaction_timeout.map(Into::into),
+                ),
+                metadata,
+                *superuser,
+            )?;
+            print(&v, api.json, |v| {
+                v.get("dsn")
+                    .and_then(|d| d.as_str())
+                    .unwrap_or("")
+                    .to_string()
+            })
+        }
+        TokenCmd::List { api } => {
+            let v = client(cfg, api)?.list()?;
+            print(&v, api.json, |v| {
+                cli::token_table(v.as_array().map(Vec::as_slice).unwrap_or_default())
+            })
+        }
+        TokenCmd::Show { id, api } => {
+            let id = cli::token_id_arg(id)?;
+            let v = client(cfg, api)?.show(&id)?;
+            print(&v, api.json, cli::token_text)
+        }
+        TokenCmd::Discard { id, api } => {
+            let id = cli::token_id_arg(id)?;
+            let v = client(cfg, api)?.discard(&id)?;
+            print(&v, api.json, |v| {
+                format!(
+                    "discarded the scratch data of {} ({})",
+                    v.get("id").and_then(|d| d.as_str()).unwrap_or(&id),
+                    cli::review_words(v)
+                )
+            })
+        }
+        TokenCmd::Revoke { id, api } => {
+            let id = cli::token_id_arg(id)?;
+            let v = client(cfg, api)?.revoke(&id)?;
+            let id = v.get("id").and_then(|d| d.as_str()).unwrap_or(&id);
+            print(&v, api.json, |_| format!("revoked {id}"))
+        }
     }
 }
 

@@ -1,10 +1,15 @@
-//! `sandpit serve`: `run` wires the pieces together and runs until a signal; `lock` keeps one
-//! gateway per data dir; `stop` is the second signal's immediate stop of local servers;
+//! `sandpit serve`: `run` wires the pieces together and runs until a signal; `provider`
+//! builds the provider the config names; `error` says why `serve` could not start; `lock`
+//! keeps one gateway per data dir; `stop` is the second signal's immediate stop of local servers;
 //! `worker` is `serve` as a worker node that holds forks for front gateways.
 
+mod error;
 pub mod lock;
+mod provider;
 mod run;
 pub mod stop;
 pub mod worker;
 
-pub use run::{admin_key, check_template_network, run, ServeError, DEMO_GOLDEN_SQL};
+pub use error::ServeError;
+pub use provider::{check_template_network, DEMO_GOLDEN_SQL};
+pub use run::{admin_key, run};

@@ -7,23 +7,23 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::config::Config;
 use crate::control::{self, ApiState};
 use crate::journal;
 use crate::lifecycle::{janitor, Gateway, TokenHooks};
 use crate::pgconn::tls::SslMode;
-use crate::provider::instance::{InstanceConfig, InstanceProvider};
 use crate::provider::pool::WarmPool;
-use crate::provider::remote::{RemoteConfig, RemoteProvider, RemoteSet};
-use crate::provider::template::{TemplateConfig, TemplateProvider};
-use crate::provider::{BoxFuture, Provider, ProviderError};
+use crate::provider::{BoxFuture, Provider};
 use crate::proxy::{tls, Proxy};
 use crate::registry::postgres::PgRegistryConfig;
 use crate::registry::{Registry, TokenRecord};
 use crate::review::reviewer::Reviewer;
 use crate::review::store as review;
 
+use super::error::ServeError;
+use super::provider::build_provider;
 use super::{lock, stop};
 
 /// The lifecycle's hooks: start the review's reference after a fork, store the review and
@@ -47,36 +47,6 @@ impl TokenHooks for ReviewHooks {
             Ok(())
         })
     }
-}
-
-/// The demo golden shipped with the binary, used when no golden SQL is configured.
-pub const DEMO_GOLDEN_SQL: &str = include_str!("../../config/demo_golden.sql");
-
-/// Startup failures of `serve`.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
-    #[error("data dir {path}: {source}")]
-    DataDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Provider(#[from] crate::provider::ProviderError),
-    #[error(transparent)]
-    Registry(#[from] crate::registry::RegistryError),
-    #[error(transparent)]
-    Tls(#[from] tls::TlsError),
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Locked(#[from] lock::LockError),
-    #[error("cannot start the statement log's ticker thread: {0}")]
-    LogTicker(std::io::Error),
 }
 
 /// The admin key: config, then `SANDPIT_ADMIN_KEY`, then `<data_dir>/admin.key` (created
@@ -117,139 +87,6 @@ pub(super) fn prepare_data_dir(dir: &Path) -> Result<(), ServeError> {
     // Searchable (not readable) by others, so the unprivileged Postgres user can reach pg/.
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).map_err(err)?;
     Ok(())
-}
-
-/// The provider the config names, ready to fork.
-/// The `template` provider's settings from the configuration.
-fn template_config(cfg: &Config, data_dir: &Path, shared_key: Option<String>) -> TemplateConfig {
-    let t = &cfg.template;
-    TemplateConfig {
-        admin_dsn: t.admin_dsn.clone().unwrap_or_default(),
-        golden: t.golden.clone(),
-        golden_sql: t.golden_sql.clone().or_else(|| cfg.golden.sql.clone()),
-        golden_owner: t.golden_owner.clone(),
-        sslmode: t
-            .sslmode
-            .as_deref()
-            .map(|m| SslMode::parse(m).unwrap_or(SslMode::Require)),
-        ca_file: t.ca_file.clone(),
-        key_file: data_dir.join("template.key"),
-        shared_key,
-        trust_network: t.trust_network,
-    }
-}
-
-/// For `serve --check-config` with `provider = "template"`: the start-up's `pg_hba.conf`
-/// check on the server (one admin login; nothing made, no file written). Ok(false): skipped
-/// (`trust_network = true`).
-pub fn check_template_network(cfg: &Config) -> Result<bool, ServeError> {
-    let t = template_config(cfg, &cfg.data_dir, None);
-    if t.trust_network {
-        return Ok(false);
-    }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(crate::provider::ProviderError::from)?;
-    rt.block_on(TemplateProvider::check_network(&t))?;
-    Ok(true)
-}
-
-async fn build_provider(
-    cfg: &Config,
-    data_dir: &Path,
-    shared_key: Option<String>,
-) -> Result<Arc<dyn Provider>, ServeError> {
-    let mode = |m: &str| SslMode::parse(m).unwrap_or(SslMode::Require);
-    match cfg.provider.as_str() {
-        "template" => {
-            let p = TemplateProvider::new(template_config(cfg, data_dir, shared_key)).await?;
-            Ok(Arc::new(p))
-        }
-        "remote" => {
-            let r = &cfg.remote;
-            let one = |url: &str| {
-                RemoteProvider::new(RemoteConfig {
-                    url: url.to_string(),
-                    api_key: r
-                        .api_key
-                        .clone()
-                        .or_else(|| std::env::var("SANDPIT_REMOTE_API_KEY").ok())
-                        .filter(|k| !k.is_empty()),
-                    golden: r.golden.clone(),
-                    owner: r.owner.clone(),
-                    connect_timeout: r.connect_timeout,
-                    request_timeout: r.request_timeout,
-                    fork_timeout: r.fork_timeout,
-                    retries: r.retries,
-                    ttl_grace: r.ttl_grace,
-                    sslmode: mode(&r.sslmode),
-                    ca_file: r.ca_file.clone(),
-                })
-            };
-            if r.urls.is_empty() {
-                return Ok(Arc::new(one(r.url.as_deref().unwrap_or_default())?));
-            }
-            let members = r
-                .urls
-                .iter()
-                .map(|u| Ok((u.clone(), one(u)?)))
-                .collect::<Result<Vec<_>, ProviderError>>()?;
-            Ok(Arc::new(RemoteSet::new(members)?))
-        }
-        "microvm" => {
-            let golden_sql = golden_sql_path(cfg, data_dir)?;
-            let p = crate::provider::microvm::MicrovmProvider::new(microvm_config(
-                cfg, data_dir, golden_sql,
-            ))
-            .await?;
-            Ok(Arc::new(p))
-        }
-        _ => {
-            let golden_sql = golden_sql_path(cfg, data_dir)?;
-            let provider = InstanceProvider::new(InstanceConfig {
-                bin_dir: cfg.postgres.bin_dir.clone(),
-                root: data_dir.join("pg"),
-                golden_sql,
-                max_connections: cfg.postgres.max_connections,
-                run_as: cfg.postgres.run_as.clone(),
-                netns: cfg.postgres.netns,
-                settings: vec![
-                    (
-                        "temp_file_limit".into(),
-                        cfg.postgres.temp_file_limit.clone(),
-                    ),
-                    (
-                        "max_prepared_transactions".into(),
-                        cfg.postgres.max_prepared_transactions.to_string(),
-                    ),
-                ],
-            })
-            .await?;
-            tracing::info!(
-                copy_method = provider.copy_method(),
-                "instance provider ready"
-            );
-            Ok(Arc::new(provider))
-        }
-    }
-}
-
-/// The golden SQL file: the configured one, else the demo written into the data dir.
-fn golden_sql_path(cfg: &Config, data_dir: &Path) -> Result<PathBuf, ServeError> {
-    Ok(match &cfg.golden.sql {
-        Some(p) => p.clone(),
-        None => {
-            let p = data_dir.join("demo_golden.sql");
-            if std::fs::read_to_string(&p).ok().as_deref() != Some(DEMO_GOLDEN_SQL) {
-                std::fs::write(&p, DEMO_GOLDEN_SQL).map_err(|source| ServeError::DataDir {
-                    path: p.clone(),
-                    source,
-                })?;
-            }
-            p
-        }
-    })
 }
 
 /// Binds a listener, returning it with the address it got (the real port for port 0).
@@ -305,11 +142,77 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
     ready: impl FnOnce(std::net::SocketAddr, std::net::SocketAddr),
 ) -> Result<(), ServeError> {
+    let claimed = claim(&cfg).await?;
+    // The registry first: with a shared one, the template provider's key lives in it.
+    let registry = open_registry(&cfg, &claimed.data_dir).await?;
+    let shared_key = shared_template_key(&registry).await?;
+    // The first start builds the golden (tens of seconds): say so, the API is not up yet.
+    tracing::info!(
+        provider = %cfg.provider,
+        postgres = %claimed.pg_addr,
+        api = %claimed.api_addr,
+        "ports bound; preparing the provider (a golden build can take a minute; ready follows)"
+    );
+    let data_dir = &claimed.data_dir;
+    let Some(provider) = provider_unless_stopped(&cfg, data_dir, shared_key, &mut stop).await?
+    else {
+        return Ok(());
+    };
+    let tls = tls::acceptor(
+        &cfg.tls,
+        data_dir,
+        &cfg.public_host.iter().cloned().collect::<Vec<_>>(),
+    )?;
+    let (replica_id, gateway_id) = gateway_ids(data_dir, &registry).await?;
+    let mut cfg = cfg;
+    cfg.data_dir = claimed.data_dir.clone();
+    cfg.listen = claimed.pg_addr; // DSNs carry the real port even when asked for port 0
+    let pool = warm_pool(&cfg, &provider);
+    let provider = pool_or(provider, &pool, &registry, &gateway_id).await;
+    let gw = gateway(cfg, registry, provider, gateway_id);
+    let follower = gw.follow_replicas();
+    settle(&gw).await;
+    let background = Background::start(&gw, follower, &stop)?;
+    let (pg_addr, api_addr) = (claimed.pg_addr, claimed.api_addr);
+    let listeners = Listeners::serve(&gw, claimed.doors, tls, replica_id, metrics, &stop);
+    ready(pg_addr, api_addr);
+
+    while !*stop.borrow() {
+        if stop.changed().await.is_err() {
+            break;
+        }
+    }
+    shut_down(&gw, listeners, background, pool).await;
+    Ok(())
+}
+
+/// What `serve` holds before the provider is prepared: the data dir (locked), both ports,
+/// the admin key.
+struct Claimed {
+    /// Held until `run` returns: a second gateway on the same data dir is refused.
+    _lock: lock::DataDirLock,
+    /// The data dir, canonical.
+    data_dir: PathBuf,
+    pg_addr: std::net::SocketAddr,
+    api_addr: std::net::SocketAddr,
+    doors: Doors,
+}
+
+/// The bound listeners and the key that opens the API, until they serve.
+struct Doors {
+    pg: TcpListener,
+    api: TcpListener,
+    admin_key: String,
+}
+
+/// The config checked, the data dir prepared and locked, both ports bound, the admin key
+/// read (or made).
+async fn claim(cfg: &Config) -> Result<Claimed, ServeError> {
     cfg.validate()?;
     prepare_data_dir(&cfg.data_dir)?;
     // First, before anything in the data dir is read or changed: a second gateway on the
     // same data dir stops here, having touched nothing of the first one's.
-    let _data_dir_lock = lock::lock_data_dir(&cfg.data_dir)?;
+    let lock = lock::lock_data_dir(&cfg.data_dir)?;
     // Then the ports, so that one in use is reported now and not after a golden build.
     let (pg_listener, pg_addr) = bind(cfg.listen).await?;
     let (api_listener, api_addr) = bind(cfg.api_listen).await?;
@@ -329,15 +232,28 @@ pub async fn run(
             crate::config::check_admin_key("SANDPIT_ADMIN_KEY", &k)?;
         }
     }
-    let key = admin_key(&cfg, true)
+    let admin_key = admin_key(cfg, true)
         .map_err(|source| ServeError::DataDir {
             path: data_dir.join("admin.key"),
             source,
         })?
         .unwrap_or_default();
+    Ok(Claimed {
+        _lock: lock,
+        data_dir,
+        pg_addr,
+        api_addr,
+        doors: Doors {
+            pg: pg_listener,
+            api: api_listener,
+            admin_key,
+        },
+    })
+}
 
-    // The registry first: with a shared one, the template provider's key lives in it.
-    let registry = match &cfg.registry.url {
+/// The token registry: files in the data dir, or a shared Postgres one.
+async fn open_registry(cfg: &Config, data_dir: &Path) -> Result<Registry, ServeError> {
+    Ok(match &cfg.registry.url {
         None => Registry::open(&data_dir.join("tokens"))?,
         Some(url) => {
             let mode = |m: &str| SslMode::parse(m).unwrap_or(SslMode::Require);
@@ -351,39 +267,29 @@ pub async fn run(
             )
             .await?
         }
-    };
-    let shared_key = match registry.shared() {
-        // Every replica derives the same task-role passwords, so any of them can log in to
-        // a scratch database another one forked.
+    })
+}
+
+/// With a shared registry, the template provider's key: every replica derives the same
+/// task-role passwords, so any of them can log in to a scratch database another one forked.
+async fn shared_template_key(registry: &Registry) -> Result<Option<String>, ServeError> {
+    Ok(match registry.shared() {
         Some(s) => Some(
             s.setting_or_init("template_key", &hex::encode(rand::random::<[u8; 32]>()))
                 .await?,
         ),
         None => None,
-    };
-    // The first start builds the golden (tens of seconds): say so, the API is not up yet.
-    tracing::info!(
-        provider = %cfg.provider,
-        postgres = %pg_addr,
-        api = %api_addr,
-        "ports bound; preparing the provider (a golden build can take a minute; ready follows)"
-    );
-    let Some(provider) = provider_unless_stopped(&cfg, &data_dir, shared_key, &mut stop).await?
-    else {
-        return Ok(());
-    };
-    let tls = tls::acceptor(
-        &cfg.tls,
-        &data_dir,
-        &cfg.public_host.iter().cloned().collect::<Vec<_>>(),
-    )?;
+    })
+}
 
-    let replica_id = janitor::gateway_id(&data_dir).map_err(|source| ServeError::DataDir {
+/// This replica's id and the gateway's. Replicas sharing a registry are one gateway to the
+/// janitor: they tag backends alike, so any of them may reap what a token of the registry
+/// no longer needs.
+async fn gateway_ids(data_dir: &Path, registry: &Registry) -> Result<(String, String), ServeError> {
+    let replica_id = janitor::gateway_id(data_dir).map_err(|source| ServeError::DataDir {
         path: data_dir.join(janitor::GATEWAY_ID_FILE),
         source,
     })?;
-    // Replicas sharing a registry are one gateway to the janitor: they tag backends alike,
-    // so any of them may reap what a token of the registry no longer needs.
     let gateway_id = match registry.shared() {
         Some(s) => {
             let removed = s.cancel_purge(Some(&replica_id)).await?;
@@ -397,40 +303,57 @@ pub async fn run(
         }
         None => replica_id.clone(),
     };
-    let mut cfg = cfg;
-    cfg.data_dir = data_dir;
-    cfg.listen = pg_addr; // DSNs carry the real port even when asked for port 0
-    let provider: Arc<dyn crate::provider::Provider> = provider;
-    let pool = cfg.pool.enabled().then(|| {
+    Ok((replica_id, gateway_id))
+}
+
+/// The warm pool in front of the provider, when configured.
+fn warm_pool(cfg: &Config, provider: &Arc<dyn Provider>) -> Option<Arc<WarmPool>> {
+    cfg.pool.enabled().then(|| {
         let sizing = crate::provider::pool_sizing::PoolSizing {
             size: cfg.pool.size,
             max_size: cfg.pool.max_size,
             half_life: cfg.pool.demand_half_life,
         };
         WarmPool::new(provider.clone(), sizing)
-    });
-    let provider = match &pool {
-        Some(p) => {
-            // Members the registry names (claimed just before a crash) are tokens', not the pool's.
-            let claimed = registry
-                .list()
-                .into_iter()
-                .filter_map(|r| {
-                    let tag = crate::provider::BackendTag {
-                        token_id: r.id.clone(),
-                        task: r.task.clone(),
-                        expires_at: crate::rfc3339::format(r.expires_at),
-                        gateway_id: gateway_id.clone(),
-                        golden: r.golden.clone(),
-                    };
-                    Some((r.backend?, tag))
-                })
-                .collect();
-            p.start(&claimed).await;
-            p.clone() as Arc<dyn crate::provider::Provider>
-        }
-        None => provider,
+    })
+}
+
+/// The provider sessions fork from: the pool (started) when there is one.
+async fn pool_or(
+    provider: Arc<dyn Provider>,
+    pool: &Option<Arc<WarmPool>>,
+    registry: &Registry,
+    gateway_id: &str,
+) -> Arc<dyn Provider> {
+    let Some(p) = pool else {
+        return provider;
     };
+    // Members the registry names (claimed just before a crash) are tokens', not the pool's.
+    let claimed = registry
+        .list()
+        .into_iter()
+        .filter_map(|r| {
+            let tag = crate::provider::BackendTag {
+                token_id: r.id.clone(),
+                task: r.task.clone(),
+                expires_at: crate::rfc3339::format(r.expires_at),
+                gateway_id: gateway_id.to_string(),
+                golden: r.golden.clone(),
+            };
+            Some((r.backend?, tag))
+        })
+        .collect();
+    p.start(&claimed).await;
+    p.clone() as Arc<dyn Provider>
+}
+
+/// The gateway, its review hooks and its statement logs' quota.
+fn gateway(
+    cfg: Config,
+    registry: Registry,
+    provider: Arc<dyn Provider>,
+    gateway_id: String,
+) -> Arc<Gateway> {
     let hooks = Arc::new(ReviewHooks(
         Reviewer::new(&cfg, provider.clone(), &gateway_id),
         cfg.clone(),
@@ -438,12 +361,15 @@ pub async fn run(
     let gw = Gateway::with_id(cfg, registry, provider, gateway_id, hooks);
     gw.logs
         .set_max_bytes_per_token(gw.config.log.max_bytes_per_token);
-    let follower = gw.follow_replicas();
+    gw
+}
+
+/// Before `ready`: whatever an earlier (killed) run left behind is settled first.
+async fn settle(gw: &Arc<Gateway>) {
     gw.resume().await;
     // A promotion an earlier (killed) run left unfinished gets its audit entry.
     crate::promote::recover_interrupted(&crate::review::reviewer::reviews_dir(&gw.config));
-    // Before `ready`: whatever an earlier (killed) run left behind is settled first.
-    match janitor::run_pass(&gw, false).await {
+    match janitor::run_pass(gw, false).await {
         Ok(r) => tracing::info!(
             backends = r.backends,
             kept = r.kept,
@@ -463,65 +389,111 @@ pub async fn run(
             "adopted the scratch servers left running"
         );
     }
-    let janitor_task = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
+}
 
-    let mut syncer = journal::log::SyncTicker::start(gw.clone(), |gw: &Gateway| &gw.logs)
-        .map_err(ServeError::LogTicker)?;
+/// The gateway's own work beside the sessions: following replicas, the janitor, the
+/// statement log's ticker, idle suspend.
+struct Background {
+    follower: Option<JoinHandle<()>>,
+    janitor: JoinHandle<()>,
+    syncer: journal::log::SyncTicker,
+    suspender: Option<JoinHandle<()>>,
+}
 
-    let idle = gw.config.postgres.idle_suspend;
-    let suspender = (!idle.is_zero()).then(|| {
-        let gw = gw.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval((idle / 4).clamp(
-                std::time::Duration::from_millis(250),
-                std::time::Duration::from_secs(30),
-            ));
-            loop {
-                tick.tick().await;
-                gw.suspend_idle(idle).await;
-            }
-        })
-    });
-
-    let proxy = Proxy::new(gw.clone(), tls, replica_id);
-    let pg_task = tokio::spawn(proxy.serve(pg_listener, stop.clone()));
-    let api = control::router(ApiState {
-        gw: gw.clone(),
-        admin_key: Arc::new(key),
-        metrics,
-    });
-    // The API stays up through the grace period (a harness may revoke, /metrics is scraped)
-    // and stops once sessions are ended.
-    let (api_stop_tx, mut api_stop) = watch::channel(false);
-    let api_task = tokio::spawn(async move {
-        let shutdown = async move {
-            while !*api_stop.borrow() {
-                if api_stop.changed().await.is_err() {
-                    break;
+impl Background {
+    fn start(
+        gw: &Arc<Gateway>,
+        follower: Option<JoinHandle<()>>,
+        stop: &watch::Receiver<bool>,
+    ) -> Result<Background, ServeError> {
+        let janitor = janitor::spawn(gw.clone(), gw.config.janitor.interval, stop.clone());
+        let syncer = journal::log::SyncTicker::start(gw.clone(), |gw: &Gateway| &gw.logs)
+            .map_err(ServeError::LogTicker)?;
+        let idle = gw.config.postgres.idle_suspend;
+        let suspender = (!idle.is_zero()).then(|| {
+            let gw = gw.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval((idle / 4).clamp(
+                    std::time::Duration::from_millis(250),
+                    std::time::Duration::from_secs(30),
+                ));
+                loop {
+                    tick.tick().await;
+                    gw.suspend_idle(idle).await;
                 }
-            }
-        };
-        // The peer address is what MCP failures with unknown token ids count against.
-        let api = api.into_make_service_with_connect_info::<std::net::SocketAddr>();
-        if let Err(e) = axum::serve(api_listener, api)
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(error = %e, "control API failed");
-        }
-    });
-    ready(pg_addr, api_addr);
-
-    while !*stop.borrow() {
-        if stop.changed().await.is_err() {
-            break;
-        }
+            })
+        });
+        Ok(Background {
+            follower,
+            janitor,
+            syncer,
+            suspender,
+        })
     }
+}
+
+/// The Postgres listener and the control API, serving.
+struct Listeners {
+    pg: JoinHandle<()>,
+    api: JoinHandle<()>,
+    /// Stops the API: it stays up through the grace period (a harness may revoke, /metrics
+    /// is scraped) and stops once sessions are ended.
+    api_stop: watch::Sender<bool>,
+}
+
+impl Listeners {
+    fn serve(
+        gw: &Arc<Gateway>,
+        doors: Doors,
+        tls: Option<tls::ServerTls>,
+        replica_id: String,
+        metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+        stop: &watch::Receiver<bool>,
+    ) -> Listeners {
+        let proxy = Proxy::new(gw.clone(), tls, replica_id);
+        let pg = tokio::spawn(proxy.serve(doors.pg, stop.clone()));
+        let router = control::router(ApiState {
+            gw: gw.clone(),
+            admin_key: Arc::new(doors.admin_key),
+            metrics,
+        });
+        let (api_stop, mut api_stopped) = watch::channel(false);
+        let api_listener = doors.api;
+        let api = tokio::spawn(async move {
+            let shutdown = async move {
+                while !*api_stopped.borrow() {
+                    if api_stopped.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            // The peer address is what MCP failures with unknown token ids count against.
+            let router = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            if let Err(e) = axum::serve(api_listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+            {
+                tracing::error!(error = %e, "control API failed");
+            }
+        });
+        Listeners { pg, api, api_stop }
+    }
+}
+
+/// The stop, in order: no new connections, the janitor's pass finished, open sessions
+/// given their grace, then ended and their servers stopped, the pool drained, the
+/// background stopped, the API last.
+async fn shut_down(
+    gw: &Arc<Gateway>,
+    listeners: Listeners,
+    background: Background,
+    pool: Option<Arc<WarmPool>>,
+) {
     tracing::info!("shutting down");
     // The listener is closed once this returns: new connections are refused from here on.
-    let _ = pg_task.await;
+    let _ = listeners.pg.await;
     // A pass in progress finishes (it may be destroying a backend); the loop then sees `stop`.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), janitor_task).await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(30), background.janitor).await;
     let grace = gw.config.shutdown_grace;
     let open = gw.session_count();
     if open > 0 && !grace.is_zero() {
@@ -542,11 +514,12 @@ pub async fn run(
         None => 0,
     };
     // A thread: stopped off the runtime (it may be finishing an fsync).
+    let mut syncer = background.syncer;
     let _ = tokio::task::spawn_blocking(move || syncer.stop()).await;
-    if let Some(f) = follower {
+    if let Some(f) = background.follower {
         f.abort();
     }
-    if let Some(s) = suspender {
+    if let Some(s) = background.suspender {
         s.abort();
     }
     let logs = gw.logs.release_all();
@@ -560,32 +533,6 @@ pub async fn run(
     );
     // Give sessions a moment to flush their FATAL to clients.
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    let _ = api_stop_tx.send(true);
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), api_task).await;
-    Ok(())
-}
-
-/// The `microvm` provider's settings from the configuration.
-fn microvm_config(
-    cfg: &Config,
-    data_dir: &Path,
-    golden_sql: PathBuf,
-) -> crate::provider::microvm::MicrovmConfig {
-    let m = &cfg.microvm;
-    let root = data_dir.join("microvm");
-    crate::provider::microvm::MicrovmConfig {
-        qemu: m
-            .qemu
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("qemu-system-x86_64")),
-        accel: m.accel.clone(),
-        memory_mib: m.memory_mib,
-        vcpus: m.vcpus,
-        image: m.image.clone(),
-        image_dir: m.image_dir.clone().unwrap_or_else(|| root.join("images")),
-        golden_sql,
-        bin_dir: cfg.postgres.bin_dir.clone(),
-        boot_timeout: m.boot_timeout,
-        root,
-    }
+    let _ = listeners.api_stop.send(true);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), listeners.api).await;
 }

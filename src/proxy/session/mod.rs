@@ -6,6 +6,7 @@ mod error;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -25,6 +26,7 @@ use super::Proxy;
 use crate::journal::log::TokenLog;
 use crate::lifecycle::{EndReason, LifecycleError, SessionSlot};
 use crate::pgconn::startup::{self as backend, BackendConn, BackendError};
+use crate::pgconn::BackendTarget;
 use crate::registry::TokenRecord;
 use crate::wire::frame::FrameReader;
 use crate::wire::messages;
@@ -52,12 +54,10 @@ async fn run(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     };
     let attached = async {
         admit(&mut client, &startup).await?;
-        let auth_started = std::time::Instant::now();
+        let auth_started = Instant::now();
         let authed = authenticate_step(&proxy, &mut client, &startup, peer).await?;
-        if authed.rec.state == crate::registry::TokenState::Issued {
-            // A token's first connection: the phases of its first query are measured.
-            first_query_phase("auth", auth_started);
-        }
+        // A token's first connection: the phases of its first query are measured.
+        Phases::of(&authed.rec).record("auth", auth_started);
         attach(&proxy, &mut client, &startup, authed).await
     }
     .await;
@@ -202,9 +202,8 @@ struct Attached {
     log: Option<Arc<TokenLog>>,
 }
 
-/// The backend: forked or resumed, connected as the token's login role (once more after a
-/// failure, the backend checked again), its cancel key recorded; then the client's greeting
-/// and the statement log.
+/// The backend attached: its startup parameters built, connected (once more after a
+/// failure), then the client greeted and the statement log opened.
 async fn attach(
     proxy: &Proxy,
     client: &mut FrameReader<ClientStream>,
@@ -212,14 +211,26 @@ async fn attach(
     authed: Authed,
 ) -> Result<Attached, SessionError> {
     let rec = &authed.rec;
-    // Only a token's first connection (no backend yet) reports its phases.
-    let first = rec.state == crate::registry::TokenState::Issued;
-    let phase = |name: &'static str, since: std::time::Instant| {
-        if first {
-            first_query_phase(name, since)
-        }
-    };
-    let timeouts = [
+    let phases = Phases::of(rec);
+    let timeouts = token_timeouts(rec);
+    let params = backend_params(startup, &timeouts);
+    let (login, mut conn) = connect_with_retry(proxy, rec, &params, phases).await?;
+    let greet_started = Instant::now();
+    let (cancel_key, watchdog) = greet(proxy, client, rec, &login, &mut conn).await?;
+    let log = open_log(proxy, rec)?;
+    phases.record("greet", greet_started);
+    Ok(Attached {
+        authed,
+        _cancel_key: cancel_key,
+        conn,
+        watchdog,
+        log,
+    })
+}
+
+/// The session defaults a token sets: its statement and idle-in-transaction timeouts.
+fn token_timeouts(rec: &TokenRecord) -> [(&'static str, String); 2] {
+    [
         (
             "statement_timeout",
             rec.caps.statement_timeout_ms.to_string(),
@@ -228,7 +239,15 @@ async fn attach(
             "idle_in_transaction_session_timeout",
             rec.caps.idle_in_transaction_timeout_ms.to_string(),
         ),
-    ];
+    ]
+}
+
+/// The startup parameters the backend is sent: the client's, less those that are the
+/// gateway's to set, then the token's `timeouts`.
+fn backend_params<'a>(
+    startup: &'a StartupMessage,
+    timeouts: &'a [(&'static str, String)],
+) -> Vec<(&'a str, &'a [u8])> {
     let mut params: Vec<(&str, &[u8])> = startup
         .params
         .iter()
@@ -246,50 +265,29 @@ async fn attach(
             .filter(|(k, _)| !client_options.contains(k))
             .map(|(k, v)| (*k, v.as_bytes())),
     );
+    params
+}
+
+/// The backend, forked or resumed, connected as the token's login role. A connection that
+/// fails on a backend the gateway believed running (its server crashed) is tried once more
+/// after the backend is checked again and restarted.
+async fn connect_with_retry(
+    proxy: &Proxy,
+    rec: &TokenRecord,
+    params: &[(&str, &[u8])],
+    phases: Phases,
+) -> Result<(BackendTarget, BackendConn), SessionError> {
     let max_message = proxy.gw.config.limits.max_message;
-    // A connection that fails on a backend the gateway believed running (its server
-    // crashed) is tried once more after the backend is checked again and restarted.
     let mut retried = false;
-    let (login, mut conn) = loop {
-        let claim_started = std::time::Instant::now();
-        let backend = match proxy.gw.backend_for(&rec.id).await {
-            Ok(b) => b,
-            Err(LifecycleError::NotUsable(id, state)) => {
-                return Err(SessionError::NotUsable(id, state))
-            }
-            Err(e) => {
-                // The detail stays in our log; the client learns only that it failed.
-                tracing::error!(error = %e, "backend unavailable");
-                return Err(SessionError::BackendUnavailable);
-            }
-        };
-        // The login role follows the token's policy, so Postgres itself refuses what the
-        // policy forbids (the pipeline's lexical check only labels and refuses earlier).
-        // A superuser token (issued only where the provider has such a login) logs in as
-        // the superuser of its own backend; the pipeline's checks still apply to it.
-        let login = if rec.superuser {
-            match proxy.gw.provider.superuser_target(&backend) {
-                Some(t) => t,
-                None => {
-                    tracing::error!(
-                        provider = proxy.gw.provider.name(),
-                        "superuser token, but the provider has no superuser login"
-                    );
-                    return Err(SessionError::BackendUnavailable);
-                }
-            }
-        } else {
-            proxy
-                .gw
-                .provider
-                .session_target(&backend, rec.caps.allow.as_deref())
-        };
-        phase("claim", claim_started);
-        let connect_started = std::time::Instant::now();
-        match backend::connect(&login, &params, max_message).await {
-            Ok(c) => {
-                phase("backend_connect", connect_started);
-                break (login, c);
+    loop {
+        let claim_started = Instant::now();
+        let login = login_target(proxy, rec).await?;
+        phases.record("claim", claim_started);
+        let connect_started = Instant::now();
+        match backend::connect(&login, params, max_message).await {
+            Ok(conn) => {
+                phases.record("backend_connect", connect_started);
+                return Ok((login, conn));
             }
             Err(BackendError::Refused(raw)) => {
                 let out = scrub::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
@@ -307,9 +305,49 @@ async fn attach(
                 return Err(SessionError::BackendUnreachable);
             }
         }
-    };
+    }
+}
 
-    let greet_started = std::time::Instant::now();
+/// The token's backend (forked, resumed or running) and the login to reach it as.
+async fn login_target(proxy: &Proxy, rec: &TokenRecord) -> Result<BackendTarget, SessionError> {
+    let backend = match proxy.gw.backend_for(&rec.id).await {
+        Ok(b) => b,
+        Err(LifecycleError::NotUsable(id, state)) => {
+            return Err(SessionError::NotUsable(id, state))
+        }
+        Err(e) => {
+            // The detail stays in our log; the client learns only that it failed.
+            tracing::error!(error = %e, "backend unavailable");
+            return Err(SessionError::BackendUnavailable);
+        }
+    };
+    // The login role follows the token's policy, so Postgres itself refuses what the
+    // policy forbids (the pipeline's lexical check only labels and refuses earlier).
+    // A superuser token (issued only where the provider has such a login) logs in as
+    // the superuser of its own backend; the pipeline's checks still apply to it.
+    let provider = &proxy.gw.provider;
+    if !rec.superuser {
+        return Ok(provider.session_target(&backend, rec.caps.allow.as_deref()));
+    }
+    provider.superuser_target(&backend).ok_or_else(|| {
+        tracing::error!(
+            provider = provider.name(),
+            "superuser token, but the provider has no superuser login"
+        );
+        SessionError::BackendUnavailable
+    })
+}
+
+/// The client's greeting: the backend's ParameterStatus and notices, the gateway's own
+/// cancel key (recorded first) and the ReadyForQuery. Also the gateway's own statement
+/// timeout, which cancels through the same backend key.
+async fn greet(
+    proxy: &Proxy,
+    client: &mut FrameReader<ClientStream>,
+    rec: &TokenRecord,
+    login: &BackendTarget,
+    conn: &mut BackendConn,
+) -> Result<(CancelKey, Option<relay::Watchdog>), SessionError> {
     let (real_pid, real_secret) = conn.key.ok_or(SessionError::NoCancelKey)?;
     let target = CancelTarget {
         endpoint: login.endpoint.clone(),
@@ -345,32 +383,52 @@ async fn attach(
         .map_err(|_| SessionError::Closed)?;
     drop(hello);
     tracing::info!("session started");
-    client.set_max_len(max_message);
-    let log = if proxy.gw.config.log.statements {
-        let logs = &proxy.gw.logs;
-        match logs.get(&proxy.gw.config.data_dir, &rec.task, &rec.id) {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot open the statement log");
-                return Err(SessionError::LogUnavailable);
-            }
+    client.set_max_len(proxy.gw.config.limits.max_message);
+    Ok((key, watchdog))
+}
+
+/// The token's statement log, when statements are logged: a session that cannot record
+/// its statements does not run them.
+fn open_log(proxy: &Proxy, rec: &TokenRecord) -> Result<Option<Arc<TokenLog>>, SessionError> {
+    if !proxy.gw.config.log.statements {
+        return Ok(None);
+    }
+    match proxy
+        .gw
+        .logs
+        .get(&proxy.gw.config.data_dir, &rec.task, &rec.id)
+    {
+        Ok(l) => Ok(Some(l)),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot open the statement log");
+            Err(SessionError::LogUnavailable)
         }
-    } else {
-        None
-    };
-    phase("greet", greet_started);
-    Ok(Attached {
-        authed,
-        _cancel_key: key,
-        conn,
-        watchdog,
-        log,
-    })
+    }
+}
+
+/// Only a token's first connection (no backend yet) reports its phases.
+#[derive(Clone, Copy)]
+struct Phases {
+    first: bool,
+}
+
+impl Phases {
+    fn of(rec: &TokenRecord) -> Phases {
+        Phases {
+            first: rec.state == crate::registry::TokenState::Issued,
+        }
+    }
+
+    fn record(self, name: &'static str, since: Instant) {
+        if self.first {
+            first_query_phase(name, since)
+        }
+    }
 }
 
 /// One phase of a token's first connection (`auth`, `claim`, `backend_connect`, `greet`),
 /// so the time of a first query can be split where it goes.
-fn first_query_phase(name: &'static str, since: std::time::Instant) {
+fn first_query_phase(name: &'static str, since: Instant) {
     metrics::histogram!("sandpit_first_query_phase_seconds", "phase" => name)
         .record(since.elapsed().as_secs_f64());
 }
@@ -483,3 +541,6 @@ async fn write<W: AsyncWrite + Unpin>(w: &mut W, b: &[u8]) -> std::io::Result<()
     w.write_all(b).await?;
     w.flush().await
 }
+
+#[cfg(test)]
+mod tests;

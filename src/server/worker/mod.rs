@@ -18,7 +18,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::run::{self as serve, ServeError};
+use super::error::ServeError;
+use super::run as serve;
 use crate::config::Config;
 use crate::provider::pool::WarmPool;
 use crate::provider::remote_api::Sandbox;
