@@ -545,8 +545,6 @@ fn tangles(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<BTreeSet<S
 /// appear. Remove a row when its circle is gone.
 const KNOWN_TANGLES: &[(&str, &[&str])] = &[
     ("lifecycle", &["ending", "janitor"]),
-    ("provider", &["golden", "golden_build"]),
-    ("provider", &["instance", "version_store", "versions"]),
     ("provider/template", &["records", "seatbelt"]),
     (
         "review",

@@ -9,9 +9,9 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{error, ApiState};
-use crate::provider::golden_build::{LiveSpec, SourceDsn};
+use crate::provider::golden::live::{LiveSpec, SourceDsn};
 use crate::provider::mask::MaskRules;
-use crate::provider::ProviderError;
+use crate::provider::{GoldenVersions, ProviderError};
 
 /// Body of `POST /v1/goldens`.
 #[derive(Deserialize)]
@@ -37,7 +37,6 @@ fn provider_error(e: ProviderError) -> Response {
     match e {
         ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
         ProviderError::NotFound(m) => error(StatusCode::NOT_FOUND, format!("unknown {m}")),
-        ProviderError::Unsupported(m) => error(StatusCode::NOT_IMPLEMENTED, m),
         other => {
             tracing::error!(error = %other, "golden request failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())
@@ -45,9 +44,26 @@ fn provider_error(e: ProviderError) -> Response {
     }
 }
 
+/// The provider's golden versions, or the answer for a provider without them.
+fn versions(s: &ApiState) -> Result<&dyn GoldenVersions, Response> {
+    s.gw.provider.versions().ok_or_else(|| {
+        error(
+            StatusCode::NOT_IMPLEMENTED,
+            format!(
+                "golden versions and golden build are supported with the instance and microvm providers, not {}",
+                s.gw.provider.name()
+            ),
+        )
+    })
+}
+
 /// `GET /v1/goldens`.
 pub async fn list(State(s): State<ApiState>) -> Response {
-    match s.gw.provider.goldens().await {
+    let versions = match versions(&s) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match versions.goldens().await {
         Ok(v) => Json(v).into_response(),
         Err(e) => provider_error(e),
     }
@@ -85,12 +101,16 @@ pub async fn build(
         exclude_tables: b.exclude_tables,
         mask,
     };
-    let built = match s.gw.provider.build_golden(&spec).await {
+    let versions = match versions(&s) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let built = match versions.build_golden(&spec).await {
         Ok(g) => g,
         Err(e) => return provider_error(e),
     };
     let info = if b.activate {
-        match s.gw.provider.use_golden(&built.id).await {
+        match versions.use_golden(&built.id).await {
             Ok(g) => g,
             Err(e) => return provider_error(e),
         }
@@ -102,7 +122,11 @@ pub async fn build(
 
 /// `POST /v1/goldens/{id}/use`: new tokens' forks copy this version from now on.
 pub async fn use_version(State(s): State<ApiState>, Path(id): Path<String>) -> Response {
-    match s.gw.provider.use_golden(&id).await {
+    let versions = match versions(&s) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match versions.use_golden(&id).await {
         Ok(g) => Json(g).into_response(),
         Err(e) => provider_error(e),
     }

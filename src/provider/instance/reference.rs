@@ -7,10 +7,12 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
-use super::{make_dir, validate_handle, InstanceProvider, DESTROY_GRACE};
+use super::{validate_handle, InstanceProvider, DESTROY_GRACE};
 use crate::pg::process;
 use crate::pgconn::{BackendTarget, Endpoint};
 use crate::provider::copy;
+use crate::provider::dirs::make_dir;
+use crate::provider::golden::versions;
 use crate::provider::golden::{self, AGENT, DATABASE, REVIEWER};
 use crate::provider::{Backend, ProviderError};
 
@@ -75,10 +77,10 @@ impl InstanceProvider {
         version: Option<&str>,
     ) -> Result<Backend, ProviderError> {
         let _guard = self.reference_lock.lock().await;
-        let _gate = self.versions_gate.read().await;
+        let _gate = self.versions.read_gate().await;
         let golden = match version {
-            None => self.active_golden_now(),
-            Some(id) => self.find_golden(id)?,
+            None => self.versions.active(),
+            Some(id) => versions::find_golden(self, id)?,
         };
         let key = format!("{REFERENCE_KEY}-{}", golden.id);
         make_dir(&self.real_root.join(REFERENCE_DIR), 0o711)?;

@@ -15,9 +15,9 @@ use super::bridge::{self, Bridge};
 use super::qemu::{self, Image, Qmp, VmSpec};
 use super::MicrovmConfig;
 use crate::pg::process;
+use crate::provider::golden::live::{BuildReport, LiveSpec, SourceDsn};
 use crate::provider::golden::DATABASE;
 use crate::provider::golden::{GoldenCtx, Load, SUPERUSER};
-use crate::provider::golden_build::{BuildReport, LiveSpec, SourceDsn};
 use crate::provider::ProviderError;
 
 /// Bump when the way the golden VM is made changes.
@@ -254,12 +254,12 @@ async fn boot_and_fill(
     };
     let report = match what {
         Load::Sql(sql) => {
-            crate::provider::golden::load(&ctx, dir, sql).await?;
+            crate::provider::golden::build::load(&ctx, dir, sql).await?;
             None
         }
         // The same dump, masking, VACUUM FULL and checkpoint as the instance provider's
         // live build, through the VM's bridge socket.
-        Load::Live(spec) => Some(crate::provider::golden_build::load(&ctx, dir, spec).await?),
+        Load::Live(spec) => Some(crate::provider::golden::live::load(&ctx, dir, spec).await?),
     };
     Ok((b, report))
 }
@@ -298,7 +298,7 @@ pub async fn wait_postgres(
 ) -> Result<(), ProviderError> {
     let start = Instant::now();
     loop {
-        let out = crate::provider::golden::psql_command(psql, dir, SUPERUSER, "postgres")
+        let out = crate::provider::golden::psql::psql_command(psql, dir, SUPERUSER, "postgres")
             .args(["-c", "select 1"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -268,8 +268,8 @@ async fn attach(
         // A superuser token (issued only where the provider has such a login) logs in as
         // the superuser of its own backend; the pipeline's checks still apply to it.
         let login = if rec.superuser {
-            match proxy.gw.provider.superuser_target(&backend) {
-                Some(t) => t,
+            match proxy.gw.provider.superuser_logins() {
+                Some(s) => s.superuser_target(&backend),
                 None => {
                     tracing::error!(
                         provider = proxy.gw.provider.name(),

@@ -7,8 +7,10 @@ use std::time::Instant;
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::golden::{build, golden_name, sync_dir, GoldenCtx, Load, READY_MARKER};
-use super::ProviderError;
+use super::build::{build, golden_name, stop_leftover_server};
+use super::{GoldenCtx, Load, READY_MARKER};
+use crate::provider::dirs::sync_dir;
+use crate::provider::ProviderError;
 
 /// File under the provider root naming the golden built from the SQL file that served last,
 /// so that a failed build of a changed SQL file can fall back to it.
@@ -125,7 +127,7 @@ fn remove_interrupted_builds(root: &Path) {
         let n = e.file_name().to_string_lossy().to_string();
         if n.starts_with("golden-") && n.contains(".building-") && e.path().is_dir() {
             tracing::info!(dir = %e.path().display(), "removing an interrupted golden build");
-            super::golden::stop_leftover_server(&e.path());
+            stop_leftover_server(&e.path());
             if let Err(err) = fs::remove_dir_all(e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "could not remove an interrupted golden build");
             }

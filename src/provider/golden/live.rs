@@ -8,11 +8,13 @@ use std::process::Stdio;
 
 use serde::Serialize;
 
-use super::conninfo;
-use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
-use super::mask::{self, MaskReport, MaskRules};
-use super::ProviderError;
+use super::psql::{psql, psql_command, tail, CHECKPOINTS};
+use super::roles::{create_roles, AGENT, DATABASE, SUPERUSER};
+use super::GoldenCtx;
 use crate::pg::process;
+use crate::provider::conninfo;
+use crate::provider::mask::{self, MaskReport, MaskRules};
+use crate::provider::ProviderError;
 
 /// libpq parameters that are secrets: never stored, shown or put on a command line.
 const SECRET_PARAMS: [&str; 2] = ["password", "sslpassword"];
@@ -155,7 +157,7 @@ pub async fn load(
             )));
         }
     }
-    golden::create_roles(ctx, sock).await?;
+    create_roles(ctx, sock).await?;
     copy_source(ctx, sock, spec).await?;
     let mut client = superuser_client(sock).await?;
     let tables: i64 = client
@@ -181,14 +183,7 @@ pub async fn load(
         .await
         .map_err(|e| ProviderError::Golden(format!("VACUUM FULL: {e}")))?;
     drop(client);
-    golden::psql(
-        &ctx.bins.psql,
-        sock,
-        SUPERUSER,
-        "postgres",
-        &golden::CHECKPOINTS,
-    )
-    .await?;
+    psql(&ctx.bins.psql, sock, SUPERUSER, "postgres", &CHECKPOINTS).await?;
     Ok(BuildReport {
         tables: tables as u64,
         source_conninfo: spec.source.public_conninfo(),
@@ -253,7 +248,7 @@ async fn copy_source(
     let out: Stdio = out
         .try_into()
         .map_err(|e| ProviderError::Golden(format!("piping pg_dump: {e}")))?;
-    let restore = golden::psql_command(&ctx.bins.psql, sock, AGENT, DATABASE)
+    let restore = psql_command(&ctx.bins.psql, sock, AGENT, DATABASE)
         .arg("--single-transaction")
         .stdin(out)
         .stdout(Stdio::null())
@@ -268,14 +263,14 @@ async fn copy_source(
     if !restored.status.success() {
         return Err(ProviderError::Golden(format!(
             "restoring the dump as {AGENT} failed: {}",
-            golden::tail(&String::from_utf8_lossy(&restored.stderr))
+            tail(&String::from_utf8_lossy(&restored.stderr))
         )));
     }
     if !dumped.status.success() {
         return Err(ProviderError::Golden(format!(
             "pg_dump of {} failed: {}",
             spec.source.describe(),
-            golden::tail(&String::from_utf8_lossy(&dumped.stderr))
+            tail(&String::from_utf8_lossy(&dumped.stderr))
         )));
     }
     Ok(())
