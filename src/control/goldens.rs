@@ -36,6 +36,7 @@ pub struct BuildBody {
 fn provider_error(e: ProviderError) -> Response {
     match e {
         ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
+        e @ ProviderError::InvalidMask(_) => error(StatusCode::BAD_REQUEST, e.to_string()),
         ProviderError::NotFound(m) => error(StatusCode::NOT_FOUND, format!("unknown {m}")),
         other => {
             tracing::error!(error = %other, "golden request failed");

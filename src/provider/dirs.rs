@@ -12,10 +12,9 @@ pub fn make_dir(dir: &Path, mode: u32) -> Result<(), ProviderError> {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
         Err(e) => {
-            return Err(ProviderError::Other(format!(
-                "creating {}: {e}",
-                dir.display()
-            )))
+            return Err(ProviderError::io_at(format!("creating {}", dir.display()))(
+                e,
+            ))
         }
     }
     fs::set_permissions(dir, fs::Permissions::from_mode(mode))?;

@@ -200,7 +200,7 @@ async fn initdb(ctx: &GoldenCtx<'_>, data: &Path) -> Result<(), ProviderError> {
     let out = tokio::process::Command::from(cmd)
         .output()
         .await
-        .map_err(|e| ProviderError::Golden(format!("running initdb: {e}")))?;
+        .map_err(ProviderError::golden_io("running initdb"))?;
     if !out.status.success() {
         return Err(ProviderError::Golden(format!(
             "initdb failed: {}",

@@ -168,20 +168,20 @@ pub async fn load(
             &[],
         )
         .await
-        .map_err(|e| ProviderError::Golden(format!("counting tables: {e}")))?
+        .map_err(ProviderError::golden_sql("counting tables"))?
         .get(0);
     let mask = mask::apply(&mut client, &spec.mask)
         .await
         .map_err(|e| match e {
-            mask::MaskError::Invalid(_) => ProviderError::Invalid(e.to_string()),
-            mask::MaskError::Apply(_) => ProviderError::Golden(e.to_string()),
+            mask::MaskError::Invalid(_) => ProviderError::InvalidMask(e),
+            mask::MaskError::Apply(_) => ProviderError::Mask(e),
         })?;
     // Rewrites every table and index: the rows before masking and sampling become
     // unreachable files that are truncated at once, not dead tuples in live pages.
     client
         .batch_execute("VACUUM (FULL, ANALYZE)")
         .await
-        .map_err(|e| ProviderError::Golden(format!("VACUUM FULL: {e}")))?;
+        .map_err(ProviderError::golden_sql("VACUUM FULL"))?;
     drop(client);
     psql(&ctx.bins.psql, sock, SUPERUSER, "postgres", &CHECKPOINTS).await?;
     Ok(BuildReport {
@@ -199,7 +199,7 @@ async fn superuser_client(sock: &Path) -> Result<tokio_postgres::Client, Provide
         .dbname(DATABASE)
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| ProviderError::Golden(format!("connecting to the staging copy: {e}")))?;
+        .map_err(ProviderError::golden_sql("connecting to the staging copy"))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -241,13 +241,13 @@ async fn copy_source(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| ProviderError::Golden(format!("running pg_dump: {e}")))?;
+        .map_err(ProviderError::golden_io("running pg_dump"))?;
     let Some(out) = dump.stdout.take() else {
         return Err(ProviderError::Golden("pg_dump has no stdout".into()));
     };
     let out: Stdio = out
         .try_into()
-        .map_err(|e| ProviderError::Golden(format!("piping pg_dump: {e}")))?;
+        .map_err(ProviderError::golden_io("piping pg_dump"))?;
     let restore = psql_command(&ctx.bins.psql, sock, AGENT, DATABASE)
         .arg("--single-transaction")
         .stdin(out)
@@ -255,10 +255,10 @@ async fn copy_source(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+        .map_err(ProviderError::golden_io("running psql"))?;
     let (dumped, restored) = tokio::join!(dump.wait_with_output(), restore.wait_with_output());
-    let dumped = dumped.map_err(|e| ProviderError::Golden(format!("pg_dump: {e}")))?;
-    let restored = restored.map_err(|e| ProviderError::Golden(format!("psql: {e}")))?;
+    let dumped = dumped.map_err(ProviderError::golden_io("pg_dump"))?;
+    let restored = restored.map_err(ProviderError::golden_io("psql"))?;
     // A failed restore breaks pg_dump's pipe too: its own message is the cause.
     if !restored.status.success() {
         return Err(ProviderError::Golden(format!(

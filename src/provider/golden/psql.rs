@@ -46,7 +46,7 @@ pub async fn psql(
         .stderr(Stdio::piped())
         .output()
         .await
-        .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+        .map_err(ProviderError::golden_io("running psql"))?;
     if !out.status.success() {
         return Err(ProviderError::Golden(format!(
             "psql as {user} on {db} failed: {}",

@@ -43,12 +43,16 @@ pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<Ensured, ProviderError> {
             .truncate(false)
             .write(true)
             .open(&lock_path)?;
-        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| {
-            ProviderError::Golden(format!("locking {}: {e}", lock_path.display()))
+        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| ProviderError::GoldenIo {
+            what: format!("locking {}", lock_path.display()),
+            source: e.into(),
         })
     })
     .await
-    .map_err(|e| ProviderError::Other(format!("lock task: {e}")))??;
+    .map_err(|source| ProviderError::Task {
+        what: "lock task".into(),
+        source,
+    })??;
 
     remove_interrupted_builds(ctx.root);
     match ensure_current(ctx).await {
@@ -73,12 +77,10 @@ pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<Ensured, ProviderError> {
 
 /// The golden of the current SQL bytes: found ready, or built now (call with the build lock).
 async fn ensure_current(ctx: &GoldenCtx<'_>) -> Result<(PathBuf, bool), ProviderError> {
-    let sql = fs::read(ctx.sql_path).map_err(|e| {
-        ProviderError::Golden(format!(
-            "reading golden SQL {}: {e}",
-            ctx.sql_path.display()
-        ))
-    })?;
+    let sql = fs::read(ctx.sql_path).map_err(ProviderError::golden_io(format!(
+        "reading golden SQL {}",
+        ctx.sql_path.display()
+    )))?;
     let name = golden_name(&sql, ctx.bins.major);
     let dir = ctx.root.join(&name);
     if is_ready(&dir) {

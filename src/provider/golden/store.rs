@@ -111,8 +111,7 @@ impl Meta {
 
     /// Writes it into a version's directory.
     pub fn write(&self, dir: &Path) -> Result<(), ProviderError> {
-        let bytes = serde_json::to_vec_pretty(self)
-            .map_err(|e| ProviderError::Golden(format!("golden metadata: {e}")))?;
+        let bytes = serde_json::to_vec_pretty(self).map_err(ProviderError::GoldenMeta)?;
         fs::write(dir.join(META_FILE), bytes)?;
         Ok(())
     }

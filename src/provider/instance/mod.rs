@@ -248,7 +248,10 @@ impl InstanceProvider {
             let (method, owner) = (self.copy, self.run_as.clone());
             tokio::task::spawn_blocking(move || copy::copy_tree(&src, &dst, method, &owner))
                 .await
-                .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+                .map_err(|source| ProviderError::ForkTask {
+                    what: "copy task".into(),
+                    source,
+                })??;
         }
         tag_file::write(inst, tag)?;
         let copied = t0.elapsed();
@@ -286,9 +289,10 @@ impl InstanceProvider {
             });
             if inst.exists() {
                 // The rename failed: delete in place, and wait for it.
-                removing
-                    .await
-                    .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+                removing.await.map_err(|source| ProviderError::Task {
+                    what: "remove task".into(),
+                    source,
+                })??;
             } else {
                 tokio::spawn(async move {
                     if let Ok(Err(e)) = removing.await {

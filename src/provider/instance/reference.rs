@@ -64,7 +64,10 @@ impl InstanceProvider {
                 _ => Ok(()),
             })
             .await
-            .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+            .map_err(|source| ProviderError::Task {
+                what: "remove task".into(),
+                source,
+            })??;
         }
         golden::remove_socket_dir(&sock, inst)?;
         Ok(())
@@ -123,7 +126,10 @@ impl InstanceProvider {
         let (method, owner) = (self.copy, self.run_as.clone());
         tokio::task::spawn_blocking(move || copy::copy_tree(&src, &data, method, &owner))
             .await
-            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+            .map_err(|source| ProviderError::ForkTask {
+                what: "copy task".into(),
+                source,
+            })??;
         if let Err(e) = self.start(&key, &inst).await {
             let _ = self.remove_reference(&golden.id).await;
             return Err(e);

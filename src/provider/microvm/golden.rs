@@ -173,7 +173,7 @@ async fn build_or_explain(
         let log = std::fs::read_to_string(dir.join("qemu.log")).unwrap_or_default();
         match e {
             // A refused request (bad masking rules) says what is wrong, nothing else.
-            ProviderError::Invalid(_) => e,
+            ProviderError::Invalid(_) | ProviderError::InvalidMask(_) => e,
             e => ProviderError::Golden(format!(
                 "golden VM: {e}; qemu: {}; console: {}",
                 crate::provider::golden::tail(&log),
@@ -185,8 +185,10 @@ async fn build_or_explain(
 
 /// The golden for this SQL, image and VM shape: found, or built now.
 pub async fn ensure(cfg: &MicrovmConfig, image: &Image) -> Result<Snapshot, ProviderError> {
-    let sql = std::fs::read(&cfg.golden_sql)
-        .map_err(|e| ProviderError::Golden(format!("reading {}: {e}", cfg.golden_sql.display())))?;
+    let sql = std::fs::read(&cfg.golden_sql).map_err(ProviderError::golden_io(format!(
+        "reading {}",
+        cfg.golden_sql.display()
+    )))?;
     let mut h = Sha256::new();
     h.update(&sql);
     h.update(image.dir.to_string_lossy().as_bytes());
@@ -305,7 +307,7 @@ pub async fn wait_postgres(
             .stderr(Stdio::piped())
             .output()
             .await
-            .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+            .map_err(ProviderError::golden_io("running psql"))?;
         if out.status.success() {
             return Ok(());
         }

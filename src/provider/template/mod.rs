@@ -100,15 +100,11 @@ fn tpl(e: impl std::fmt::Display) -> ProviderError {
     ProviderError::Template(e.to_string())
 }
 
-/// A database error with its SQLSTATE and message (tokio-postgres' Display says only "db error").
-fn pg_err(what: &str, e: tokio_postgres::Error) -> ProviderError {
-    match e.as_db_error() {
-        Some(db) => ProviderError::Template(format!(
-            "{what}: {} (SQLSTATE {})",
-            db.message(),
-            db.code().code()
-        )),
-        None => ProviderError::Template(format!("{what}: {e}")),
+/// A failed statement of the admin connection (shown with its SQLSTATE and message).
+fn pg_err(what: &str, source: tokio_postgres::Error) -> ProviderError {
+    ProviderError::TemplateSql {
+        what: what.to_string(),
+        source,
     }
 }
 
@@ -198,7 +194,7 @@ impl TemplateProvider {
         let admin: tokio_postgres::Config = cfg
             .admin_dsn
             .parse()
-            .map_err(|e| tpl(format!("template.admin_dsn: {e}")))?;
+            .map_err(|e| pg_err("template.admin_dsn", e))?;
         let user = admin
             .get_user()
             .ok_or_else(|| tpl("template.admin_dsn names no user"))?
