@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::{error, ApiState};
 use crate::provider::golden::live::{LiveSpec, SourceDsn};
 use crate::provider::mask::MaskRules;
-use crate::provider::{GoldenVersions, ProviderError};
+use crate::provider::ProviderError;
 
 /// Body of `POST /v1/goldens`.
 #[derive(Deserialize)]
@@ -45,24 +45,23 @@ fn provider_error(e: ProviderError) -> Response {
     }
 }
 
-/// The provider's golden versions, or the answer for a provider without them.
-fn versions(s: &ApiState) -> Result<&dyn GoldenVersions, Response> {
-    s.gw.provider.versions().ok_or_else(|| {
-        error(
-            StatusCode::NOT_IMPLEMENTED,
-            format!(
-                "golden versions and golden build are supported with the instance and microvm providers, not {}",
-                s.gw.provider.name()
-            ),
-        )
-    })
+/// The answer for a provider without golden versions ([`Provider::versions`] is None).
+///
+/// [`Provider::versions`]: crate::provider::Provider::versions
+fn unsupported(s: &ApiState) -> Response {
+    error(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "golden versions and golden build are supported with the instance and microvm providers, not {}",
+            s.gw.provider.name()
+        ),
+    )
 }
 
 /// `GET /v1/goldens`.
 pub async fn list(State(s): State<ApiState>) -> Response {
-    let versions = match versions(&s) {
-        Ok(v) => v,
-        Err(r) => return r,
+    let Some(versions) = s.gw.provider.versions() else {
+        return unsupported(&s);
     };
     match versions.goldens().await {
         Ok(v) => Json(v).into_response(),
@@ -102,9 +101,8 @@ pub async fn build(
         exclude_tables: b.exclude_tables,
         mask,
     };
-    let versions = match versions(&s) {
-        Ok(v) => v,
-        Err(r) => return r,
+    let Some(versions) = s.gw.provider.versions() else {
+        return unsupported(&s);
     };
     let built = match versions.build_golden(&spec).await {
         Ok(g) => g,
@@ -123,9 +121,8 @@ pub async fn build(
 
 /// `POST /v1/goldens/{id}/use`: new tokens' forks copy this version from now on.
 pub async fn use_version(State(s): State<ApiState>, Path(id): Path<String>) -> Response {
-    let versions = match versions(&s) {
-        Ok(v) => v,
-        Err(r) => return r,
+    let Some(versions) = s.gw.provider.versions() else {
+        return unsupported(&s);
     };
     match versions.use_golden(&id).await {
         Ok(g) => Json(g).into_response(),

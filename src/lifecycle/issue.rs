@@ -38,7 +38,7 @@ pub struct IssueRequest {
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
     /// Sessions log in as a superuser of the token's own backend (providers whose
-    /// [`Provider::superuser_sessions`] says yes; refused elsewhere).
+    /// [`Provider::superuser_logins`] is Some; refused elsewhere).
     pub superuser: bool,
 }
 

@@ -31,6 +31,9 @@ pub use backend::{Backend, BackendTag};
 pub use error::ProviderError;
 pub use golden::versions::GoldenVersions;
 
+/// Every backend of a provider: its handle, and its tag when it has one.
+pub type Listing = Vec<(String, Option<BackendTag>)>;
+
 /// A boxed future, so that `Provider` stays object safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -72,7 +75,7 @@ pub trait Provider: Send + Sync + 'static {
     /// Stop a backend but keep its data, for a graceful gateway shutdown. Idempotent.
     fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
     /// Every backend that exists, with its tag (for the janitor).
-    fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>>;
+    fn list(&self) -> BoxFuture<'_, Result<Listing, ProviderError>>;
     /// Strings that must never reach a client (socket dirs, data paths, superuser names).
     fn secrets(&self) -> Vec<String>;
     /// Whether a warm-pool claim of this provider's members is recorded by the registry

@@ -33,7 +33,7 @@ pub struct Ensured {
 /// into place only when complete. If it cannot be built (a typo in the new SQL), the previous
 /// golden is returned with the error, so the service goes on as before; only when there is
 /// none is the error returned. Older goldens are never removed here: forks and pins may
-/// still name them (see `InstanceProvider::collect_versions`).
+/// still name them (see [`super::versions::collect`]).
 pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<Ensured, ProviderError> {
     // One builder at a time per root, across processes (and across providers in one process).
     let lock_path = ctx.root.join("golden.lock");
