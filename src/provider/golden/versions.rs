@@ -40,10 +40,19 @@ pub trait GoldenVersions: Send + Sync {
     fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
 }
 
+/// One version on disk, as forks use it (a data dir, a VM snapshot).
+pub trait Version: Clone + Send + Sync {
+    /// Its id.
+    fn id(&self) -> &str;
+}
+
 /// What every keeper of versions holds: its root (where [`store`] keeps the files), the
-/// version new forks copy, and the locks that keep switches, pins and forks apart.
+/// base version, the version new forks copy, and the locks that keep switches, pins and
+/// forks apart.
 pub struct Versions<G> {
     root: PathBuf,
+    /// Built from the configured SQL file (always kept).
+    base: G,
     active: std::sync::RwLock<G>,
     /// Shared by a fork (from choosing its version until it names it) and by pins; held
     /// alone by a switch and by a collection.
@@ -52,11 +61,12 @@ pub struct Versions<G> {
     build_lock: tokio::sync::Mutex<()>,
 }
 
-impl<G: Clone> Versions<G> {
+impl<G: Version> Versions<G> {
     /// The versions under `root`, `active` in use for new forks.
-    pub fn new(root: PathBuf, active: G) -> Self {
+    pub fn new(root: PathBuf, base: G, active: G) -> Self {
         Versions {
             root,
+            base,
             active: std::sync::RwLock::new(active),
             gate: tokio::sync::RwLock::new(()),
             build_lock: tokio::sync::Mutex::new(()),
@@ -66,6 +76,11 @@ impl<G: Clone> Versions<G> {
     /// The provider root the versions are kept under.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The version built from the configured SQL file.
+    pub fn base(&self) -> &G {
+        &self.base
     }
 
     /// The version new forks copy.
@@ -91,18 +106,14 @@ impl<G: Clone> Versions<G> {
 /// What a provider that keeps versions says of its own; the rest is [`GoldenVersions`],
 /// implemented here for every keeper.
 pub trait Keeper: Send + Sync {
-    /// One version on disk, as forks use it (a data dir, a VM snapshot).
-    type Golden: Clone + Send + Sync;
+    /// One version on disk.
+    type Golden: Version;
     /// How logs name one built version ("golden", "microvm golden").
     const KIND: &'static str;
     /// File in a backend's directory naming the version it was copied from.
     const GOLDEN_FILE: &'static str;
     /// The shared state.
     fn version_state(&self) -> &Versions<Self::Golden>;
-    /// A version's id.
-    fn id_of(golden: &Self::Golden) -> &str;
-    /// The version built from the configured SQL file (always kept).
-    fn base(&self) -> &Self::Golden;
     /// A finished version other than the base, by a valid id (None: not on disk, not
     /// finished, or not usable by this provider).
     fn find_other(&self, id: &str) -> Option<Self::Golden>;
@@ -131,8 +142,8 @@ pub trait Keeper: Send + Sync {
 
 /// A finished version by id: the base, or one [`Keeper::find_other`] finds.
 pub fn find_golden<K: Keeper>(keeper: &K, id: &str) -> Result<K::Golden, ProviderError> {
-    let base = keeper.base();
-    if id == K::id_of(base) {
+    let base = keeper.version_state().base();
+    if id == base.id() {
         return Ok(base.clone());
     }
     store::valid_id(id)
@@ -147,7 +158,7 @@ fn fork_counts<K: Keeper>(keeper: &K) -> BTreeMap<String, u64> {
     store::fork_counts(
         keeper.backends_dir(),
         |dir| store::named_version(dir, K::GOLDEN_FILE),
-        K::id_of(keeper.base()),
+        keeper.version_state().base().id(),
     )
 }
 
@@ -173,10 +184,10 @@ pub fn golden_for<K: Keeper>(keeper: &K, tag: &BackendTag) -> K::Golden {
 async fn list<K: Keeper>(keeper: &K) -> Result<Vec<GoldenInfo>, ProviderError> {
     let state = keeper.version_state();
     let _gate = state.gate.read().await;
-    let active = K::id_of(&state.active()).to_string();
+    let active = state.active().id().to_string();
     let counts = fork_counts(keeper);
     let count = |id: &str| counts.get(id).copied().unwrap_or(0);
-    let base = K::id_of(keeper.base());
+    let base = keeper.version_state().base().id();
     let mut out = vec![GoldenInfo::sql(
         base,
         keeper.sql_created(base),
@@ -249,7 +260,7 @@ async fn switch<K: Keeper>(keeper: &K, id: &str) -> Result<GoldenInfo, ProviderE
     {
         let _gate = state.gate.write().await;
         let golden = find_golden(keeper, id)?;
-        store::write_active(state.root(), K::id_of(&golden))?;
+        store::write_active(state.root(), golden.id())?;
         state.set_active(golden);
     }
     tracing::info!(golden = %id, "golden version in use for new forks");
@@ -269,7 +280,7 @@ async fn pin<K: Keeper>(
     let state = keeper.version_state();
     // Under the gate: a switch or a collection cannot come between reading and pinning.
     let _gate = state.gate.read().await;
-    let active = K::id_of(&state.active()).to_string();
+    let active = state.active().id().to_string();
     store::write_pin(state.root(), token, &active, expires_at)?;
     Ok(active)
 }
@@ -280,7 +291,7 @@ async fn pin<K: Keeper>(
 pub async fn collect<K: Keeper>(keeper: &K) {
     let state = keeper.version_state();
     let _gate = state.gate.write().await;
-    let active = K::id_of(&state.active()).to_string();
+    let active = state.active().id().to_string();
     let counts = fork_counts(keeper);
     let pinned = store::pinned_versions(state.root());
     let unused = |id: &str| id != active && !counts.contains_key(id) && !pinned.contains(id);
@@ -332,7 +343,7 @@ impl<K: Keeper> GoldenVersions for K {
     }
 
     fn active_golden(&self) -> String {
-        K::id_of(&self.version_state().active()).to_string()
+        self.version_state().active().id().to_string()
     }
 
     fn pin_golden<'a>(

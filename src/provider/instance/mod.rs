@@ -78,10 +78,8 @@ pub struct InstanceProvider {
     pub(super) netns: bool,
     root: PathBuf,
     pub(super) real_root: PathBuf,
-    /// The golden built from the configured SQL file (always kept).
-    pub(super) base: Golden,
-    /// The golden new forks copy, pins, and the gate that keeps a version from being removed
-    /// under a copy.
+    /// The golden built from the configured SQL file (always kept), the one new forks copy,
+    /// pins, and the gate that keeps a version from being removed under a copy.
     versions: Versions<Golden>,
     pub(super) gateway_user: String,
     pub(super) instances: PathBuf,
@@ -148,7 +146,7 @@ impl InstanceProvider {
             0.0
         });
         let base = Golden::base(ensured.dir);
-        let versions = versions::at_start(&real_root, &base);
+        let versions = versions::at_start(&real_root, base);
         tracing::info!(golden = %versions.active().id, "active golden");
         let provider = InstanceProvider {
             bins,
@@ -156,7 +154,6 @@ impl InstanceProvider {
             netns,
             root: cfg.root,
             real_root,
-            base,
             versions,
             gateway_user,
             instances,
@@ -185,7 +182,7 @@ impl InstanceProvider {
 
     /// Directory of the golden built from the SQL file (its data dir is `<golden_dir>/data`).
     pub fn golden_dir(&self) -> &Path {
-        &self.base.dir
+        &self.versions.base().dir
     }
 
     /// The real directory everything lives in (the configured root, or its fallback target).

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use super::InstanceProvider;
 use crate::provider::golden::live::{BuildReport, LiveSpec};
 use crate::provider::golden::store;
-use crate::provider::golden::versions::{Keeper, Versions};
+use crate::provider::golden::versions::{Keeper, Version, Versions};
 use crate::provider::golden::{self, build, sql, GoldenCtx, READY_MARKER};
 use crate::provider::{BoxFuture, ProviderError};
 
@@ -28,6 +28,12 @@ pub struct Golden {
     pub id: String,
     /// Its directory (the data dir is `<dir>/data`).
     pub dir: PathBuf,
+}
+
+impl Version for Golden {
+    fn id(&self) -> &str {
+        &self.id
+    }
 }
 
 impl Golden {
@@ -44,7 +50,7 @@ impl Golden {
 /// The versions under `root` at start, `versions/active` in use if it names a finished
 /// built version, else the base. Removes what builds interrupted by a dead gateway left
 /// first (before any build can run).
-pub(super) fn at_start(root: &Path, base: &Golden) -> Versions<Golden> {
+pub(super) fn at_start(root: &Path, base: Golden) -> Versions<Golden> {
     store::remove_unfinished(root);
     let mut active = base.clone();
     if let Some(id) = store::read_active(root) {
@@ -53,7 +59,7 @@ pub(super) fn at_start(root: &Path, base: &Golden) -> Versions<Golden> {
             active = Golden { id, dir };
         }
     }
-    Versions::new(root.to_path_buf(), active)
+    Versions::new(root.to_path_buf(), base, active)
 }
 
 impl Keeper for InstanceProvider {
@@ -63,14 +69,6 @@ impl Keeper for InstanceProvider {
 
     fn version_state(&self) -> &Versions<Golden> {
         &self.versions
-    }
-
-    fn id_of(golden: &Golden) -> &str {
-        &golden.id
-    }
-
-    fn base(&self) -> &Golden {
-        &self.base
     }
 
     fn find_other(&self, id: &str) -> Option<Golden> {
@@ -91,8 +89,8 @@ impl Keeper for InstanceProvider {
     }
 
     fn sql_created(&self, id: &str) -> String {
-        let dir = if id == self.base.id {
-            self.base.dir.clone()
+        let dir = if id == self.versions.base().id {
+            self.versions.base().dir.clone()
         } else {
             self.real_root.join(id)
         };
@@ -132,7 +130,9 @@ impl Keeper for InstanceProvider {
             .map(|rd| {
                 rd.flatten()
                     .map(|e| (e.file_name().to_string_lossy().to_string(), e.path()))
-                    .filter(|(n, p)| sql::is_sql_golden_name(n) && *n != self.base.id && p.is_dir())
+                    .filter(|(n, p)| {
+                        sql::is_sql_golden_name(n) && *n != self.versions.base().id && p.is_dir()
+                    })
                     .collect()
             })
             .unwrap_or_default();

@@ -16,6 +16,7 @@ use super::qemu::{self, Image, Qmp, VmSpec};
 use super::MicrovmConfig;
 use crate::pg::process;
 use crate::provider::golden::live::{BuildReport, LiveSpec, SourceDsn};
+use crate::provider::golden::versions::Version;
 use crate::provider::golden::DATABASE;
 use crate::provider::golden::{GoldenCtx, Load, SUPERUSER};
 use crate::provider::ProviderError;
@@ -52,6 +53,12 @@ impl Snapshot {
             disk: dir.join("disk.qcow2"),
             psql: psql.to_path_buf(),
         }
+    }
+}
+
+impl Version for Snapshot {
+    fn id(&self) -> &str {
+        &self.id
     }
 }
 

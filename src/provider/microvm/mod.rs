@@ -68,10 +68,9 @@ pub struct MicrovmConfig {
 pub struct MicrovmProvider {
     cfg: MicrovmConfig,
     image: Image,
-    /// The snapshot built from the SQL file (always kept).
-    base: golden::Snapshot,
-    /// The snapshot new forks restore from, pins, and the gate that keeps a version from
-    /// being removed under a restore (shared) or while the active one is switched.
+    /// The snapshot built from the SQL file (always kept), the one new forks restore from,
+    /// pins, and the gate that keeps a version from being removed under a restore (shared)
+    /// or while the active one is switched.
     versions: Versions<golden::Snapshot>,
     /// What snapshots restore only with ([`golden::shape`]); built versions of another
     /// shape are not used.
@@ -139,8 +138,7 @@ impl MicrovmProvider {
         let p = MicrovmProvider {
             cfg,
             image,
-            versions: Versions::new(root, base.clone()),
-            base,
+            versions: Versions::new(root, base.clone(), base),
             shape,
             vms,
             refs,
@@ -248,13 +246,13 @@ impl MicrovmProvider {
         let name = format!("sandpit-vm-{handle}");
         // The memory file only backs the RAM, mapped privately: a boot starts afresh, so
         // the base's (always kept, of this VM shape) serves whatever the clone's version.
-        qemu::start(&self.spec(dir, &disk, &self.base.mem, &name, false))?;
+        qemu::start(&self.spec(dir, &disk, &self.versions.base().mem, &name, false))?;
         let deadline = self.cfg.boot_timeout;
         let chan = bridge::connect_channel(&dir.join(qemu::CHANNEL), deadline).await?;
         let b = Bridge::start(chan, &process::socket_path(dir))?;
         b.ping(deadline).await?;
         b.set_clock().await?;
-        golden::wait_postgres(&self.base.psql, dir, deadline).await?;
+        golden::wait_postgres(&self.versions.base().psql, dir, deadline).await?;
         if let Ok(mut m) = self.bridges.lock() {
             m.insert(handle.to_string(), b);
         }

@@ -35,7 +35,7 @@ impl MicrovmProvider {
     pub(super) fn active_at_start(&self) -> Snapshot {
         store::read_active(&self.cfg.root)
             .and_then(|id| shared::find_golden(self, &id).ok())
-            .unwrap_or_else(|| self.base.clone())
+            .unwrap_or_else(|| self.versions.base().clone())
     }
 }
 
@@ -48,23 +48,16 @@ impl Keeper for MicrovmProvider {
         &self.versions
     }
 
-    fn id_of(golden: &Snapshot) -> &str {
-        &golden.id
-    }
-
-    fn base(&self) -> &Snapshot {
-        &self.base
-    }
-
     /// A base of an earlier SQL file (clones made before it changed still name it), or a
     /// built version of this VM shape.
     fn find_other(&self, id: &str) -> Option<Snapshot> {
         let base_dir = self.cfg.root.join(GOLDENS_DIR).join(id);
         if id.starts_with("golden-") && golden::base_ready(&base_dir) {
-            return Some(Snapshot::at(id, &base_dir, &self.base.psql));
+            return Some(Snapshot::at(id, &base_dir, &self.versions.base().psql));
         }
         let dir = store::versions_dir(&self.cfg.root).join(id);
-        golden::version_ready(&dir, &self.shape).then(|| Snapshot::at(id, &dir, &self.base.psql))
+        golden::version_ready(&dir, &self.shape)
+            .then(|| Snapshot::at(id, &dir, &self.versions.base().psql))
     }
 
     /// Token VMs and warm-pool members alike.
