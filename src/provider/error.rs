@@ -108,6 +108,13 @@ pub enum ProviderError {
         #[source]
         source: reqwest::Error,
     },
+    /// A remote provider's settings could not be read (its CA file).
+    #[error("remote service: {what}: {source}")]
+    RemoteIo {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     /// A remote provider's request or answer was not the JSON expected.
     #[error("remote service: {what}: {source}")]
     RemoteJson {
@@ -118,6 +125,13 @@ pub enum ProviderError {
     /// The admin connection of the template provider failed or refused.
     #[error("template server: {0}")]
     Template(String),
+    /// The template provider's admin connection could not be opened.
+    #[error("template server: {what}: {source}")]
+    TemplateIo {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
     /// A statement of the template provider's admin connection failed (the server's
     /// message and SQLSTATE shown).
     #[error("template server: {what}: {}", describe(source))]

@@ -94,7 +94,10 @@ impl RemoteProvider {
         let mut http = reqwest::Client::builder().use_rustls_tls();
         // The CA that verifies sandboxes also verifies the API (a worker signs both).
         if let Some(ca) = &cfg.ca_file {
-            let pem = std::fs::read(ca).map_err(|e| remote(format!("{}: {e}", ca.display())))?;
+            let pem = std::fs::read(ca).map_err(|source| ProviderError::RemoteIo {
+                what: ca.display().to_string(),
+                source,
+            })?;
             for c in reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
                 ProviderError::RemoteHttp {
                     what: ca.display().to_string(),

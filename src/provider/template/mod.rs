@@ -148,9 +148,13 @@ async fn admin_session(
     endpoint: &Endpoint,
     db: &str,
 ) -> Result<Client, ProviderError> {
-    let stream = backend_stream::open(endpoint)
-        .await
-        .map_err(|e| tpl(format!("connecting as admin: {e}")))?;
+    let stream =
+        backend_stream::open(endpoint)
+            .await
+            .map_err(|source| ProviderError::TemplateIo {
+                what: "connecting as admin".into(),
+                source,
+            })?;
     let mut cfg = admin.clone();
     cfg.dbname(db)
         .ssl_mode(tokio_postgres::config::SslMode::Disable);
