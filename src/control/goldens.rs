@@ -9,7 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{error, ApiState};
-use crate::provider::golden_build::{LiveSpec, SourceDsn};
+use crate::provider::golden::live::{LiveSpec, SourceDsn};
 use crate::provider::mask::MaskRules;
 use crate::provider::ProviderError;
 
@@ -36,8 +36,8 @@ pub struct BuildBody {
 fn provider_error(e: ProviderError) -> Response {
     match e {
         ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
+        e @ ProviderError::InvalidMask(_) => error(StatusCode::BAD_REQUEST, e.to_string()),
         ProviderError::NotFound(m) => error(StatusCode::NOT_FOUND, format!("unknown {m}")),
-        ProviderError::Unsupported(m) => error(StatusCode::NOT_IMPLEMENTED, m),
         other => {
             tracing::error!(error = %other, "golden request failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())
@@ -45,9 +45,25 @@ fn provider_error(e: ProviderError) -> Response {
     }
 }
 
+/// The answer for a provider without golden versions ([`Provider::versions`] is None).
+///
+/// [`Provider::versions`]: crate::provider::Provider::versions
+fn unsupported(s: &ApiState) -> Response {
+    error(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "golden versions and golden build are supported with the instance and microvm providers, not {}",
+            s.gw.provider.name()
+        ),
+    )
+}
+
 /// `GET /v1/goldens`.
 pub async fn list(State(s): State<ApiState>) -> Response {
-    match s.gw.provider.goldens().await {
+    let Some(versions) = s.gw.provider.versions() else {
+        return unsupported(&s);
+    };
+    match versions.goldens().await {
         Ok(v) => Json(v).into_response(),
         Err(e) => provider_error(e),
     }
@@ -85,12 +101,15 @@ pub async fn build(
         exclude_tables: b.exclude_tables,
         mask,
     };
-    let built = match s.gw.provider.build_golden(&spec).await {
+    let Some(versions) = s.gw.provider.versions() else {
+        return unsupported(&s);
+    };
+    let built = match versions.build_golden(&spec).await {
         Ok(g) => g,
         Err(e) => return provider_error(e),
     };
     let info = if b.activate {
-        match s.gw.provider.use_golden(&built.id).await {
+        match versions.use_golden(&built.id).await {
             Ok(g) => g,
             Err(e) => return provider_error(e),
         }
@@ -102,7 +121,10 @@ pub async fn build(
 
 /// `POST /v1/goldens/{id}/use`: new tokens' forks copy this version from now on.
 pub async fn use_version(State(s): State<ApiState>, Path(id): Path<String>) -> Response {
-    match s.gw.provider.use_golden(&id).await {
+    let Some(versions) = s.gw.provider.versions() else {
+        return unsupported(&s);
+    };
+    match versions.use_golden(&id).await {
         Ok(g) => Json(g).into_response(),
         Err(e) => provider_error(e),
     }

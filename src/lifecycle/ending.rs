@@ -68,7 +68,9 @@ impl Gateway {
         self.destroy_backend(id).await?;
         crash_point("end:destroyed");
         // Never forked: its pin alone may be keeping an old golden version.
-        self.provider.unpin_golden(id).await?;
+        if let Some(v) = self.provider.versions() {
+            v.unpin_golden(id).await?;
+        }
         if rec.end.is_none() {
             return Ok(None);
         }

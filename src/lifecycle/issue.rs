@@ -38,7 +38,7 @@ pub struct IssueRequest {
     /// Free-form metadata.
     pub metadata: BTreeMap<String, String>,
     /// Sessions log in as a superuser of the token's own backend (providers whose
-    /// [`Provider::superuser_sessions`] says yes; refused elsewhere).
+    /// [`Provider::superuser_logins`] is Some; refused elsewhere).
     pub superuser: bool,
 }
 
@@ -135,11 +135,14 @@ impl Gateway {
         let secret = auth::new_secret();
         let now = OffsetDateTime::now_utc();
         // A golden switched to after this is for tokens issued after it.
-        let golden = self
-            .provider
-            .pin_golden(&id, &rfc3339(now + ttl))
-            .await
-            .map_err(LifecycleError::Provider)?;
+        let golden = match self.provider.versions() {
+            Some(v) => Some(
+                v.pin_golden(&id, &rfc3339(now + ttl))
+                    .await
+                    .map_err(LifecycleError::Provider)?,
+            ),
+            None => None,
+        };
         // PBKDF2 (4096 HMACs) off the async workers: a burst of issues must not hold the
         // relay's workers (a join error, a panic in it, recomputes here).
         let verifier = {

@@ -36,7 +36,7 @@ pub(super) fn allow_kinds(
 /// A superuser token only where the backend is a whole throwaway machine: elsewhere a
 /// superuser would reach the host's files and programs, or other tokens' databases.
 pub(super) fn superuser(wanted: bool, provider: &dyn Provider) -> Result<(), LifecycleError> {
-    if wanted && !provider.superuser_sessions() {
+    if wanted && provider.superuser_logins().is_none() {
         return Err(LifecycleError::Invalid(format!(
             "superuser tokens need the microvm provider (a VM per token); this gateway runs the {} provider, where a superuser would reach the host or other tokens' databases",
             provider.name()

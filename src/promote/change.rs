@@ -142,11 +142,10 @@ pub async fn masking(
     let Some(g) = golden else {
         return Ok(Masking::default());
     };
-    let all = match provider.goldens().await {
-        Ok(all) => all,
-        Err(ProviderError::Unsupported(_)) => return Ok(Masking::default()),
-        Err(e) => return Err(e),
+    let Some(versions) = provider.versions() else {
+        return Ok(Masking::default());
     };
+    let all = versions.goldens().await?;
     let report = &all
         .iter()
         .find(|v| v.id == g)

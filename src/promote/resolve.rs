@@ -51,7 +51,7 @@ impl Origin {
 /// built from a live database.
 pub async fn golden_source(provider: &dyn Provider, golden: Option<&str>) -> Option<String> {
     let g = golden?;
-    let all = provider.goldens().await.ok()?;
+    let all = provider.versions()?.goldens().await.ok()?;
     all.iter()
         .find(|v| v.id == g)
         .and_then(|v| v.report.get("source_conninfo"))

@@ -88,8 +88,9 @@ pub fn copy_tree(
     method: CopyMethod,
     owner: &RunAs,
 ) -> Result<(), ProviderError> {
-    let fail = |what: &str, p: &Path, e: io::Error| {
-        ProviderError::Fork(format!("{what} {}: {e}", p.display()))
+    let fail = |what: &str, p: &Path, source: io::Error| ProviderError::ForkIo {
+        what: format!("{what} {}", p.display()),
+        source,
     };
     let src_dir = open_path(src, DIR_FLAGS).map_err(|e| fail("opening", src, e))?;
     let src_stat = fstat(&src_dir).map_err(|e| fail("reading", src, e))?;
@@ -153,8 +154,9 @@ fn copy_dir(
     method: CopyMethod,
     owner: &RunAs,
 ) -> Result<(), ProviderError> {
-    let fail = |what: &str, p: &Path, e: io::Error| {
-        ProviderError::Fork(format!("{what} {}: {e}", p.display()))
+    let fail = |what: &str, p: &Path, source: io::Error| ProviderError::ForkIo {
+        what: format!("{what} {}", p.display()),
+        source,
     };
     for name in list_dir(src).map_err(|e| fail("reading", at, e))? {
         at.push(std::ffi::OsStr::from_bytes(name.to_bytes()));

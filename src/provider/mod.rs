@@ -1,11 +1,15 @@
-//! Where scratch databases come from. One trait; the `instance` provider is the
-//! embedded default (its own Postgres process per fork, on a copy of a golden data dir).
+//! Where scratch databases come from. One core trait, [`Provider`], that every provider
+//! implements, and optional capabilities a provider has or not, reached from it
+//! ([`Provider::versions`]: golden versions, [`Provider::superuser_logins`]). The
+//! `instance` provider is the embedded default (its own Postgres process per fork, on a
+//! copy of a golden data dir); `template`, `remote` and `microvm` are the others.
 
+mod backend;
 pub mod conninfo;
 pub mod copy;
+pub mod dirs;
+mod error;
 pub mod golden;
-pub mod golden_build;
-pub mod golden_sql;
 pub mod holds;
 pub mod instance;
 pub mod mask;
@@ -17,114 +21,25 @@ pub mod remote;
 pub mod remote_api;
 pub mod tag_file;
 pub mod template;
-pub mod version_store;
-pub mod versions;
 
 use std::future::Future;
 use std::pin::Pin;
 
-use serde::{Deserialize, Serialize};
-
 use crate::pgconn::BackendTarget;
+
+pub use backend::{Backend, BackendTag};
+pub use error::ProviderError;
+pub use golden::versions::GoldenVersions;
+
+/// Every backend of a provider: its handle, and its tag when it has one.
+pub type Listing = Vec<(String, Option<BackendTag>)>;
 
 /// A boxed future, so that `Provider` stays object safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// What a backend is tagged with, inside the backend itself, so a janitor can find it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct BackendTag {
-    /// Token id that owns the backend.
-    pub token_id: String,
-    /// Task name of the token.
-    pub task: String,
-    /// Expiry of the token, RFC 3339.
-    pub expires_at: String,
-    /// Id of the gateway (its data dir's `gateway.id`) that made the backend; empty in tags
-    /// written before it existed.
-    #[serde(default)]
-    pub gateway_id: String,
-    /// Golden version the token was pinned to when it was issued (None: the active one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub golden: Option<String>,
-}
-
-/// A running backend.
-#[derive(Debug, Clone)]
-pub struct Backend {
-    /// Provider-specific handle, persisted in the registry (for `instance`: the instance dir name).
-    pub handle: String,
-    /// Where to connect.
-    pub target: BackendTarget,
-    /// How the fork was made ("reflink", "copy", "btrfs-snapshot", "restart", "adopted").
-    pub method: String,
-    /// Whether the backend runs in an empty network namespace.
-    pub netns: bool,
-    /// Golden version it was copied from, for providers that keep versions.
-    pub golden: Option<String>,
-}
-
-/// Errors from a provider.
-#[derive(Debug, thiserror::Error)]
-pub enum ProviderError {
-    #[error("no PostgreSQL server binaries found ({0}); install the Debian package `postgresql` or set postgres.bin_dir")]
-    NoBinaries(String),
-    #[error("golden snapshot: {0}")]
-    Golden(String),
-    #[error("fork failed: {0}")]
-    Fork(String),
-    #[error("backend {0} not found")]
-    NotFound(String),
-    #[error("backend did not become ready: {0}")]
-    NotReady(String),
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("{0}")]
-    Other(String),
-    /// A remote provider's service failed or refused.
-    #[error("remote service: {0}")]
-    Remote(String),
-    /// The admin connection of the template provider failed.
-    #[error("template server: {0}")]
-    Template(String),
-    /// A backend's access was changed from inside (for `template`: the task role changed its
-    /// own password); the change was undone, and the token should be ended.
-    #[error("backend access changed outside the gateway: {0}")]
-    Tampered(String),
-    /// The request itself is wrong (bad masking rules, bad DSN).
-    #[error("{0}")]
-    Invalid(String),
-    /// The provider cannot do this.
-    #[error("{0}")]
-    Unsupported(String),
-}
-
-impl From<crate::pgconn::tls::TlsConfigError> for ProviderError {
-    fn from(e: crate::pgconn::tls::TlsConfigError) -> Self {
-        ProviderError::Other(e.to_string())
-    }
-}
-
-impl From<crate::pg::PgError> for ProviderError {
-    fn from(e: crate::pg::PgError) -> Self {
-        use crate::pg::PgError;
-        match e {
-            PgError::NoBinaries(m) => ProviderError::NoBinaries(m),
-            PgError::NotReady(m) => ProviderError::NotReady(m),
-            PgError::Io(e) => ProviderError::Io(e),
-            PgError::Other(m) => ProviderError::Other(m),
-        }
-    }
-}
-
-fn versions_unsupported<T>(name: &str) -> Result<T, ProviderError> {
-    Err(ProviderError::Unsupported(format!(
-        "golden versions and golden build are supported with the instance and microvm providers, not {name}"
-    )))
-}
-
 /// A source of scratch databases.
 pub trait Provider: Send + Sync + 'static {
-    /// Short name for logs and metrics ("instance", "template", "remote", "microvm").
+    /// Short name for logs and metrics: "instance", "template", "remote" or "microvm".
     fn name(&self) -> &'static str;
     /// Fork a new backend from the golden, tagged with `tag`, and wait until it accepts connections.
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>>;
@@ -160,7 +75,7 @@ pub trait Provider: Send + Sync + 'static {
     /// Stop a backend but keep its data, for a graceful gateway shutdown. Idempotent.
     fn stop<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
     /// Every backend that exists, with its tag (for the janitor).
-    fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>>;
+    fn list(&self) -> BoxFuture<'_, Result<Listing, ProviderError>>;
     /// Strings that must never reach a client (socket dirs, data paths, superuser names).
     fn secrets(&self) -> Vec<String>;
     /// Whether a warm-pool claim of this provider's members is recorded by the registry
@@ -184,17 +99,6 @@ pub trait Provider: Send + Sync + 'static {
     /// backend's own login.
     fn session_target(&self, backend: &Backend, _allow: Option<&[String]>) -> BackendTarget {
         backend.target.clone()
-    }
-    /// Whether a token may log in as a superuser of its own backend (see
-    /// [`Provider::superuser_target`]). Only a provider whose backend is a whole throwaway
-    /// machine, with nothing of the host or of other backends inside it, says yes.
-    fn superuser_sessions(&self) -> bool {
-        false
-    }
-    /// How a superuser token's agent session logs in to `backend` (None: the provider has
-    /// no such login, see [`Provider::superuser_sessions`]).
-    fn superuser_target(&self, _backend: &Backend) -> Option<BackendTarget> {
-        None
     }
     /// How the review logs in to a token's `backend`. Providers with a review role return
     /// it (its settings are out of the agent's reach); the default is the backend's login.
@@ -228,15 +132,8 @@ pub trait Provider: Send + Sync + 'static {
     /// [`release_reference`]: Provider::release_reference
     fn reference<'a>(
         &'a self,
-        _golden: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
-        Box::pin(async {
-            Err(ProviderError::Other(format!(
-                "provider {} has no reference backend",
-                self.name()
-            )))
-        })
-    }
+        golden: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Backend, ProviderError>>;
     /// Whether the end-of-token review may make one more fork, by default, to replay its
     /// patch (destroyed right after). Providers whose forks are billed say no; a request
     /// with `verify=true` forks anyway.
@@ -244,43 +141,23 @@ pub trait Provider: Send + Sync + 'static {
         true
     }
     /// Stop and remove the reference backend, if one runs (gateway shutdown). Idempotent.
-    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
-        Box::pin(async { Ok(()) })
-    }
-    /// The golden versions, oldest first.
-    fn goldens(&self) -> BoxFuture<'_, Result<Vec<versions::GoldenInfo>, ProviderError>> {
-        Box::pin(async { versions_unsupported(self.name()) })
-    }
-    /// Build a new golden version from a live database (not yet used for new forks).
-    fn build_golden<'a>(
-        &'a self,
-        _spec: &'a golden_build::LiveSpec,
-    ) -> BoxFuture<'a, Result<versions::GoldenInfo, ProviderError>> {
-        Box::pin(async { versions_unsupported(self.name()) })
-    }
-    /// Make a version the one new forks copy; existing forks keep theirs.
-    fn use_golden<'a>(
-        &'a self,
-        _id: &'a str,
-    ) -> BoxFuture<'a, Result<versions::GoldenInfo, ProviderError>> {
-        Box::pin(async { versions_unsupported(self.name()) })
-    }
-    /// The version new forks copy, for providers that keep versions.
-    fn active_golden(&self) -> Option<String> {
+    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>>;
+    /// Golden versions (built from a live database, switched to, pinned), for a provider
+    /// that keeps them (`instance`, `microvm`); None for the others.
+    fn versions(&self) -> Option<&dyn GoldenVersions> {
         None
     }
-    /// Pin the active version for a token being issued, so that its fork copies that version
-    /// even if another is put in use before it first connects; the pin keeps the version on
-    /// disk until the fork is made or the token ends. Returns the version (None: no versions).
-    fn pin_golden<'a>(
-        &'a self,
-        _token: &'a str,
-        _expires_at: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
-        Box::pin(async { Ok(None) })
+    /// Superuser sessions (see [`SuperuserLogin`]), for a provider that has them
+    /// (`microvm`); None for the others.
+    fn superuser_logins(&self) -> Option<&dyn SuperuserLogin> {
+        None
     }
-    /// Drop a token's pin (it ended, forked or not). Idempotent.
-    fn unpin_golden<'a>(&'a self, _token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async { Ok(()) })
-    }
+}
+
+/// A token may log in as a superuser of its own backend. Only a provider whose backend is a
+/// whole throwaway machine, with nothing of the host or of other backends inside it, has
+/// this.
+pub trait SuperuserLogin: Send + Sync {
+    /// How a superuser token's agent session logs in to `backend`.
+    fn superuser_target(&self, backend: &Backend) -> BackendTarget;
 }

@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use super::golden_build::LiveSpec;
+use super::golden::live::LiveSpec;
+use super::golden::store::GoldenInfo;
 use super::pool_sizing::{next_step, Demand, PoolSizing, Step};
-use super::versions::GoldenInfo;
-use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
+use super::{
+    Backend, BackendTag, BoxFuture, GoldenVersions, Provider, ProviderError, SuperuserLogin,
+};
 use crate::pgconn::BackendTarget;
 
 /// Prefix of the token id in the tag of an unclaimed pool member.
@@ -164,7 +166,9 @@ impl WarmPool {
                 // drain() waits for it (a member warming up was in neither list before).
                 let unwanted = match forked {
                     Ok(b) if pool.is_draining() => Some(b), // shutting down: nobody will claim it
-                    Ok(b) if b.golden != pool.inner.active_golden() => Some(b), // the golden changed meanwhile
+                    Ok(b) if b.golden != pool.inner.versions().map(|v| v.active_golden()) => {
+                        Some(b)
+                    } // the golden changed meanwhile
                     Ok(b) => {
                         warm_up(&b).await;
                         let _filling = pool.filling.lock().unwrap_or_else(|p| p.into_inner());
@@ -308,7 +312,7 @@ impl Provider for WarmPool {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .record(std::time::Instant::now(), self.sizing.half_life);
-            let active = self.inner.active_golden();
+            let active = self.inner.versions().map(|v| v.active_golden());
             if tag.golden.is_some() && tag.golden != active {
                 self.refill.notify_one();
                 // Pinned to a version issued before the last switch: members are of the new one.
@@ -417,14 +421,6 @@ impl Provider for WarmPool {
         self.inner.session_target(backend, allow)
     }
 
-    fn superuser_sessions(&self) -> bool {
-        self.inner.superuser_sessions()
-    }
-
-    fn superuser_target(&self, backend: &Backend) -> Option<BackendTarget> {
-        self.inner.superuser_target(backend)
-    }
-
     fn review_target(&self, backend: &Backend) -> BackendTarget {
         self.inner.review_target(backend)
     }
@@ -440,20 +436,52 @@ impl Provider for WarmPool {
         self.inner.ended_backend(handle)
     }
 
+    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
+        self.inner.release_reference()
+    }
+
+    fn verify_forks_by_default(&self) -> bool {
+        self.inner.verify_forks_by_default()
+    }
+
+    /// The inner provider's, with the pool's own claim of a switch.
+    fn versions(&self) -> Option<&dyn GoldenVersions> {
+        self.inner.versions().map(|_| self as &dyn GoldenVersions)
+    }
+
+    fn superuser_logins(&self) -> Option<&dyn SuperuserLogin> {
+        self.inner.superuser_logins()
+    }
+}
+
+impl WarmPool {
+    /// The inner provider's versions: [`Provider::versions`] hands the pool's out only when
+    /// there are some.
+    fn inner_versions(&self) -> Result<&dyn GoldenVersions, ProviderError> {
+        self.inner.versions().ok_or_else(|| {
+            ProviderError::Other(format!(
+                "provider {} keeps no golden versions",
+                self.inner.name()
+            ))
+        })
+    }
+}
+
+impl GoldenVersions for WarmPool {
     fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
-        self.inner.goldens()
+        Box::pin(async move { self.inner_versions()?.goldens().await })
     }
 
     fn build_golden<'a>(
         &'a self,
         spec: &'a LiveSpec,
     ) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
-        self.inner.build_golden(spec)
+        Box::pin(async move { self.inner_versions()?.build_golden(spec).await })
     }
 
     fn use_golden<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
         Box::pin(async move {
-            let info = self.inner.use_golden(id).await?;
+            let info = self.inner_versions()?.use_golden(id).await?;
             // Members of the old golden go; the refill copies the new one.
             let stale: Vec<Backend> = {
                 let mut ready = self.lock_ready();
@@ -474,27 +502,22 @@ impl Provider for WarmPool {
         })
     }
 
-    fn active_golden(&self) -> Option<String> {
-        self.inner.active_golden()
+    fn active_golden(&self) -> String {
+        self.inner
+            .versions()
+            .map(|v| v.active_golden())
+            .unwrap_or_default()
     }
 
     fn pin_golden<'a>(
         &'a self,
         token: &'a str,
         expires_at: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
-        self.inner.pin_golden(token, expires_at)
+    ) -> BoxFuture<'a, Result<String, ProviderError>> {
+        Box::pin(async move { self.inner_versions()?.pin_golden(token, expires_at).await })
     }
 
     fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
-        self.inner.unpin_golden(token)
-    }
-
-    fn release_reference(&self) -> BoxFuture<'_, Result<(), ProviderError>> {
-        self.inner.release_reference()
-    }
-
-    fn verify_forks_by_default(&self) -> bool {
-        self.inner.verify_forks_by_default()
+        Box::pin(async move { self.inner_versions()?.unpin_golden(token).await })
     }
 }

@@ -16,23 +16,19 @@ pub const TERMINATE_WAIT_MS: i64 = 5000;
 /// Longest wait for a login of the quiescing role.
 const LOGIN_WAIT: Duration = Duration::from_secs(10);
 
-fn err(what: &str, e: impl std::fmt::Display) -> ProviderError {
-    ProviderError::Other(format!("before the review, {what}: {e}"))
-}
-
-/// The server's message and SQLSTATE when there is one.
-pub fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
+/// A step before the review that failed on the server.
+fn sql(what: &str) -> impl FnOnce(tokio_postgres::Error) -> ProviderError {
+    let what = format!("before the review, {what}");
+    move |source| ProviderError::Sql { what, source }
 }
 
 /// Logs in as `target` (a superuser of a server that is the token's alone).
 async fn login(target: &BackendTarget) -> Result<Client, ProviderError> {
     let stream = backend_stream::open(&target.endpoint)
         .await
-        .map_err(|e| err("connecting as the admin role", e))?;
+        .map_err(ProviderError::io_at(
+            "before the review, connecting as the admin role",
+        ))?;
     let mut cfg = tokio_postgres::Config::new();
     cfg.user(&target.user)
         .dbname(&target.database)
@@ -47,8 +43,12 @@ async fn login(target: &BackendTarget) -> Result<Client, ProviderError> {
     }
     let (client, conn) = tokio::time::timeout(LOGIN_WAIT, cfg.connect_raw(stream, NoTls))
         .await
-        .map_err(|_| err("logging in as the admin role", "timed out"))?
-        .map_err(|e| err("logging in as the admin role", describe(&e)))?;
+        .map_err(|_| {
+            ProviderError::Other(
+                "before the review, logging in as the admin role: timed out".into(),
+            )
+        })?
+        .map_err(sql("logging in as the admin role"))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "quiesce connection ended");
@@ -69,14 +69,14 @@ pub async fn whole_server(admin: &BackendTarget) -> Result<usize, ProviderError>
         &[&TERMINATE_WAIT_MS],
     )
     .await
-    .map_err(|e| err("ending the agent's sessions", describe(&e)))?;
+    .map_err(sql("ending the agent's sessions"))?;
     let rows = c
         .query(
             "SELECT gid, database::text FROM pg_catalog.pg_prepared_xacts ORDER BY database",
             &[],
         )
         .await
-        .map_err(|e| err("listing prepared transactions", describe(&e)))?;
+        .map_err(sql("listing prepared transactions"))?;
     let mut n = 0;
     for r in rows {
         let gid: String = r.get(0);
@@ -93,7 +93,7 @@ pub async fn whole_server(admin: &BackendTarget) -> Result<usize, ProviderError>
             .unwrap_or(&c)
             .batch_execute(&format!("ROLLBACK PREPARED '{}'", gid.replace('\'', "''")))
             .await
-            .map_err(|e| err("rolling back a prepared transaction", describe(&e)))?;
+            .map_err(sql("rolling back a prepared transaction"))?;
         n += 1;
         tracing::info!(database = %db, "rolled back a prepared transaction left by the agent");
     }

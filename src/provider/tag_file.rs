@@ -31,8 +31,10 @@ pub fn write_hint(dir: &Path, tag: &BackendTag) -> Result<(), ProviderError> {
 }
 
 fn write_with(dir: &Path, tag: &BackendTag, sync: bool) -> Result<(), ProviderError> {
-    let bytes =
-        serde_json::to_vec_pretty(tag).map_err(|e| ProviderError::Other(format!("tag: {e}")))?;
+    let bytes = serde_json::to_vec_pretty(tag).map_err(|source| ProviderError::Json {
+        what: "tag".into(),
+        source,
+    })?;
     let tmp = dir.join(format!("{TAG_FILE}.tmp"));
     {
         let mut f = std::fs::OpenOptions::new()

@@ -560,8 +560,6 @@ fn tangles(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<BTreeSet<S
 /// `provider` ones): a folder's tangle may shrink or go, never grow, and no new one may
 /// appear. Remove a row when its circle is gone.
 const KNOWN_TANGLES: &[(&str, &[&str])] = &[
-    ("provider", &["golden", "golden_build"]),
-    ("provider", &["instance", "version_store", "versions"]),
 ];
 
 /// Each circle among a folder's parts that is not inside a known tangle, as a message

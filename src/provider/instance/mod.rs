@@ -4,6 +4,7 @@
 mod reference;
 mod root;
 mod server;
+mod versions;
 
 use std::collections::HashMap;
 use std::fs;
@@ -16,18 +17,17 @@ use nix::sys::signal::Signal;
 use tokio::process::Child;
 
 use super::copy::{self, CopyMethod};
-use super::golden::{self, GoldenCtx, AGENT, DATABASE, REVIEWER, SUPERUSER};
-use super::golden_build::LiveSpec;
-use super::golden_sql;
+use super::dirs::make_dir;
+use super::golden::versions::{self as shared, GoldenVersions, Versions};
+use super::golden::{self, sql, GoldenCtx, AGENT, DATABASE, REVIEWER, SUPERUSER};
 use super::tag_file;
-use super::versions::{self, Golden, GoldenInfo, GOLDEN_FILE};
 use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::pg::process;
 use crate::pg::user::{self, RunAs};
 use crate::pg::{self as pgbin, PgBinaries};
 use crate::pgconn::{BackendTarget, Endpoint};
-pub(super) use root::make_dir;
 use root::prepare_root;
+use versions::{Golden, GOLDEN_FILE};
 
 /// Name of the tag file inside an instance dir.
 /// Where destroyed instances wait to be deleted (same filesystem, so the move is a rename).
@@ -78,15 +78,9 @@ pub struct InstanceProvider {
     pub(super) netns: bool,
     root: PathBuf,
     pub(super) real_root: PathBuf,
-    /// The golden built from the configured SQL file (always kept).
-    pub(super) base: Golden,
-    /// The golden new forks copy.
-    pub(super) active: std::sync::RwLock<Golden>,
-    /// Held (shared) while a golden is being copied, (exclusive) while unused versions are
-    /// removed, so a version is never removed under a copy.
-    pub(super) versions_gate: tokio::sync::RwLock<()>,
-    /// One build from a live database at a time.
-    pub(super) build_lock: tokio::sync::Mutex<()>,
+    /// The golden built from the configured SQL file (always kept), the one new forks copy,
+    /// pins, and the gate that keeps a version from being removed under a copy.
+    versions: Versions<Golden>,
     pub(super) gateway_user: String,
     pub(super) instances: PathBuf,
     copy: CopyMethod,
@@ -134,7 +128,7 @@ impl InstanceProvider {
             gateway_user: &gateway_user,
             max_connections: cfg.max_connections,
         };
-        let ensured = golden_sql::ensure(&ctx).await?;
+        let ensured = sql::ensure(&ctx).await?;
         if let Some(e) = &ensured.failed {
             // Loud, but the service goes on: an operator's typo must not take it down, and
             // the live tokens forked from the previous golden stay reviewable.
@@ -152,19 +146,15 @@ impl InstanceProvider {
             0.0
         });
         let base = Golden::base(ensured.dir);
-        versions::remove_unfinished(&real_root);
-        let active = versions::active_at_start(&real_root, &base);
-        tracing::info!(golden = %active.id, "active golden");
+        let versions = versions::at_start(&real_root, base);
+        tracing::info!(golden = %versions.active().id, "active golden");
         let provider = InstanceProvider {
             bins,
             run_as,
             netns,
             root: cfg.root,
             real_root,
-            base,
-            active: std::sync::RwLock::new(active),
-            versions_gate: tokio::sync::RwLock::new(()),
-            build_lock: tokio::sync::Mutex::new(()),
+            versions,
             gateway_user,
             instances,
             copy,
@@ -176,7 +166,7 @@ impl InstanceProvider {
         // A reference left by a crashed gateway may be a fork of an older golden: start afresh.
         provider.remove_references().await?;
         // Versions whose last fork ended while the gateway was down.
-        provider.collect_versions().await;
+        shared::collect(&provider).await;
         Ok(provider)
     }
 
@@ -192,7 +182,7 @@ impl InstanceProvider {
 
     /// Directory of the golden built from the SQL file (its data dir is `<golden_dir>/data`).
     pub fn golden_dir(&self) -> &Path {
-        &self.base.dir
+        &self.versions.base().dir
     }
 
     /// The real directory everything lives in (the configured root, or its fallback target).
@@ -223,7 +213,7 @@ impl InstanceProvider {
             },
             method: method.to_string(),
             netns: self.netns,
-            golden: versions::instance_golden(&inst),
+            golden: golden::store::named_version(&inst, GOLDEN_FILE),
         }
     }
 
@@ -247,21 +237,24 @@ impl InstanceProvider {
         {
             // The version is named before the gate is released, so it is never removed
             // under this instance.
-            let _gate = self.versions_gate.read().await;
-            let golden = self.golden_for(tag);
+            let _gate = self.versions.read_gate().await;
+            let golden = shared::golden_for(self, tag);
             fs::write(inst.join(GOLDEN_FILE), &golden.id)?;
             let src = golden.dir.join("data");
             let dst = inst.join("data");
             let (method, owner) = (self.copy, self.run_as.clone());
             tokio::task::spawn_blocking(move || copy::copy_tree(&src, &dst, method, &owner))
                 .await
-                .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+                .map_err(|source| ProviderError::ForkTask {
+                    what: "copy task".into(),
+                    source,
+                })??;
         }
         tag_file::write(inst, tag)?;
         let copied = t0.elapsed();
         self.start(&tag.token_id, inst).await?;
         // The instance's own golden-version file names the version from now on.
-        self.unpin_version(&tag.token_id)?;
+        golden::store::remove_pin(&self.real_root, &tag.token_id)?;
         tracing::debug!(handle = %tag.token_id, copy_ms = copied.as_millis() as u64,
             start_ms = (t0.elapsed() - copied).as_millis() as u64, "fork phases");
         Ok(())
@@ -293,9 +286,10 @@ impl InstanceProvider {
             });
             if inst.exists() {
                 // The rename failed: delete in place, and wait for it.
-                removing
-                    .await
-                    .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+                removing.await.map_err(|source| ProviderError::Task {
+                    what: "remove task".into(),
+                    source,
+                })??;
             } else {
                 tokio::spawn(async move {
                     if let Ok(Err(e)) = removing.await {
@@ -308,7 +302,7 @@ impl InstanceProvider {
         }
         golden::remove_socket_dir(&sock, &inst)?;
         tracing::debug!(handle, "instance destroyed");
-        self.collect_versions().await;
+        shared::collect(self).await;
         Ok(())
     }
 }
@@ -446,40 +440,8 @@ impl Provider for InstanceProvider {
         })
     }
 
-    fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
-        Box::pin(async move { self.list_goldens().await })
-    }
-
-    fn build_golden<'a>(
-        &'a self,
-        spec: &'a LiveSpec,
-    ) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
-        Box::pin(self.build_version(spec))
-    }
-
-    fn use_golden<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
-        Box::pin(self.use_version(id))
-    }
-
-    fn active_golden(&self) -> Option<String> {
-        Some(self.active_golden_now().id)
-    }
-
-    fn pin_golden<'a>(
-        &'a self,
-        token: &'a str,
-        expires_at: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
-        Box::pin(async move { self.pin_version(token, expires_at).await.map(Some) })
-    }
-
-    fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            if self.unpin_version(token)? {
-                self.collect_versions().await;
-            }
-            Ok(())
-        })
+    fn versions(&self) -> Option<&dyn GoldenVersions> {
+        Some(self)
     }
 
     fn secrets(&self) -> Vec<String> {

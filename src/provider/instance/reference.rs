@@ -7,10 +7,12 @@ use std::time::Instant;
 
 use nix::sys::signal::Signal;
 
-use super::{make_dir, validate_handle, InstanceProvider, DESTROY_GRACE};
+use super::{validate_handle, InstanceProvider, DESTROY_GRACE};
 use crate::pg::process;
 use crate::pgconn::{BackendTarget, Endpoint};
 use crate::provider::copy;
+use crate::provider::dirs::make_dir;
+use crate::provider::golden::versions;
 use crate::provider::golden::{self, AGENT, DATABASE, REVIEWER};
 use crate::provider::{Backend, ProviderError};
 
@@ -62,7 +64,10 @@ impl InstanceProvider {
                 _ => Ok(()),
             })
             .await
-            .map_err(|e| ProviderError::Other(format!("remove task: {e}")))??;
+            .map_err(|source| ProviderError::Task {
+                what: "remove task".into(),
+                source,
+            })??;
         }
         golden::remove_socket_dir(&sock, inst)?;
         Ok(())
@@ -75,10 +80,10 @@ impl InstanceProvider {
         version: Option<&str>,
     ) -> Result<Backend, ProviderError> {
         let _guard = self.reference_lock.lock().await;
-        let _gate = self.versions_gate.read().await;
+        let _gate = self.versions.read_gate().await;
         let golden = match version {
-            None => self.active_golden_now(),
-            Some(id) => self.find_golden(id)?,
+            None => self.versions.active(),
+            Some(id) => versions::find_golden(self, id)?,
         };
         let key = format!("{REFERENCE_KEY}-{}", golden.id);
         make_dir(&self.real_root.join(REFERENCE_DIR), 0o711)?;
@@ -121,7 +126,10 @@ impl InstanceProvider {
         let (method, owner) = (self.copy, self.run_as.clone());
         tokio::task::spawn_blocking(move || copy::copy_tree(&src, &data, method, &owner))
             .await
-            .map_err(|e| ProviderError::Fork(format!("copy task: {e}")))??;
+            .map_err(|source| ProviderError::ForkTask {
+                what: "copy task".into(),
+                source,
+            })??;
         if let Err(e) = self.start(&key, &inst).await {
             let _ = self.remove_reference(&golden.id).await;
             return Err(e);

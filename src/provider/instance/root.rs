@@ -2,28 +2,14 @@
 //! (with a fallback directory when it is not) and creating its directories.
 
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
 use crate::pg::user::{self, RunAs};
+use crate::provider::dirs::make_dir;
 use crate::provider::ProviderError;
-
-pub(in crate::provider) fn make_dir(dir: &Path, mode: u32) -> Result<(), ProviderError> {
-    match fs::DirBuilder::new().mode(mode).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-        Err(e) => {
-            return Err(ProviderError::Other(format!(
-                "creating {}: {e}",
-                dir.display()
-            )))
-        }
-    }
-    fs::set_permissions(dir, fs::Permissions::from_mode(mode))?;
-    Ok(())
-}
 
 /// Makes `root` a directory the Postgres user can traverse and returns its canonical path.
 /// If an ancestor is closed to that user (e.g. under /root, or a 0700 tempdir), the real

@@ -90,8 +90,9 @@ impl InstanceProvider {
     ) -> Result<u64, ProviderError> {
         let inst = self.inst_dir(handle)?;
         let sock = golden::socket_dir_for(&inst);
-        let failed = |e: tokio_postgres::Error| {
-            ProviderError::Other(format!("ending stale sessions of {handle}: {e}"))
+        let failed = |source: tokio_postgres::Error| ProviderError::Sql {
+            what: format!("ending stale sessions of {handle}"),
+            source,
         };
         let (client, conn) = tokio_postgres::Config::new()
             .host_path(&sock)

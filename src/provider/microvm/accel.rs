@@ -154,7 +154,14 @@ mod tests {
         let ok: Result<(), String> = Ok(());
         let bad: Result<(), String> = Err("qemu exited with 1: Host doesn't support".into());
         // (setting, /dev/kvm, probe outcome, expected, reason contains)
-        let table: [(&str, bool, Option<&Result<(), String>>, Accel, &str); 9] = [
+        type Case<'a> = (
+            &'a str,
+            bool,
+            Option<&'a Result<(), String>>,
+            Accel,
+            &'a str,
+        );
+        let table: [Case; 9] = [
             ("tcg", true, None, Accel::Tcg, "\"tcg\""),
             ("tcg", false, None, Accel::Tcg, "\"tcg\""),
             ("kvm", false, None, Accel::Kvm, "\"kvm\""),

@@ -61,11 +61,11 @@ pub async fn connect_channel(path: &Path, deadline: Duration) -> Result<UnixStre
     loop {
         match UnixStream::connect(path).await {
             Ok(s) => return Ok(s),
-            Err(e) if start.elapsed() > deadline => {
-                return Err(ProviderError::NotReady(format!(
-                    "channel {}: {e}",
-                    path.display()
-                )))
+            Err(source) if start.elapsed() > deadline => {
+                return Err(ProviderError::NotReadyIo {
+                    what: format!("channel {}", path.display()),
+                    source,
+                })
             }
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }

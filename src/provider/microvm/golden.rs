@@ -15,9 +15,10 @@ use super::bridge::{self, Bridge};
 use super::qemu::{self, Image, Qmp, VmSpec};
 use super::MicrovmConfig;
 use crate::pg::process;
+use crate::provider::golden::live::{BuildReport, LiveSpec, SourceDsn};
+use crate::provider::golden::versions::Version;
 use crate::provider::golden::DATABASE;
 use crate::provider::golden::{GoldenCtx, Load, SUPERUSER};
-use crate::provider::golden_build::{BuildReport, LiveSpec, SourceDsn};
 use crate::provider::ProviderError;
 
 /// Bump when the way the golden VM is made changes.
@@ -52,6 +53,12 @@ impl Snapshot {
             disk: dir.join("disk.qcow2"),
             psql: psql.to_path_buf(),
         }
+    }
+}
+
+impl Version for Snapshot {
+    fn id(&self) -> &str {
+        &self.id
     }
 }
 
@@ -173,7 +180,7 @@ async fn build_or_explain(
         let log = std::fs::read_to_string(dir.join("qemu.log")).unwrap_or_default();
         match e {
             // A refused request (bad masking rules) says what is wrong, nothing else.
-            ProviderError::Invalid(_) => e,
+            ProviderError::Invalid(_) | ProviderError::InvalidMask(_) => e,
             e => ProviderError::Golden(format!(
                 "golden VM: {e}; qemu: {}; console: {}",
                 crate::provider::golden::tail(&log),
@@ -185,8 +192,10 @@ async fn build_or_explain(
 
 /// The golden for this SQL, image and VM shape: found, or built now.
 pub async fn ensure(cfg: &MicrovmConfig, image: &Image) -> Result<Snapshot, ProviderError> {
-    let sql = std::fs::read(&cfg.golden_sql)
-        .map_err(|e| ProviderError::Golden(format!("reading {}: {e}", cfg.golden_sql.display())))?;
+    let sql = std::fs::read(&cfg.golden_sql).map_err(ProviderError::golden_io(format!(
+        "reading {}",
+        cfg.golden_sql.display()
+    )))?;
     let mut h = Sha256::new();
     h.update(&sql);
     h.update(image.dir.to_string_lossy().as_bytes());
@@ -254,12 +263,12 @@ async fn boot_and_fill(
     };
     let report = match what {
         Load::Sql(sql) => {
-            crate::provider::golden::load(&ctx, dir, sql).await?;
+            crate::provider::golden::build::load(&ctx, dir, sql).await?;
             None
         }
         // The same dump, masking, VACUUM FULL and checkpoint as the instance provider's
         // live build, through the VM's bridge socket.
-        Load::Live(spec) => Some(crate::provider::golden_build::load(&ctx, dir, spec).await?),
+        Load::Live(spec) => Some(crate::provider::golden::live::load(&ctx, dir, spec).await?),
     };
     Ok((b, report))
 }
@@ -298,14 +307,14 @@ pub async fn wait_postgres(
 ) -> Result<(), ProviderError> {
     let start = Instant::now();
     loop {
-        let out = crate::provider::golden::psql_command(psql, dir, SUPERUSER, "postgres")
+        let out = crate::provider::golden::psql::psql_command(psql, dir, SUPERUSER, "postgres")
             .args(["-c", "select 1"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .output()
             .await
-            .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+            .map_err(ProviderError::golden_io("running psql"))?;
         if out.status.success() {
             return Ok(());
         }

@@ -63,8 +63,11 @@ pub async fn ensure(fixed: Option<&Path>, images: &Path) -> Result<Image, Provid
         nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e)
     })
     .await
-    .map_err(|e| ProviderError::Golden(format!("image lock: {e}")))?
-    .map_err(|e| ProviderError::Golden(format!("image lock: {e}")))?;
+    .map_err(|source| ProviderError::Task {
+        what: "golden snapshot: image lock".into(),
+        source,
+    })?
+    .map_err(|e| ProviderError::golden_io("image lock")(e.into()))?;
     if complete(&dir) {
         return Ok(Image { dir });
     }

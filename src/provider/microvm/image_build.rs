@@ -59,7 +59,7 @@ impl BuildChild {
         }
         let child = tokio::process::Command::from(cmd)
             .spawn()
-            .map_err(|e| ProviderError::Golden(format!("running the image script: {e}")))?;
+            .map_err(ProviderError::golden_io("running the image script"))?;
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         // The child has exec'd (spawn waits for that), so its namespace is the new one.
         let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/mnt")).ok();

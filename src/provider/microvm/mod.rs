@@ -15,18 +15,18 @@ mod versions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use self::bridge::Bridge;
 use self::qemu::{Image, Qmp, VmSpec};
+use super::golden::store;
+use super::golden::versions::{self as shared, GoldenVersions, Versions};
 use super::golden::{login_role, AGENT, DATABASE, REVIEWER, SUPERUSER};
-use super::golden_build::LiveSpec;
 use super::tag_file;
-use super::version_store::{self, GoldenInfo};
-use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
+use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError, SuperuserLogin};
 use crate::pg::process;
 use crate::pgconn::{BackendTarget, Endpoint};
 
@@ -68,18 +68,13 @@ pub struct MicrovmConfig {
 pub struct MicrovmProvider {
     cfg: MicrovmConfig,
     image: Image,
-    /// The snapshot built from the SQL file (always kept).
-    base: golden::Snapshot,
-    /// The snapshot new forks restore from.
-    active: RwLock<golden::Snapshot>,
+    /// The snapshot built from the SQL file (always kept), the one new forks restore from,
+    /// pins, and the gate that keeps a version from being removed under a restore (shared)
+    /// or while the active one is switched.
+    versions: Versions<golden::Snapshot>,
     /// What snapshots restore only with ([`golden::shape`]); built versions of another
     /// shape are not used.
     shape: String,
-    /// Held (shared) while a clone is being restored from a snapshot, (exclusive) while
-    /// unused versions are removed or the active one is switched.
-    versions_gate: tokio::sync::RwLock<()>,
-    /// One live build at a time (each boots a VM).
-    build_lock: tokio::sync::Mutex<()>,
     vms: PathBuf,
     refs: PathBuf,
     /// The host side of each running VM's channel, by handle.
@@ -139,14 +134,12 @@ impl MicrovmProvider {
         let base = golden::ensure(&cfg, &image).await?;
         versions::remove_unfinished(&cfg.root).await;
         let shape = golden::shape(&cfg, &image);
+        let root = cfg.root.clone();
         let p = MicrovmProvider {
             cfg,
             image,
-            active: RwLock::new(base.clone()),
-            base,
+            versions: Versions::new(root, base.clone(), base),
             shape,
-            versions_gate: tokio::sync::RwLock::new(()),
-            build_lock: tokio::sync::Mutex::new(()),
             vms,
             refs,
             bridges: Mutex::new(HashMap::new()),
@@ -154,8 +147,8 @@ impl MicrovmProvider {
         };
         let active = p.active_at_start();
         tracing::info!(golden = %active.id, "active golden");
-        *p.active.write().unwrap_or_else(|e| e.into_inner()) = active;
-        p.collect_versions().await;
+        p.versions.set_active(active);
+        shared::collect(&p).await;
         Ok(p)
     }
 
@@ -253,13 +246,13 @@ impl MicrovmProvider {
         let name = format!("sandpit-vm-{handle}");
         // The memory file only backs the RAM, mapped privately: a boot starts afresh, so
         // the base's (always kept, of this VM shape) serves whatever the clone's version.
-        qemu::start(&self.spec(dir, &disk, &self.base.mem, &name, false))?;
+        qemu::start(&self.spec(dir, &disk, &self.versions.base().mem, &name, false))?;
         let deadline = self.cfg.boot_timeout;
         let chan = bridge::connect_channel(&dir.join(qemu::CHANNEL), deadline).await?;
         let b = Bridge::start(chan, &process::socket_path(dir))?;
         b.ping(deadline).await?;
         b.set_clock().await?;
-        golden::wait_postgres(&self.base.psql, dir, deadline).await?;
+        golden::wait_postgres(&self.versions.base().psql, dir, deadline).await?;
         if let Ok(mut m) = self.bridges.lock() {
             m.insert(handle.to_string(), b);
         }
@@ -274,7 +267,7 @@ impl MicrovmProvider {
 
     /// Stops and removes the reference clone of golden `id`, if there is one.
     async fn remove_reference(&self, id: &str) -> Result<(), ProviderError> {
-        if !version_store::valid_id(id) {
+        if !store::valid_id(id) {
             return Ok(());
         }
         let key = format!("{REFERENCE}{id}");
@@ -333,8 +326,8 @@ impl Provider for MicrovmProvider {
             let restored = {
                 // The clone names its version before the gate is released, so that version
                 // is never removed under it.
-                let _gate = self.versions_gate.read().await;
-                let snap = self.golden_for(tag);
+                let _gate = self.versions.read_gate().await;
+                let snap = shared::golden_for(self, tag);
                 self.restore(&handle, &dir, &snap).await.map(|()| snap.id)
             };
             let id = match restored {
@@ -349,7 +342,7 @@ impl Provider for MicrovmProvider {
                 }
             };
             // The clone's own golden file names the version from now on.
-            version_store::remove_pin(&self.cfg.root, &tag.token_id)?;
+            store::remove_pin(&self.cfg.root, &tag.token_id)?;
             Ok(self.backend(&handle, &dir, "snapshot-restore", Some(id)))
         })
     }
@@ -364,7 +357,7 @@ impl Provider for MicrovmProvider {
                 return Err(ProviderError::NotFound(handle.to_string()));
             }
             self.ensure(handle, &dir).await?;
-            let golden = versions::clone_golden(&dir);
+            let golden = store::named_version(&dir, GOLDEN_FILE);
             Ok(self.backend(handle, &dir, "adopted", golden))
         })
     }
@@ -378,7 +371,7 @@ impl Provider for MicrovmProvider {
         Box::pin(async move {
             let dir = self.vm_dir(handle)?;
             self.remove_vm(handle, &dir).await?;
-            self.collect_versions().await;
+            shared::collect(self).await;
             Ok(())
         })
     }
@@ -428,17 +421,8 @@ impl Provider for MicrovmProvider {
         t
     }
 
-    fn superuser_sessions(&self) -> bool {
-        true
-    }
-
-    /// The guest's own superuser: the VM has no network device and nothing of the host or
-    /// of another clone inside it, so what a superuser can do (`COPY … TO PROGRAM`, files,
-    /// untrusted languages, `ALTER SYSTEM`) stays in this throwaway machine.
-    fn superuser_target(&self, backend: &Backend) -> Option<BackendTarget> {
-        let mut t = backend.target.clone();
-        t.user = SUPERUSER.to_string();
-        Some(t)
+    fn superuser_logins(&self) -> Option<&dyn SuperuserLogin> {
+        Some(self)
     }
 
     fn review_target(&self, backend: &Backend) -> BackendTarget {
@@ -449,10 +433,8 @@ impl Provider for MicrovmProvider {
 
     fn quiesce<'a>(&'a self, backend: &'a Backend) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
-            match self.superuser_target(backend) {
-                Some(admin) => super::quiesce::whole_server(&admin).await.map(|_| ()),
-                None => Ok(()),
-            }
+            let admin = self.superuser_target(backend);
+            super::quiesce::whole_server(&admin).await.map(|_| ())
         })
     }
 
@@ -463,10 +445,10 @@ impl Provider for MicrovmProvider {
         Box::pin(async move {
             let _g = self.reference_lock.lock().await;
             // Under the gate: the version is not removed while its reference is restored.
-            let _gate = self.versions_gate.read().await;
+            let _gate = self.versions.read_gate().await;
             let snap = match golden {
-                None => self.active_now(),
-                Some(id) => self.find_golden(id)?,
+                None => self.versions.active(),
+                Some(id) => shared::find_golden(self, id)?,
             };
             let key = format!("{REFERENCE}{}", snap.id);
             let dir = self.refs.join(&snap.id);
@@ -503,40 +485,19 @@ impl Provider for MicrovmProvider {
         })
     }
 
-    fn goldens(&self) -> BoxFuture<'_, Result<Vec<GoldenInfo>, ProviderError>> {
-        Box::pin(self.list_goldens())
+    fn versions(&self) -> Option<&dyn GoldenVersions> {
+        Some(self)
     }
+}
 
-    fn build_golden<'a>(
-        &'a self,
-        spec: &'a LiveSpec,
-    ) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
-        Box::pin(self.build_version(spec))
-    }
-
-    fn use_golden<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<GoldenInfo, ProviderError>> {
-        Box::pin(self.use_version(id))
-    }
-
-    fn active_golden(&self) -> Option<String> {
-        Some(self.active_now().id)
-    }
-
-    fn pin_golden<'a>(
-        &'a self,
-        token: &'a str,
-        expires_at: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
-        Box::pin(async move { self.pin_version(token, expires_at).await.map(Some) })
-    }
-
-    fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            if version_store::remove_pin(&self.cfg.root, token)? {
-                self.collect_versions().await;
-            }
-            Ok(())
-        })
+impl SuperuserLogin for MicrovmProvider {
+    /// The guest's own superuser: the VM has no network device and nothing of the host or
+    /// of another clone inside it, so what a superuser can do (`COPY … TO PROGRAM`, files,
+    /// untrusted languages, `ALTER SYSTEM`) stays in this throwaway machine.
+    fn superuser_target(&self, backend: &Backend) -> BackendTarget {
+        let mut t = backend.target.clone();
+        t.user = SUPERUSER.to_string();
+        t
     }
 }
 

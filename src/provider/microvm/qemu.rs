@@ -62,7 +62,10 @@ pub async fn overlay(backing: &Path, disk: &Path) -> Result<(), ProviderError> {
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|e| ProviderError::Fork(format!("qemu-img: {e}")))?;
+        .map_err(|source| ProviderError::ForkIo {
+            what: "qemu-img".into(),
+            source,
+        })?;
     if !out.status.success() {
         return Err(ProviderError::Fork(format!(
             "qemu-img create: {}",
@@ -149,9 +152,10 @@ pub fn start(spec: &VmSpec<'_>) -> Result<u32, ProviderError> {
     // Its own process group: a signal to the gateway's group does not reach the VM, and the
     // VM outlives a gateway restart (ensure_running adopts it).
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let child = cmd
-        .spawn()
-        .map_err(|e| ProviderError::Fork(format!("starting {}: {e}", spec.qemu.display())))?;
+    let child = cmd.spawn().map_err(|source| ProviderError::ForkIo {
+        what: format!("starting {}", spec.qemu.display()),
+        source,
+    })?;
     let pid = child.id();
     // Reaped by a detached thread so it never lingers as a zombie.
     std::thread::spawn(move || {
@@ -223,8 +227,11 @@ impl Qmp {
         let s = loop {
             match UnixStream::connect(path).await {
                 Ok(s) => break s,
-                Err(e) if start.elapsed() > deadline => {
-                    return Err(ProviderError::NotReady(format!("qmp: {e}")))
+                Err(source) if start.elapsed() > deadline => {
+                    return Err(ProviderError::NotReadyIo {
+                        what: "qmp".into(),
+                        source,
+                    })
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
@@ -246,22 +253,30 @@ impl Qmp {
             .take(1 << 20)
             .read_line(&mut line)
             .await
-            .map_err(|e| ProviderError::Other(format!("qmp read: {e}")))?;
+            .map_err(ProviderError::io_at("qmp read"))?;
         if n == 0 {
             return Err(ProviderError::Other("qmp: connection closed".into()));
         }
-        serde_json::from_str(&line).map_err(|e| ProviderError::Other(format!("qmp json: {e}")))
+        serde_json::from_str(&line).map_err(|source| ProviderError::Json {
+            what: "qmp json".into(),
+            source,
+        })
     }
 
     /// Runs one command, skipping events, and returns its `return` value.
     pub async fn execute(&mut self, cmd: &str, args: Value) -> Result<Value, ProviderError> {
-        let mut msg = serde_json::to_vec(&json!({"execute": cmd, "arguments": args}))
-            .map_err(|e| ProviderError::Other(format!("qmp json: {e}")))?;
+        let mut msg =
+            serde_json::to_vec(&json!({"execute": cmd, "arguments": args})).map_err(|source| {
+                ProviderError::Json {
+                    what: "qmp json".into(),
+                    source,
+                }
+            })?;
         msg.push(b'\n');
         self.wr
             .write_all(&msg)
             .await
-            .map_err(|e| ProviderError::Other(format!("qmp write: {e}")))?;
+            .map_err(ProviderError::io_at("qmp write"))?;
         loop {
             let v = self.read_value().await?;
             if let Some(r) = v.get("return") {

@@ -94,10 +94,16 @@ impl RemoteProvider {
         let mut http = reqwest::Client::builder().use_rustls_tls();
         // The CA that verifies sandboxes also verifies the API (a worker signs both).
         if let Some(ca) = &cfg.ca_file {
-            let pem = std::fs::read(ca).map_err(|e| remote(format!("{}: {e}", ca.display())))?;
-            for c in reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| remote(format!("{}: {e}", ca.display())))?
-            {
+            let pem = std::fs::read(ca).map_err(|source| ProviderError::RemoteIo {
+                what: ca.display().to_string(),
+                source,
+            })?;
+            for c in reqwest::Certificate::from_pem_bundle(&pem).map_err(|source| {
+                ProviderError::RemoteHttp {
+                    what: ca.display().to_string(),
+                    source,
+                }
+            })? {
                 http = http.add_root_certificate(c);
             }
         }
@@ -106,7 +112,10 @@ impl RemoteProvider {
             .timeout(cfg.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| remote(format!("HTTP client: {e}")))?;
+            .map_err(|source| ProviderError::RemoteHttp {
+                what: "HTTP client".into(),
+                source,
+            })?;
         let require = btls::client_config(SslMode::Require, cfg.ca_file.as_deref())?;
         let verify = btls::client_config(SslMode::VerifyFull, cfg.ca_file.as_deref())?;
         Ok(RemoteProvider {
@@ -260,8 +269,10 @@ impl RemoteProvider {
         if bytes.is_empty() {
             return Ok((status, None));
         }
-        let v = serde_json::from_slice(&bytes)
-            .map_err(|e| remote(format!("{method} {path}: bad response: {e}")))?;
+        let v = serde_json::from_slice(&bytes).map_err(|source| ProviderError::RemoteJson {
+            what: format!("{method} {path}: bad response"),
+            source,
+        })?;
         Ok((status, Some(v)))
     }
 
@@ -441,7 +452,10 @@ impl RemoteProvider {
 }
 
 fn json<T: Serialize>(v: &T) -> Result<serde_json::Value, ProviderError> {
-    serde_json::to_value(v).map_err(|e| remote(format!("encoding request: {e}")))
+    serde_json::to_value(v).map_err(|source| ProviderError::RemoteJson {
+        what: "encoding request".into(),
+        source,
+    })
 }
 
 impl Provider for RemoteProvider {

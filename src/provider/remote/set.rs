@@ -66,10 +66,17 @@ impl RemoteSet {
 
     /// A member's error, naming the member (a gateway log line says which worker failed).
     fn named(&self, n: usize, e: ProviderError) -> ProviderError {
+        let worker = format!("worker {n} ({})", self.members[n].0);
         match e {
-            ProviderError::Remote(m) => {
-                ProviderError::Remote(format!("worker {n} ({}): {m}", self.members[n].0))
-            }
+            ProviderError::Remote(m) => ProviderError::Remote(format!("{worker}: {m}")),
+            ProviderError::RemoteHttp { what, source } => ProviderError::RemoteHttp {
+                what: format!("{worker}: {what}"),
+                source,
+            },
+            ProviderError::RemoteJson { what, source } => ProviderError::RemoteJson {
+                what: format!("{worker}: {what}"),
+                source,
+            },
             other => other,
         }
     }

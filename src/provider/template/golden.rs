@@ -21,8 +21,10 @@ impl TemplateProvider {
         sql: &Path,
         owner: &str,
     ) -> Result<(), ProviderError> {
-        let text = std::fs::read_to_string(sql)
-            .map_err(|e| ProviderError::Golden(format!("reading {}: {e}", sql.display())))?;
+        let text = std::fs::read_to_string(sql).map_err(ProviderError::golden_io(format!(
+            "reading {}",
+            sql.display()
+        )))?;
         let mut h = Sha256::new();
         h.update(text.as_bytes());
         h.update(GOLDEN_FORMAT.as_bytes());

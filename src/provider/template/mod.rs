@@ -101,15 +101,11 @@ fn tpl(e: impl std::fmt::Display) -> ProviderError {
     ProviderError::Template(e.to_string())
 }
 
-/// A database error with its SQLSTATE and message (tokio-postgres' Display says only "db error").
-fn pg_err(what: &str, e: tokio_postgres::Error) -> ProviderError {
-    match e.as_db_error() {
-        Some(db) => ProviderError::Template(format!(
-            "{what}: {} (SQLSTATE {})",
-            db.message(),
-            db.code().code()
-        )),
-        None => ProviderError::Template(format!("{what}: {e}")),
+/// A failed statement of the admin connection (shown with its SQLSTATE and message).
+fn pg_err(what: &str, source: tokio_postgres::Error) -> ProviderError {
+    ProviderError::TemplateSql {
+        what: what.to_string(),
+        source,
     }
 }
 
@@ -153,9 +149,13 @@ async fn admin_session(
     endpoint: &Endpoint,
     db: &str,
 ) -> Result<Client, ProviderError> {
-    let stream = backend_stream::open(endpoint)
-        .await
-        .map_err(|e| tpl(format!("connecting as admin: {e}")))?;
+    let stream =
+        backend_stream::open(endpoint)
+            .await
+            .map_err(|source| ProviderError::TemplateIo {
+                what: "connecting as admin".into(),
+                source,
+            })?;
     let mut cfg = admin.clone();
     cfg.dbname(db)
         .ssl_mode(tokio_postgres::config::SslMode::Disable);
@@ -199,7 +199,7 @@ impl TemplateProvider {
         let admin: tokio_postgres::Config = cfg
             .admin_dsn
             .parse()
-            .map_err(|e| tpl(format!("template.admin_dsn: {e}")))?;
+            .map_err(|e| pg_err("template.admin_dsn", e))?;
         let user = admin
             .get_user()
             .ok_or_else(|| tpl("template.admin_dsn names no user"))?

@@ -329,13 +329,14 @@ async fn login_target(proxy: &Proxy, rec: &TokenRecord) -> Result<BackendTarget,
     if !rec.superuser {
         return Ok(provider.session_target(&backend, rec.caps.allow.as_deref()));
     }
-    provider.superuser_target(&backend).ok_or_else(|| {
+    let Some(logins) = provider.superuser_logins() else {
         tracing::error!(
             provider = provider.name(),
             "superuser token, but the provider has no superuser login"
         );
-        SessionError::BackendUnavailable
-    })
+        return Err(SessionError::BackendUnavailable);
+    };
+    Ok(logins.superuser_target(&backend))
 }
 
 /// The client's greeting: the backend's ParameterStatus and notices, the gateway's own

@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::golden_build::{BuildReport, LiveSpec};
-use super::instance::make_dir;
-use super::ProviderError;
+use super::build::stop_leftover_server;
+use super::live::{BuildReport, LiveSpec};
+use crate::provider::dirs::{make_dir, sync_dir};
+use crate::provider::ProviderError;
 
 /// Directory of built versions, under the provider's root.
 const VERSIONS_DIR: &str = "versions";
@@ -110,8 +111,7 @@ impl Meta {
 
     /// Writes it into a version's directory.
     pub fn write(&self, dir: &Path) -> Result<(), ProviderError> {
-        let bytes = serde_json::to_vec_pretty(self)
-            .map_err(|e| ProviderError::Golden(format!("golden metadata: {e}")))?;
+        let bytes = serde_json::to_vec_pretty(self).map_err(ProviderError::GoldenMeta)?;
         fs::write(dir.join(META_FILE), bytes)?;
         Ok(())
     }
@@ -160,7 +160,7 @@ pub fn write_active(root: &Path, id: &str) -> Result<(), ProviderError> {
     let tmp = vdir.join(format!("{ACTIVE_FILE}.tmp"));
     fs::write(&tmp, format!("{id}\n"))?;
     fs::rename(&tmp, vdir.join(ACTIVE_FILE))?;
-    super::golden::sync_dir(&vdir);
+    sync_dir(&vdir);
     Ok(())
 }
 
@@ -172,7 +172,7 @@ pub fn remove_unfinished(root: &Path) {
     };
     for e in rd.flatten() {
         if e.file_name().to_string_lossy().starts_with('.') {
-            super::golden::stop_leftover_server(&e.path());
+            stop_leftover_server(&e.path());
             let _ = fs::remove_dir_all(e.path());
         }
     }
@@ -283,6 +283,15 @@ pub fn pinned_versions(root: &Path) -> BTreeSet<String> {
     out
 }
 
+/// The version a backend's directory names in its `file` (None: a backend of a gateway
+/// before versions, or no such directory).
+pub fn named_version(dir: &Path, file: &str) -> Option<String> {
+    fs::read_to_string(dir.join(file))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
 /// How many backends (dirs under `dir`) name each version; `version_of` reads a backend
 /// dir's version, and one that names none (made by an older gateway) counts as `base`.
 pub fn fork_counts(
@@ -315,7 +324,7 @@ pub fn publish_build(
 ) -> Result<(), ProviderError> {
     Meta::new(id, spec, report).write(tmp)?;
     fs::rename(tmp, vdir.join(id))?;
-    super::golden::sync_dir(vdir);
+    sync_dir(vdir);
     metrics::counter!("sandpit_golden_builds_total").increment(1);
     Ok(())
 }

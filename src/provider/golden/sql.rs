@@ -7,8 +7,10 @@ use std::time::Instant;
 
 use nix::fcntl::{Flock, FlockArg};
 
-use super::golden::{build, golden_name, sync_dir, GoldenCtx, Load, READY_MARKER};
-use super::ProviderError;
+use super::build::{build, golden_name, stop_leftover_server};
+use super::{GoldenCtx, Load, READY_MARKER};
+use crate::provider::dirs::sync_dir;
+use crate::provider::ProviderError;
 
 /// File under the provider root naming the golden built from the SQL file that served last,
 /// so that a failed build of a changed SQL file can fall back to it.
@@ -31,7 +33,7 @@ pub struct Ensured {
 /// into place only when complete. If it cannot be built (a typo in the new SQL), the previous
 /// golden is returned with the error, so the service goes on as before; only when there is
 /// none is the error returned. Older goldens are never removed here: forks and pins may
-/// still name them (see `InstanceProvider::collect_versions`).
+/// still name them (see [`super::versions::collect`]).
 pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<Ensured, ProviderError> {
     // One builder at a time per root, across processes (and across providers in one process).
     let lock_path = ctx.root.join("golden.lock");
@@ -41,12 +43,16 @@ pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<Ensured, ProviderError> {
             .truncate(false)
             .write(true)
             .open(&lock_path)?;
-        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| {
-            ProviderError::Golden(format!("locking {}: {e}", lock_path.display()))
+        Flock::lock(f, FlockArg::LockExclusive).map_err(|(_, e)| ProviderError::GoldenIo {
+            what: format!("locking {}", lock_path.display()),
+            source: e.into(),
         })
     })
     .await
-    .map_err(|e| ProviderError::Other(format!("lock task: {e}")))??;
+    .map_err(|source| ProviderError::Task {
+        what: "lock task".into(),
+        source,
+    })??;
 
     remove_interrupted_builds(ctx.root);
     match ensure_current(ctx).await {
@@ -71,12 +77,10 @@ pub async fn ensure(ctx: &GoldenCtx<'_>) -> Result<Ensured, ProviderError> {
 
 /// The golden of the current SQL bytes: found ready, or built now (call with the build lock).
 async fn ensure_current(ctx: &GoldenCtx<'_>) -> Result<(PathBuf, bool), ProviderError> {
-    let sql = fs::read(ctx.sql_path).map_err(|e| {
-        ProviderError::Golden(format!(
-            "reading golden SQL {}: {e}",
-            ctx.sql_path.display()
-        ))
-    })?;
+    let sql = fs::read(ctx.sql_path).map_err(ProviderError::golden_io(format!(
+        "reading golden SQL {}",
+        ctx.sql_path.display()
+    )))?;
     let name = golden_name(&sql, ctx.bins.major);
     let dir = ctx.root.join(&name);
     if is_ready(&dir) {
@@ -125,7 +129,7 @@ fn remove_interrupted_builds(root: &Path) {
         let n = e.file_name().to_string_lossy().to_string();
         if n.starts_with("golden-") && n.contains(".building-") && e.path().is_dir() {
             tracing::info!(dir = %e.path().display(), "removing an interrupted golden build");
-            super::golden::stop_leftover_server(&e.path());
+            stop_leftover_server(&e.path());
             if let Err(err) = fs::remove_dir_all(e.path()) {
                 tracing::warn!(dir = %e.path().display(), error = %err, "could not remove an interrupted golden build");
             }

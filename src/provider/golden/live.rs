@@ -8,11 +8,13 @@ use std::process::Stdio;
 
 use serde::Serialize;
 
-use super::conninfo;
-use super::golden::{self, GoldenCtx, AGENT, DATABASE, SUPERUSER};
-use super::mask::{self, MaskReport, MaskRules};
-use super::ProviderError;
+use super::psql::{psql, psql_command, tail, CHECKPOINTS};
+use super::roles::{create_roles, AGENT, DATABASE, SUPERUSER};
+use super::GoldenCtx;
 use crate::pg::process;
+use crate::provider::conninfo;
+use crate::provider::mask::{self, MaskReport, MaskRules};
+use crate::provider::ProviderError;
 
 /// libpq parameters that are secrets: never stored, shown or put on a command line.
 const SECRET_PARAMS: [&str; 2] = ["password", "sslpassword"];
@@ -155,7 +157,7 @@ pub async fn load(
             )));
         }
     }
-    golden::create_roles(ctx, sock).await?;
+    create_roles(ctx, sock).await?;
     copy_source(ctx, sock, spec).await?;
     let mut client = superuser_client(sock).await?;
     let tables: i64 = client
@@ -166,29 +168,22 @@ pub async fn load(
             &[],
         )
         .await
-        .map_err(|e| ProviderError::Golden(format!("counting tables: {e}")))?
+        .map_err(ProviderError::golden_sql("counting tables"))?
         .get(0);
     let mask = mask::apply(&mut client, &spec.mask)
         .await
         .map_err(|e| match e {
-            mask::MaskError::Invalid(_) => ProviderError::Invalid(e.to_string()),
-            mask::MaskError::Apply(_) => ProviderError::Golden(e.to_string()),
+            mask::MaskError::Invalid(_) => ProviderError::InvalidMask(e),
+            mask::MaskError::Apply(_) => ProviderError::Mask(e),
         })?;
     // Rewrites every table and index: the rows before masking and sampling become
     // unreachable files that are truncated at once, not dead tuples in live pages.
     client
         .batch_execute("VACUUM (FULL, ANALYZE)")
         .await
-        .map_err(|e| ProviderError::Golden(format!("VACUUM FULL: {e}")))?;
+        .map_err(ProviderError::golden_sql("VACUUM FULL"))?;
     drop(client);
-    golden::psql(
-        &ctx.bins.psql,
-        sock,
-        SUPERUSER,
-        "postgres",
-        &golden::CHECKPOINTS,
-    )
-    .await?;
+    psql(&ctx.bins.psql, sock, SUPERUSER, "postgres", &CHECKPOINTS).await?;
     Ok(BuildReport {
         tables: tables as u64,
         source_conninfo: spec.source.public_conninfo(),
@@ -204,7 +199,7 @@ async fn superuser_client(sock: &Path) -> Result<tokio_postgres::Client, Provide
         .dbname(DATABASE)
         .connect(tokio_postgres::NoTls)
         .await
-        .map_err(|e| ProviderError::Golden(format!("connecting to the staging copy: {e}")))?;
+        .map_err(ProviderError::golden_sql("connecting to the staging copy"))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -246,36 +241,36 @@ async fn copy_source(
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| ProviderError::Golden(format!("running pg_dump: {e}")))?;
+        .map_err(ProviderError::golden_io("running pg_dump"))?;
     let Some(out) = dump.stdout.take() else {
         return Err(ProviderError::Golden("pg_dump has no stdout".into()));
     };
     let out: Stdio = out
         .try_into()
-        .map_err(|e| ProviderError::Golden(format!("piping pg_dump: {e}")))?;
-    let restore = golden::psql_command(&ctx.bins.psql, sock, AGENT, DATABASE)
+        .map_err(ProviderError::golden_io("piping pg_dump"))?;
+    let restore = psql_command(&ctx.bins.psql, sock, AGENT, DATABASE)
         .arg("--single-transaction")
         .stdin(out)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| ProviderError::Golden(format!("running psql: {e}")))?;
+        .map_err(ProviderError::golden_io("running psql"))?;
     let (dumped, restored) = tokio::join!(dump.wait_with_output(), restore.wait_with_output());
-    let dumped = dumped.map_err(|e| ProviderError::Golden(format!("pg_dump: {e}")))?;
-    let restored = restored.map_err(|e| ProviderError::Golden(format!("psql: {e}")))?;
+    let dumped = dumped.map_err(ProviderError::golden_io("pg_dump"))?;
+    let restored = restored.map_err(ProviderError::golden_io("psql"))?;
     // A failed restore breaks pg_dump's pipe too: its own message is the cause.
     if !restored.status.success() {
         return Err(ProviderError::Golden(format!(
             "restoring the dump as {AGENT} failed: {}",
-            golden::tail(&String::from_utf8_lossy(&restored.stderr))
+            tail(&String::from_utf8_lossy(&restored.stderr))
         )));
     }
     if !dumped.status.success() {
         return Err(ProviderError::Golden(format!(
             "pg_dump of {} failed: {}",
             spec.source.describe(),
-            golden::tail(&String::from_utf8_lossy(&dumped.stderr))
+            tail(&String::from_utf8_lossy(&dumped.stderr))
         )));
     }
     Ok(())
