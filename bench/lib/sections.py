@@ -9,30 +9,13 @@ import psycopg
 import benchlib as bl
 from benchlib import Row, log, med_p99, pct
 from providers import providers  # noqa: F401  (a section, looked up by name)
+from shared_gateway import MAIN, is_shared, shared
 from stall import stall  # noqa: F401  (a section, looked up by name)
 
-# One gateway on the machine's own file system, shared by the sections that don't need a
-# special golden or file system; restarted with each section's config (tokens survive).
-_shared = {}
-# PgBouncer keeps its 16 server connections while sandpit's 16 run: room for both.
-MAIN = "[pool]\nsize = 0\n[postgres]\nmax_connections = 64\n"
 # The pgbench runs keep the statement log on but lift its per-token quota (256 MiB by
 # default, ~700 k pgbench transactions): 9 × 30 s at full speed write more than that, and a
 # full log refuses statements by design.
 PGBENCH = MAIN + "[log]\nmax_bytes_per_token = 0\n"
-
-
-def shared(env, config=""):
-    g = _shared.get("gw")
-    if g is None:
-        sql = bl.golden_sql(os.path.join(env.dir, "small.sql"), rows=20000)
-        g = bl.Gateway(env, "main", os.path.join(env.dir, "main"), sql, config)
-        _shared["gw"] = g
-        _shared["config"] = config
-    elif _shared["config"] != config:
-        g.restart(config)
-        _shared["config"] = config
-    return g
 
 
 def _cold_runs(g, runs, label):
@@ -403,7 +386,7 @@ def burst(env, sz):
     ok, errs = _burst_once(g, n, "burst-pool2")
     rows.append(_burst_row("… same pool, next burst (pool grown by the first)", n, ok, errs,
                            f"; pool before: {ready} ready ({grown_s:.0f} s to grow), {mem:.0f} MiB idle"))
-    if g is not _shared.get("gw"):
+    if not is_shared(g):
         g.stop()
     else:
         g.restart(MAIN)

@@ -9,6 +9,7 @@ import psycopg
 
 import benchlib as bl
 from benchlib import Row, log, pct
+from shared_gateway import MAIN, shared  # the suite's shared gateway
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -58,7 +59,6 @@ def _stop(ps):
 
 
 def stall(env, sz):
-    from sections import MAIN, shared  # the suite's shared gateway
     env.pin_self_to_clients()
     g = shared(env, MAIN)
     victim = g.issue("stall-victim")
