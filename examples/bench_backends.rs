@@ -12,14 +12,14 @@
 //! then serves until SIGTERM or SIGINT, and stops every server it started. Scratch files go
 //! under `TMPDIR`. Run as root (Postgres itself runs as the unprivileged user).
 
-#[path = "../tests/support/tempdir.rs"]
-mod tempdir;
 #[allow(dead_code)]
 #[path = "../tests/support/remote_server.rs"]
 mod remote_server;
 #[allow(dead_code)]
 #[path = "../tests/support/shared_pg.rs"]
 mod shared_pg;
+#[path = "../tests/support/tempdir.rs"]
+mod tempdir;
 
 use std::path::PathBuf;
 
