@@ -54,6 +54,13 @@ fn make_private(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// Bytes free for an unprivileged writer on the filesystem holding `dir` (statvfs
+/// `f_bavail`), or None when it cannot be read.
+pub fn free_bytes(dir: &Path) -> Option<u64> {
+    let s = nix::sys::statvfs::statvfs(dir).ok()?;
+    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,11 +102,4 @@ mod tests {
         assert!(private_dirs(&base, Path::new("task")).is_err());
         assert_eq!(mode(&outside), 0o755, "the link's target was not touched");
     }
-}
-
-/// Bytes free for an unprivileged writer on the filesystem holding `dir` (statvfs
-/// `f_bavail`), or None when it cannot be read.
-pub fn free_bytes(dir: &Path) -> Option<u64> {
-    let s = nix::sys::statvfs::statvfs(dir).ok()?;
-    Some((s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64))
 }

@@ -250,21 +250,19 @@ fn token(cfg: &Config, cmd: &TokenCmd) -> Result<()> {
                 .iter()
                 .map(|m| cli::parse_meta(m))
                 .collect::<Result<_, _>>()?;
-            let v = client(cfg, api)?.issue(
+            let v = client(cfg, api)?.issue(&cli::IssueRequest {
                 task,
-                ttl.map(Into::into),
-                *max_rows,
+                ttl: ttl.map(Into::into),
+                max_rows: *max_rows,
                 max_bytes,
-                cap_mode.as_deref(),
-                allow.clone(),
-                *max_connections,
-                (
-                    statement_timeout.map(Into::into),
-                    idle_in_transaction_timeout.map(Into::into),
-                ),
+                cap_mode: cap_mode.as_deref(),
+                allow: allow.clone(),
+                max_connections: *max_connections,
+                statement_timeout: statement_timeout.map(Into::into),
+                idle_in_transaction_timeout: idle_in_transaction_timeout.map(Into::into),
                 metadata,
-                *superuser,
-            )?;
+                superuser: *superuser,
+            })?;
             print(&v, api.json, |v| {
                 v.get("dsn")
                     .and_then(|d| d.as_str())

@@ -292,8 +292,11 @@ pub fn classify(data: &[u8]) {
     }
 }
 
+/// A target's body: one input, no result (a panic is the finding).
+pub type Body = fn(&[u8]);
+
 /// All targets by name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Body)] = &[
     ("startup", startup),
     ("frontend", frontend),
     ("scram", scram),

@@ -40,6 +40,22 @@ pub struct ApiClient {
     http: reqwest::blocking::Client,
 }
 
+/// What `token issue` asks for (the body of POST /v1/tokens); None leaves the gateway's default.
+#[derive(Debug, Default)]
+pub struct IssueRequest<'a> {
+    pub task: &'a str,
+    pub ttl: Option<Duration>,
+    pub max_rows: Option<u64>,
+    pub max_bytes: Option<u64>,
+    pub cap_mode: Option<&'a str>,
+    pub allow: Option<Vec<String>>,
+    pub max_connections: Option<u32>,
+    pub statement_timeout: Option<Duration>,
+    pub idle_in_transaction_timeout: Option<Duration>,
+    pub metadata: BTreeMap<String, String>,
+    pub superuser: bool,
+}
+
 impl ApiClient {
     /// `base` like `http://127.0.0.1:6433`.
     pub fn new(base: &str, key: Option<String>) -> Result<ApiClient, CliError> {
@@ -96,34 +112,23 @@ impl ApiClient {
     }
 
     /// POST /v1/tokens.
-    pub fn issue(
-        &self,
-        task: &str,
-        ttl: Option<Duration>,
-        max_rows: Option<u64>,
-        max_bytes: Option<u64>,
-        cap_mode: Option<&str>,
-        allow: Option<Vec<String>>,
-        max_connections: Option<u32>,
-        timeouts: (Option<Duration>, Option<Duration>),
-        metadata: BTreeMap<String, String>,
-        superuser: bool,
-    ) -> Result<Value, CliError> {
+    pub fn issue(&self, req: &IssueRequest<'_>) -> Result<Value, CliError> {
         let mut body = serde_json::json!({
-            "task": task,
-            "ttl_seconds": ttl.map(|d| d.as_secs().max(1)),
-            "max_rows": max_rows,
-            "max_bytes": max_bytes,
-            "cap_mode": cap_mode,
-            "allow": allow,
-            "max_connections": max_connections,
-            "statement_timeout_ms": timeouts.0.map(|d| d.as_millis() as u64),
-            "idle_in_transaction_timeout_ms": timeouts.1.map(|d| d.as_millis() as u64),
-            "metadata": metadata,
+            "task": req.task,
+            "ttl_seconds": req.ttl.map(|d| d.as_secs().max(1)),
+            "max_rows": req.max_rows,
+            "max_bytes": req.max_bytes,
+            "cap_mode": req.cap_mode,
+            "allow": req.allow,
+            "max_connections": req.max_connections,
+            "statement_timeout_ms": req.statement_timeout.map(|d| d.as_millis() as u64),
+            "idle_in_transaction_timeout_ms":
+                req.idle_in_transaction_timeout.map(|d| d.as_millis() as u64),
+            "metadata": req.metadata,
         });
         // Sent only when asked for, so an older gateway (which refuses unknown fields)
         // still issues ordinary tokens.
-        if superuser {
+        if req.superuser {
             body["superuser"] = Value::Bool(true);
         }
         self.call("POST", "/v1/tokens", Some(body))

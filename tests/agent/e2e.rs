@@ -183,26 +183,26 @@ fn refusals_carry_the_contract_sqlstates_and_others_keep_working() {
             "postgresql://{id}:{}@127.0.0.1:{port}/sandpit",
             "A".repeat(43)
         );
-        let e = connect(&wrong).await.err().expect("wrong secret refused");
+        let e = connect(&wrong).await.expect_err("wrong secret refused");
         assert_eq!(sqlstate(&e), "28P01", "{e}");
 
         let unknown = format!(
             "postgresql://sp_aaaaaaaaaaaaaaaaaaaa:{}@127.0.0.1:{port}/sandpit",
             "A".repeat(43)
         );
-        let e = connect(&unknown).await.err().expect("unknown refused");
+        let e = connect(&unknown).await.expect_err("unknown refused");
         assert_eq!(sqlstate(&e), "28000");
         assert!(format!("{e:?}").contains("unknown"), "{e}");
 
         let (status, _) = g.revoke(&id);
         assert_eq!(status, 200);
-        let e = connect(&dsn(&t)).await.err().expect("revoked refused");
+        let e = connect(&dsn(&t)).await.expect_err("revoked refused");
         assert_eq!(sqlstate(&e), "28000");
         assert!(format!("{e:?}").contains("revoked"), "{e}");
 
         let short = g.issue("short-lived", 1);
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        let e = connect(&dsn(&short)).await.err().expect("expired refused");
+        let e = connect(&dsn(&short)).await.expect_err("expired refused");
         assert_eq!(sqlstate(&e), "28000");
         assert!(format!("{e:?}").contains("expired"), "{e}");
         assert_eq!(g.show(&super_id(&short))["state"], "expired");
