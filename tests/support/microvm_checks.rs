@@ -2,8 +2,6 @@
 //! its files are its own, a superuser inside one clone reaches nothing of another clone or
 //! of the golden, and clones do not share the snapshot's random stream.
 
-#![allow(dead_code)] // each test binary uses a part
-
 use std::path::PathBuf;
 
 use serde_json::Value;

@@ -2,8 +2,6 @@
 //! Chromium, fallocate, a container engine): under `CI=true` a missing capability fails the
 //! test, so CI cannot go green by checking nothing; elsewhere the test is skipped and says why.
 
-#![allow(dead_code)]
-
 /// True when this run is CI (`CI=true` or `CI=1`, as most CI systems set it).
 pub fn in_ci() -> bool {
     matches!(

@@ -1,8 +1,6 @@
 //! A raw protocol client for tests that send what no client library would: hand-built
 //! frontend messages over a blocking socket, and the backend messages read back as they are.
 
-#![allow(dead_code)]
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
