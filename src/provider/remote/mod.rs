@@ -9,20 +9,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, StatusCode};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+use reqwest::Method;
 use time::OffsetDateTime;
 
 use super::remote_api::{self as api, Sandbox, SandboxState};
 use super::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 use crate::pgconn::tls::{self as btls, SslMode};
 use crate::pgconn::{BackendAddr, BackendTarget, Endpoint};
-
-/// Largest response body accepted from the service.
-const MAX_BODY: usize = 4 * 1024 * 1024;
-/// First retry delay; doubled per attempt.
-const BACKOFF: Duration = Duration::from_millis(200);
 
 /// Settings of the `remote` provider.
 #[derive(Debug, Clone)]
@@ -78,14 +71,6 @@ fn rank(m: SslMode) -> u8 {
         SslMode::Require => 1,
         SslMode::VerifyFull => 2,
     }
-}
-
-/// What one HTTP exchange ended with.
-enum Outcome {
-    /// A status and its (bounded) body.
-    Answer(StatusCode, Vec<u8>),
-    /// No answer: connect error, timeout, reset.
-    NoAnswer(reqwest::Error),
 }
 
 impl RemoteProvider {
@@ -160,120 +145,6 @@ impl RemoteProvider {
         *current = Some(b.handle.clone());
         b.method = "reference".into();
         Ok(b)
-    }
-
-    /// One exchange, no retries.
-    async fn once(
-        &self,
-        method: &Method,
-        path: &str,
-        body: Option<&serde_json::Value>,
-        idem: Option<&str>,
-    ) -> Outcome {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.base));
-        if let Some(k) = &self.cfg.api_key {
-            req = req.bearer_auth(k);
-        }
-        if let Some(k) = idem {
-            req = req.header(api::IDEMPOTENCY_KEY, k);
-        }
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let mut resp = match req.send().await {
-            Ok(r) => r,
-            Err(e) => return Outcome::NoAnswer(e),
-        };
-        let status = resp.status();
-        let mut buf = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(c)) => {
-                    if buf.len() + c.len() > MAX_BODY {
-                        // Treated as a broken answer, not retried.
-                        return Outcome::Answer(
-                            status,
-                            b"{\"error\":\"response too large\"}".to_vec(),
-                        );
-                    }
-                    buf.extend_from_slice(&c);
-                }
-                Ok(None) => break,
-                Err(e) => return Outcome::NoAnswer(e),
-            }
-        }
-        Outcome::Answer(status, buf)
-    }
-
-    /// An exchange with retries (connect errors, timeouts, 429, 5xx) and exponential backoff,
-    /// never past `deadline`. Returns the final status and body.
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&serde_json::Value>,
-        idem: Option<&str>,
-        deadline: Instant,
-    ) -> Result<(StatusCode, Vec<u8>), ProviderError> {
-        let mut attempt = 0u32;
-        loop {
-            let out = self.once(&method, path, body, idem).await;
-            let retry_why = match out {
-                Outcome::Answer(s, _)
-                    if s.is_server_error() || s == StatusCode::TOO_MANY_REQUESTS =>
-                {
-                    format!("HTTP {s}")
-                }
-                Outcome::Answer(s, b) => return Ok((s, b)),
-                Outcome::NoAnswer(e) => format!("{e}"),
-            };
-            let delay = BACKOFF * 2u32.saturating_pow(attempt);
-            if attempt >= self.cfg.retries || Instant::now() + delay >= deadline {
-                metrics::counter!("sandpit_remote_failures_total").increment(1);
-                return Err(remote(format!(
-                    "{method} {path}: {retry_why} (after {} attempts)",
-                    attempt + 1
-                )));
-            }
-            tracing::warn!(%method, path, attempt, error = %retry_why, "remote service call failed; retrying");
-            metrics::counter!("sandpit_remote_retries_total").increment(1);
-            tokio::time::sleep(delay).await;
-            attempt += 1;
-        }
-    }
-
-    /// `call` and decode a success body as `T`; an error status becomes an error with the
-    /// service's message.
-    async fn call_json<T: DeserializeOwned>(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&serde_json::Value>,
-        idem: Option<&str>,
-        deadline: Instant,
-    ) -> Result<(StatusCode, Option<T>), ProviderError> {
-        let (status, bytes) = self
-            .call(method.clone(), path, body, idem, deadline)
-            .await?;
-        if status == StatusCode::NOT_FOUND {
-            return Ok((status, None));
-        }
-        if !status.is_success() {
-            let msg = serde_json::from_slice::<api::ApiError>(&bytes)
-                .map(|e| e.error)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into());
-            return Err(remote(format!("{method} {path}: HTTP {status}: {msg}")));
-        }
-        if bytes.is_empty() {
-            return Ok((status, None));
-        }
-        let v = serde_json::from_slice(&bytes).map_err(|source| ProviderError::RemoteJson {
-            what: format!("{method} {path}: bad response"),
-            source,
-        })?;
-        Ok((status, Some(v)))
     }
 
     fn deadline(&self) -> Instant {
@@ -451,13 +322,6 @@ impl RemoteProvider {
     }
 }
 
-fn json<T: Serialize>(v: &T) -> Result<serde_json::Value, ProviderError> {
-    serde_json::to_value(v).map_err(|source| ProviderError::RemoteJson {
-        what: "encoding request".into(),
-        source,
-    })
-}
-
 impl Provider for RemoteProvider {
     fn verify_forks_by_default(&self) -> bool {
         false
@@ -588,20 +452,10 @@ impl Provider for RemoteProvider {
     }
 }
 
-/// Percent-encodes everything but unreserved characters (RFC 3986).
-fn url_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
+mod http;
 mod set;
+
+use http::{json, url_encode};
 pub use set::RemoteSet;
 
 #[cfg(test)]
