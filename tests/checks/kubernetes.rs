@@ -974,10 +974,11 @@ fn manifests_refer_to_each_other_and_to_the_configs_consistently() {
     let rsvc = cl.named("Service", &host);
     let rport = i64::from(url.get_ports().first().copied().unwrap_or(5432));
     assert_eq!(at(rsvc, "/spec/ports/0/port").as_i64(), Some(rport));
-    assert!(cl
-        .selected(&labels(at(rsvc, "/spec/selector")))
-        .iter()
-        .any(|w| *w == registry));
+    assert!(
+        cl.selected(&labels(at(rsvc, "/spec/selector")))
+            .contains(&registry),
+        "the registry URL's Service selects the registry"
+    );
     assert_eq!(container_port(rc, "postgres"), rport);
     assert_eq!(
         env_of(rc, "POSTGRES_USER").map(|e| e.1).as_deref(),
