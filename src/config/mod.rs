@@ -243,8 +243,8 @@ impl Default for LimitsConfig {
             cleartext_on_loopback: true,
             auth_failures_per_minute: 20,
             min_free_bytes: 256 * 1024 * 1024,
-            sessions_per_second: 20,
-            session_burst: 20,
+            sessions_per_second: 50,
+            session_burst: 50,
         }
     }
 }
