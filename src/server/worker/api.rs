@@ -1,7 +1,8 @@
 //! The worker's sandbox API: the routes of `docs/remote-provider.yaml` over the node's own
-//! provider (instance forks, the warm pool when configured).
+//! provider (instance forks, the warm pool when configured), with its capacity report.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
@@ -16,7 +17,8 @@ use tokio::net::TcpListener;
 use super::relay::{self, Door};
 use super::{lock, Entry, Worker};
 use crate::provider::remote_api::{
-    self as api, ApiError, Connection, CreateSandbox, Sandbox, SandboxList, SandboxState, SetTtl,
+    self as api, ApiError, Capacity, Connection, CreateSandbox, Sandbox, SandboxList, SandboxState,
+    SetTtl,
 };
 use crate::provider::BackendTag;
 
@@ -26,6 +28,7 @@ pub(super) fn router(w: Arc<Worker>) -> Router {
         .route("/v1/sandboxes", get(list).post(create))
         .route("/v1/sandboxes/{id}", get(show).delete(delete))
         .route("/v1/sandboxes/{id}/ttl", put(set_ttl))
+        .route("/v1/capacity", get(capacity))
         .with_state(w)
 }
 
@@ -83,12 +86,54 @@ async fn create(
         connection: None,
         error: None,
     };
-    lock(&w.sandboxes).insert(id.clone(), Entry::new(sb.clone()));
+    {
+        // Counted and inserted under one lock: two creates cannot both take the last room.
+        let mut all = lock(&w.sandboxes);
+        if let Some(why) = refusal(&w, held(&all)) {
+            drop(all);
+            tracing::info!(reason = %why, "worker: create refused");
+            return err(StatusCode::SERVICE_UNAVAILABLE, &why);
+        }
+        all.insert(id.clone(), Entry::new(sb.clone()));
+    }
     if let Some(k) = key {
         lock(&w.by_key).insert(k, id.clone());
     }
     tokio::spawn(fork(w.clone(), id));
     (StatusCode::ACCEPTED, Json(sb)).into_response()
+}
+
+/// Sandboxes that take room: being created or ready (a failed one holds no fork).
+fn held(all: &std::collections::HashMap<String, Entry>) -> u64 {
+    all.values()
+        .filter(|e| e.sb.state != SandboxState::Failed)
+        .count() as u64
+}
+
+/// Why a new sandbox is refused now, if it is: draining, or full.
+fn refusal(w: &Worker, held: u64) -> Option<String> {
+    if w.draining.load(Ordering::SeqCst) {
+        return Some("worker is draining: it makes no new sandboxes".into());
+    }
+    (held >= w.max_sandboxes).then(|| {
+        format!(
+            "worker is full: {held} of {} sandboxes (worker.max_sandboxes)",
+            w.max_sandboxes
+        )
+    })
+}
+
+/// `GET /v1/capacity`: room for new sandboxes, for fronts' placement.
+async fn capacity(State(w): State<Arc<Worker>>, h: HeaderMap) -> Response {
+    authorize!(w, h);
+    let sandboxes = held(&lock(&w.sandboxes));
+    Json(Capacity {
+        max_sandboxes: w.max_sandboxes,
+        sandboxes,
+        warm: w.pool.as_ref().map_or(0, |p| p.ready() as u64),
+        draining: w.draining.load(Ordering::SeqCst),
+    })
+    .into_response()
 }
 
 /// Forks in the background (clients poll), then opens the fork's door.

@@ -9,6 +9,7 @@ mod relay;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,6 +64,12 @@ pub(super) struct Worker {
     tls: Option<TlsAcceptor>,
     sandboxes: Mutex<HashMap<String, Entry>>,
     by_key: Mutex<HashMap<String, String>>,
+    /// Most sandboxes held at once (`worker.max_sandboxes`).
+    max_sandboxes: u64,
+    /// Set by `POST /v1/drain`: no new sandboxes.
+    draining: AtomicBool,
+    /// The warm pool, when configured (its ready members are reported as `warm`).
+    pool: Option<Arc<WarmPool>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -206,6 +213,9 @@ pub async fn run(
         tls: tls.clone(),
         sandboxes: Mutex::new(HashMap::new()),
         by_key: Mutex::new(HashMap::new()),
+        max_sandboxes: cfg.worker.max_sandboxes,
+        draining: AtomicBool::new(false),
+        pool: pool.clone(),
     });
     let reaper = spawn_reaper(worker.clone());
     let app = api::router(worker.clone());
