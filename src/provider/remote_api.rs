@@ -108,6 +108,18 @@ pub struct Capacity {
     pub draining: bool,
 }
 
+/// `POST /v1/drain`: start or stop draining.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Drain {
+    /// true (the default): refuse new sandboxes; false: take them again.
+    #[serde(default = "yes")]
+    pub draining: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
 /// Body of every 4xx/5xx answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiError {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
@@ -17,8 +17,8 @@ use tokio::net::TcpListener;
 use super::relay::{self, Door};
 use super::{lock, Entry, Worker};
 use crate::provider::remote_api::{
-    self as api, ApiError, Capacity, Connection, CreateSandbox, Sandbox, SandboxList, SandboxState,
-    SetTtl,
+    self as api, ApiError, Capacity, Connection, CreateSandbox, Drain, Sandbox, SandboxList,
+    SandboxState, SetTtl,
 };
 use crate::provider::BackendTag;
 
@@ -29,6 +29,7 @@ pub(super) fn router(w: Arc<Worker>) -> Router {
         .route("/v1/sandboxes/{id}", get(show).delete(delete))
         .route("/v1/sandboxes/{id}/ttl", put(set_ttl))
         .route("/v1/capacity", get(capacity))
+        .route("/v1/drain", post(drain))
         .with_state(w)
 }
 
@@ -126,6 +127,37 @@ fn refusal(w: &Worker, held: u64) -> Option<String> {
 /// `GET /v1/capacity`: room for new sandboxes, for fronts' placement.
 async fn capacity(State(w): State<Arc<Worker>>, h: HeaderMap) -> Response {
     authorize!(w, h);
+    capacity_now(&w)
+}
+
+/// `POST /v1/drain`: no new sandboxes from now on (`{"draining": false}`: take them again);
+/// the ones held keep serving until deleted or past their TTL. Answers the capacity.
+async fn drain(State(w): State<Arc<Worker>>, h: HeaderMap, body: axum::body::Bytes) -> Response {
+    authorize!(w, h);
+    let req = if body.iter().all(u8::is_ascii_whitespace) {
+        Drain { draining: true }
+    } else {
+        match serde_json::from_slice::<Drain>(&body) {
+            Ok(d) => d,
+            Err(_) => return err(StatusCode::BAD_REQUEST, "body: {\"draining\": true|false}"),
+        }
+    };
+    let was = w.draining.swap(req.draining, Ordering::SeqCst);
+    if was != req.draining {
+        tracing::info!(
+            draining = req.draining,
+            "worker: {}",
+            if req.draining {
+                "draining: no new sandboxes"
+            } else {
+                "no longer draining"
+            }
+        );
+    }
+    capacity_now(&w)
+}
+
+fn capacity_now(w: &Worker) -> Response {
     let sandboxes = held(&lock(&w.sandboxes));
     Json(Capacity {
         max_sandboxes: w.max_sandboxes,
