@@ -453,6 +453,7 @@ impl Provider for RemoteProvider {
 }
 
 mod http;
+mod place;
 mod set;
 
 use http::{json, url_encode};
