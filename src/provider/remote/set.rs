@@ -264,15 +264,33 @@ impl Provider for RemoteSet {
         self.members.iter().flat_map(|(_, p)| p.secrets()).collect()
     }
 
-    /// The first member that can make one (the goldens are the same SQL on every worker).
+    /// A member that holds one already (no new sandbox), else a new one placed as a fork is
+    /// (the goldens are the same SQL on every worker).
     fn reference<'a>(
         &'a self,
         golden: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
+            let held: Vec<usize> = (0..self.members.len())
+                .filter(|&i| self.members[i].1.holds_reference())
+                .collect();
             let mut last = None;
-            for (n, (_, p)) in self.members.iter().enumerate() {
-                match p.reference(golden).await {
+            for &n in &held {
+                match self.members[n].1.reference(golden).await {
+                    Ok(b) => return Ok(Self::prefixed(n, b)),
+                    Err(e) => last = Some(self.named(n, e)),
+                }
+            }
+            self.refresh_rooms(false).await;
+            let tries = self.pick(self.next.load(Ordering::Relaxed));
+            if tries.is_empty() && last.is_none() {
+                return Err(self.no_room());
+            }
+            for n in tries.into_iter().filter(|n| !held.contains(n)) {
+                self.rooms.lock().unwrap_or_else(|p| p.into_inner())[n]
+                    .0
+                    .placed();
+                match self.members[n].1.reference(golden).await {
                     Ok(b) => return Ok(Self::prefixed(n, b)),
                     Err(e) => last = Some(self.named(n, e)),
                 }
