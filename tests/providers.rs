@@ -17,4 +17,5 @@ mod providers {
     mod template_claims;
     mod template_seatbelt;
     mod worker;
+    mod worker_placement;
 }

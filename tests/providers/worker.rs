@@ -382,8 +382,8 @@ fn a_front_over_two_workers() {
         front.log_problems()
     );
 
-    // No scratch server outlives the workers: the killed one's are removed when it comes
-    // back on its data dir, the others when each stops.
+    // No scratch server outlives the workers: the killed one's are adopted when it comes
+    // back on its data dir (their TTL has not passed) and deleted with the rest when it stops.
     let dir1 = w1.dir.clone();
     drop(w1);
     let mut w1 = Worker::start(&dir1);

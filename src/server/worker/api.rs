@@ -200,26 +200,26 @@ async fn fork(w: Arc<Worker>, id: String) {
     }
     .await;
     // Decided under the lock, awaited after it.
-    let orphan = {
+    let (orphan, ready) = {
         let mut all = lock(&w.sandboxes);
         match (all.get_mut(&id), result) {
             (None, Ok((handle, task, _))) => {
                 task.abort();
-                Some(handle)
+                (Some(handle), None)
             }
-            (None, Err(_)) => None,
+            (None, Err(_)) => (None, None),
             (Some(e), Ok((handle, task, conn))) => {
                 e.sb.state = SandboxState::Ready;
                 e.sb.connection = Some(conn);
-                e.handle = Some(handle);
+                e.handle = Some(handle.clone());
                 e.door = Some(task);
-                None
+                (None, Some((e.sb.clone(), handle)))
             }
             (Some(e), Err(msg)) => {
                 tracing::warn!(sandbox = %id, error = %msg, "worker fork failed");
                 e.sb.state = SandboxState::Failed;
                 e.sb.error = Some(msg);
-                None
+                (None, None)
             }
         }
     };
@@ -227,10 +227,21 @@ async fn fork(w: Arc<Worker>, id: String) {
         // Deleted while it was being forked.
         let _ = w.provider.destroy(&handle).await;
     }
+    if let Some((sb, handle)) = ready {
+        keep(&w, &sb, &handle);
+    }
 }
 
-/// The fork's door: a TCP port on the worker's address, with a password of its own.
-async fn open_door(
+/// Records a ready sandbox for adoption after a crash (a failure only costs that).
+fn keep(w: &Worker, sb: &Sandbox, handle: &str) {
+    if let Err(e) = w.keeper.save(sb, handle) {
+        tracing::warn!(sandbox = %sb.id, error = %e, "worker: recording a sandbox failed; it is not adopted after a crash");
+    }
+}
+
+/// The fork's door: a TCP port on the worker's address (never one of the earlier run's
+/// doors), with a password of its own.
+pub(super) async fn open_door(
     w: &Worker,
     b: &crate::provider::Backend,
 ) -> Result<(tokio::task::JoinHandle<()>, Connection), String> {
@@ -239,10 +250,19 @@ async fn open_door(
         .socket_path()
         .ok_or("the fork has no unix socket")?
         .to_path_buf();
-    let l = TcpListener::bind((w.listen_ip, 0))
-        .await
-        .map_err(|e| e.to_string())?;
-    let port = l.local_addr().map_err(|e| e.to_string())?.port();
+    // Ports of the earlier run held open while binding again, so each is skipped once.
+    let mut skipped = Vec::new();
+    let (l, port) = loop {
+        let l = TcpListener::bind((w.listen_ip, 0))
+            .await
+            .map_err(|e| e.to_string())?;
+        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        if !w.old_ports.contains(&port) || skipped.len() >= 64 {
+            break (l, port);
+        }
+        skipped.push(l);
+    };
+    drop(skipped);
     let door = Arc::new(Door {
         socket,
         user: b.target.user.clone(),
@@ -285,11 +305,18 @@ async fn set_ttl(
     // Bounded so the addition cannot overflow: ten years is past any token.
     let secs = req.ttl_seconds.min(10 * 365 * 24 * 3600) as i64;
     let at = OffsetDateTime::now_utc() + time::Duration::seconds(secs);
-    match lock(&w.sandboxes).get_mut(&id) {
-        Some(e) => {
-            e.expires = Some(at);
-            e.sb.expires_at = crate::rfc3339::try_format(at).ok();
-            Json(e.sb.clone()).into_response()
+    let found = lock(&w.sandboxes).get_mut(&id).map(|e| {
+        e.expires = Some(at);
+        e.sb.expires_at = crate::rfc3339::try_format(at).ok();
+        (e.sb.clone(), e.handle.clone())
+    });
+    match found {
+        Some((sb, handle)) => {
+            // A ready sandbox's record follows its TTL (one still forking is recorded ready).
+            if let Some(h) = handle {
+                keep(&w, &sb, &h);
+            }
+            Json(sb).into_response()
         }
         None => err(StatusCode::NOT_FOUND, "no such sandbox"),
     }
