@@ -124,16 +124,12 @@ impl RemoteProvider {
             })?;
         match out {
             Outcome::NoAnswer(e) => Err(remote(format!("GET {PATH}: {e}"))),
-            Outcome::Answer(s, _)
-                if matches!(
-                    s,
-                    StatusCode::NOT_FOUND
-                        | StatusCode::METHOD_NOT_ALLOWED
-                        | StatusCode::NOT_IMPLEMENTED
-                ) =>
-            {
-                Ok(None)
-            }
+            Outcome::Answer(
+                StatusCode::NOT_FOUND
+                | StatusCode::METHOD_NOT_ALLOWED
+                | StatusCode::NOT_IMPLEMENTED,
+                _,
+            ) => Ok(None),
             Outcome::Answer(s, b) if s.is_success() => serde_json::from_slice(&b)
                 .map(Some)
                 .map_err(|source| ProviderError::RemoteJson {

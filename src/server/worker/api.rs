@@ -228,15 +228,26 @@ async fn fork(w: Arc<Worker>, id: String) {
         let _ = w.provider.destroy(&handle).await;
     }
     if let Some((sb, handle)) = ready {
-        keep(&w, &sb, &handle);
+        keep(&w, sb, handle).await;
     }
 }
 
-/// Records a ready sandbox for adoption after a crash (a failure only costs that).
-fn keep(w: &Worker, sb: &Sandbox, handle: &str) {
-    if let Err(e) = w.keeper.save(sb, handle) {
-        tracing::warn!(sandbox = %sb.id, error = %e, "worker: recording a sandbox failed; it is not adopted after a crash");
-    }
+/// Records a ready sandbox for adoption after a crash (a failure only costs that), off the
+/// async threads (the record is synced to disk).
+async fn keep(w: &Arc<Worker>, sb: Sandbox, handle: String) {
+    let w = w.clone();
+    let saved = tokio::task::spawn_blocking(move || {
+        w.keeper
+            .save(&sb, &handle)
+            .map_err(|e| format!("sandbox {}: {e}", sb.id))
+    })
+    .await;
+    let failed = match saved {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e,
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(error = %failed, "worker: recording a sandbox failed; it is not adopted after a crash");
 }
 
 /// The fork's door: a TCP port on the worker's address (never one of the earlier run's
@@ -314,7 +325,7 @@ async fn set_ttl(
         Some((sb, handle)) => {
             // A ready sandbox's record follows its TTL (one still forking is recorded ready).
             if let Some(h) = handle {
-                keep(&w, &sb, &h);
+                keep(&w, sb.clone(), h).await;
             }
             Json(sb).into_response()
         }
