@@ -18,4 +18,5 @@ mod providers {
     mod template_noise;
     mod template_seatbelt;
     mod worker;
+    mod worker_placement;
 }

@@ -429,6 +429,7 @@ impl Config {
         }
         self.promote.validate()?;
         self.pool.validate()?;
+        self.worker.validate()?;
         match self.provider.as_str() {
             "instance" => {}
             "microvm" => self.microvm.validate()?,
