@@ -20,6 +20,9 @@ pub struct PoolConfig {
     /// shrinks back to `size` as the demand decays.
     #[serde(deserialize_with = "de_duration")]
     pub demand_half_life: Duration,
+    /// Forks the pool runs at once while members are wanted now (first connections wait,
+    /// or it grows under demand); 0 = twice the cores the gateway may use, at least 4.
+    pub parallel_forks: usize,
 }
 
 impl Default for PoolConfig {
@@ -28,6 +31,7 @@ impl Default for PoolConfig {
             size: 0,
             max_size: 0,
             demand_half_life: Duration::from_secs(60),
+            parallel_forks: 0,
         }
     }
 }

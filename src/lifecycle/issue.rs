@@ -179,6 +179,7 @@ impl Gateway {
             review_error: None,
         };
         self.registry.insert(rec.clone()).await?;
+        self.provider.expect_first_connection();
         self.hooks.issued(&rec);
         metrics::counter!("sandpit_tokens_issued_total").increment(1);
         self.schedule_expiry(&rec);

@@ -78,6 +78,9 @@ pub trait Provider: Send + Sync + 'static {
     fn list(&self) -> BoxFuture<'_, Result<Listing, ProviderError>>;
     /// Strings that must never reach a client (socket dirs, data paths, superuser names).
     fn secrets(&self) -> Vec<String>;
+    /// A token was issued: its first connection is likely soon (a warm pool grows ahead of
+    /// it). Nothing by default.
+    fn expect_first_connection(&self) {}
     /// Whether a warm-pool claim of this provider's members is recorded by the registry
     /// alone: the pool then hands a member out without re-tagging it, and the lifecycle
     /// re-tags it after the claim's record, off the first query's path.

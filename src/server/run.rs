@@ -313,6 +313,7 @@ fn warm_pool(cfg: &Config, provider: &Arc<dyn Provider>) -> Option<Arc<WarmPool>
             size: cfg.pool.size,
             max_size: cfg.pool.max_size,
             half_life: cfg.pool.demand_half_life,
+            parallel_forks: cfg.pool.parallel_forks,
         };
         WarmPool::new(provider.clone(), sizing)
     })

@@ -275,3 +275,106 @@ fn a_gateway_killed_at_any_step_of_a_claim_leaves_each_member_the_pools_or_the_t
         assert!(tags(&g).is_empty(), "{step}: left behind: {:?}", tags(&g));
     }
 }
+
+/// The instance directories whose tag names token `id`.
+fn backends_of(g: &Gateway, id: &str) -> Vec<String> {
+    tags(g)
+        .into_iter()
+        .filter(|(_, t)| t == id)
+        .map(|(h, _)| h)
+        .collect()
+}
+
+#[test]
+fn first_connections_that_find_the_pool_empty_take_the_fillers_next_members() {
+    // One member ready, four first connections at once, no growth: the three that find
+    // nothing ready wait for the members the filler forks next (named `pool-…`), rather
+    // than each forking a backend of its own (named by its token) beside the filler's.
+    let mut g = Gateway::start(Some(SMALL_GOLDEN), Some("[pool]\nsize = 1\nmax_size = 1\n"));
+    assert!(
+        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
+            == 1.0),
+        "pool did not fill"
+    );
+    let tokens: Vec<_> = (0..4)
+        .map(|i| g.issue(&format!("empty-{i}"), 600))
+        .collect();
+    let clients: Vec<_> = tokens
+        .iter()
+        .map(|t| {
+            let dsn = t["dsn"].as_str().expect("dsn").to_string();
+            std::thread::spawn(move || psql(&dsn, &["-c", "select count(*) from items"]))
+        })
+        .collect();
+    for c in clients {
+        let (ok, out, err) = c.join().expect("client thread");
+        assert!(ok, "{err}");
+        assert_eq!(out.trim(), "1000");
+    }
+    for t in &tokens {
+        let id = t["id"].as_str().expect("id");
+        assert!(
+            wait_until(Duration::from_secs(30), || backends_of(&g, id).len() == 1),
+            "{id}: {:?}",
+            tags(&g)
+        );
+        let b = backends_of(&g, id);
+        assert!(b[0].starts_with("pool-"), "{id} forked its own: {b:?}");
+        assert_eq!(g.show(id)["fork_count"], 1);
+    }
+    // The pool is back to its one member, and nothing else was forked.
+    assert!(
+        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
+            == 1.0),
+        "pool did not refill"
+    );
+    assert_eq!(tags(&g).len(), 5, "{:?}", tags(&g));
+    for t in &tokens {
+        g.revoke(t["id"].as_str().expect("id"));
+    }
+    g.stop();
+    assert!(tags(&g).is_empty(), "left behind: {:?}", tags(&g));
+}
+
+#[test]
+fn new_tokens_grow_the_pool_before_their_first_connection() {
+    // Demand is counted when a token is issued: three tokens, no connection yet, and the
+    // pool grows toward three members; their first connections then claim them, and count
+    // no second time (the target stays three).
+    let mut g = Gateway::start(
+        Some(SMALL_GOLDEN),
+        Some("[pool]\nsize = 1\nmax_size = 6\ndemand_half_life = \"10m\"\n"),
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
+            == 1.0),
+        "pool did not fill"
+    );
+    let tokens: Vec<_> = (0..3)
+        .map(|i| g.issue(&format!("ahead-{i}"), 600))
+        .collect();
+    assert_eq!(gauge(&g, "sandpit_pool_target"), 3.0);
+    assert!(
+        wait_until(Duration::from_secs(120), || gauge(&g, "sandpit_pool_ready")
+            == 3.0),
+        "the pool did not grow ahead of the first connections: ready {}",
+        gauge(&g, "sandpit_pool_ready")
+    );
+    for t in &tokens {
+        let (ok, _, err) = psql(t["dsn"].as_str().expect("dsn"), &["-c", "select 1"]);
+        assert!(ok, "{err}");
+    }
+    assert_eq!(gauge(&g, "sandpit_pool_target"), 3.0);
+    for t in &tokens {
+        let id = t["id"].as_str().expect("id");
+        assert!(
+            wait_until(Duration::from_secs(30), || backends_of(&g, id).len() == 1),
+            "{id}: {:?}",
+            tags(&g)
+        );
+        assert!(backends_of(&g, id)[0].starts_with("pool-"));
+        g.revoke(id);
+    }
+    g.stop();
+    assert!(tags(&g).is_empty(), "left behind: {:?}", tags(&g));
+}

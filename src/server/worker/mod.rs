@@ -207,6 +207,7 @@ pub async fn run(
                 size: cfg.pool.size,
                 max_size: cfg.pool.max_size,
                 half_life: cfg.pool.demand_half_life,
+                parallel_forks: cfg.pool.parallel_forks,
             },
         )
     });

@@ -1,15 +1,21 @@
 //! A warm pool in front of any provider: keeps forks of the golden ready so that a token's
 //! first connection claims one in about the time of a connection instead of waiting for a
 //! fork. Members are ordinary backends tagged `pool-…`; a claim re-tags one with its token.
+//! A first connection that finds no member ready waits for the next one the filler
+//! finishes (whichever it is), not for a fork of its own; the filler is in `fill.rs`.
+
+mod fill;
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 use super::golden::live::LiveSpec;
 use super::golden::store::GoldenInfo;
-use super::pool_sizing::{next_step, Demand, PoolSizing, Step};
+use super::pool_sizing::{Demand, PoolSizing};
 use super::{
     Backend, BackendTag, BoxFuture, GoldenVersions, Provider, ProviderError, SuperuserLogin,
 };
@@ -18,50 +24,34 @@ use crate::pgconn::BackendTarget;
 /// Prefix of the token id in the tag of an unclaimed pool member.
 pub const POOL_PREFIX: &str = "pool-";
 
-/// Pause between a claim and the refill it triggers (restarted by each further claim).
-const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(500);
-/// Longest a stream of claims holds the refill back.
-const REFILL_HOLD_MAX: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// One connection to a new member before it is offered: the server writes its relation
-/// cache init files and reads the catalogs into its buffers then, not on the claimer's first
-/// connection. Failure only costs that speed-up.
-async fn warm_up(b: &Backend) {
-    let connected = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        crate::pgconn::startup::connect(&b.target, &[], 1 << 20),
-    )
-    .await;
-    match connected {
-        Ok(Ok(mut conn)) => {
-            use tokio::io::AsyncWriteExt;
-            // Terminate, so the server ends the session quietly.
-            let _ = conn.reader.get_mut().write_all(b"X\0\0\0\x04").await;
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(handle = %b.handle, error = %e, "warming a pool member failed")
-        }
-        Err(_) => tracing::debug!(handle = %b.handle, "warming a pool member timed out"),
-    }
-}
-
-/// Longest wait before the filler looks at a grown pool again (its demand decays meanwhile).
-const RECHECK_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+/// Longest a first connection waits for the filler's next member before forking its own
+/// (the filler stuck behind a slow fork, say).
+const MEMBER_WAIT_MAX: Duration = Duration::from_secs(60);
 
 /// A provider with a warm pool of ready backends: `size` of them, more (up to `max_size`)
-/// while recent first connections outnumber them.
+/// while recent new tokens and first connections outnumber them.
 pub struct WarmPool {
     inner: Arc<dyn Provider>,
     sizing: PoolSizing,
-    /// Recent first connections (claims and misses alike), decaying.
+    /// Recent demand (new tokens, and first connections not announced by one), decaying.
     demand: Mutex<Demand>,
+    /// Tokens issued here whose first connection has not come yet (at most `max_size`): their
+    /// first connection was counted as demand when they were issued, not again.
+    announced: AtomicUsize,
+    /// Lock order everywhere: `filling`, then `ready`, then `waiters`.
     ready: Mutex<VecDeque<Backend>>,
+    /// First connections waiting for the next member, oldest first.
+    waiters: Mutex<VecDeque<oneshot::Sender<Backend>>>,
     /// Handles being forked for the pool right now (so `list` can hide them too).
     filling: Mutex<Vec<String>>,
+    /// Forks of the filler in flight.
+    forking: AtomicUsize,
+    /// Forks the filler may run at once while members are wanted now (the cores).
+    parallel: usize,
     refill: Notify,
     /// Set by [`WarmPool::drain`] (under the `filling` lock): no new member is started, and
     /// one that finishes forking is destroyed instead of offered.
-    draining: std::sync::atomic::AtomicBool,
+    draining: AtomicBool,
 }
 
 impl WarmPool {
@@ -71,130 +61,80 @@ impl WarmPool {
             inner,
             sizing,
             demand: Mutex::new(Demand::new(std::time::Instant::now())),
+            announced: AtomicUsize::new(0),
             ready: Mutex::new(VecDeque::new()),
+            waiters: Mutex::new(VecDeque::new()),
             filling: Mutex::new(Vec::new()),
+            forking: AtomicUsize::new(0),
+            parallel: sizing.parallel(std::thread::available_parallelism().map_or(1, |n| n.get())),
             refill: Notify::new(),
-            draining: std::sync::atomic::AtomicBool::new(false),
+            draining: AtomicBool::new(false),
         })
     }
 
-    /// Destroy members left by an earlier run (their golden may be stale), then keep the
-    /// pool full in the background until the process ends. `claimed` maps the handles a
-    /// token's record names to that token's tag: a member claimed just before a crash,
-    /// still tagged as the pool's, is the token's and gets its tag instead.
-    pub async fn start(self: &Arc<Self>, claimed: &std::collections::HashMap<String, BackendTag>) {
-        if let Ok(all) = self.inner.list().await {
-            for (handle, tag) in all {
-                if tag.is_some_and(|t| t.token_id.starts_with(POOL_PREFIX)) {
-                    if let Some(owner) = claimed.get(&handle) {
-                        if let Err(e) = self.inner.retag(&handle, owner).await {
-                            tracing::warn!(handle, error = %e, "re-tagging a claimed pool member failed");
-                        }
-                        continue;
-                    }
-                    if let Err(e) = self.inner.destroy(&handle).await {
-                        tracing::warn!(handle, error = %e, "removing a stale pool member failed");
-                    }
-                }
+    /// A first connection: demand, unless its token's issue already counted it.
+    fn first_connection(&self) {
+        let announced = self
+            .announced
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if !announced {
+            self.demand
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .record(std::time::Instant::now(), self.sizing.half_life);
+        }
+    }
+
+    /// A ready member; else a place in the queue for the filler's next one (taken under the
+    /// `ready` lock, so a member offered meanwhile is never missed); else, while draining,
+    /// a fork of the caller's own.
+    fn next_member(&self) -> Next {
+        let mut ready = self.lock_ready();
+        if let Some(b) = ready.pop_front() {
+            return Next::Member(Box::new(b));
+        }
+        if self.is_draining() {
+            return Next::Fork;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.lock_waiters().push_back(tx);
+        Next::Wait(rx)
+    }
+
+    /// A new member to the oldest waiting first connection, else to the ready queue; given
+    /// back when the pool is draining. Called under the `filling` lock.
+    fn offer(&self, b: Backend) -> Option<Backend> {
+        if self.is_draining() {
+            return Some(b);
+        }
+        let mut ready = self.lock_ready();
+        let mut waiters = self.lock_waiters();
+        let mut b = b;
+        while let Some(tx) = waiters.pop_front() {
+            match tx.send(b) {
+                Ok(()) => return None,
+                // That client left: the next one, or the ready queue.
+                Err(back) => b = back,
             }
         }
-        let pool = self.clone();
-        tokio::spawn(async move {
-            let mut filled_once = false;
-            loop {
-                if pool.is_draining() {
-                    return;
-                }
-                let target = pool.target();
-                let ready = pool.lock_ready().len();
-                match next_step(ready, 0, target) {
-                    Step::Wait => {
-                        filled_once = true;
-                        if target > pool.sizing.size || ready > pool.sizing.size {
-                            // Grown: look again as the demand decays, to shrink back.
-                            let recheck = (pool.sizing.half_life / 4)
-                                .clamp(std::time::Duration::from_millis(100), RECHECK_MAX);
-                            let _ = tokio::time::timeout(recheck, pool.refill.notified()).await;
-                        } else {
-                            pool.refill.notified().await;
-                        }
-                        continue;
-                    }
-                    Step::Shrink => {
-                        pool.shrink_one().await;
-                        continue;
-                    }
-                    Step::Fork => {}
-                }
-                if filled_once && target <= pool.sizing.size {
-                    // A claim just happened: let the claimer's first connection and query
-                    // have the CPU and disk before the copy of the next member starts, and
-                    // while claims keep coming (a burst emptying the pool), the claimers
-                    // after it too: the delay restarts at each claim, up to REFILL_HOLD_MAX.
-                    // (Not while growing under a burst: then members are wanted soon.)
-                    let hold_until = tokio::time::Instant::now() + REFILL_HOLD_MAX;
-                    while tokio::time::timeout_at(
-                        (tokio::time::Instant::now() + REFILL_DELAY).min(hold_until),
-                        pool.refill.notified(),
-                    )
-                    .await
-                    .is_ok()
-                        && !pool.is_draining()
-                    {}
-                }
-                // One at a time: refilling must not starve live sessions of CPU and disk.
-                let handle = format!("{POOL_PREFIX}{}", &crate::auth::new_token_id()[3..]);
-                {
-                    // Checked under the lock drain() sets the flag under: either drain sees
-                    // this fork in `filling` and waits for it, or no fork starts.
-                    let mut filling = pool.filling.lock().unwrap_or_else(|p| p.into_inner());
-                    if pool.is_draining() {
-                        return;
-                    }
-                    filling.push(handle.clone());
-                }
-                let tag = BackendTag {
-                    token_id: handle.clone(),
-                    task: "(warm pool)".into(),
-                    expires_at: String::new(),
-                    // Members are this gateway's; an empty id counts as ours to the janitor.
-                    gateway_id: String::new(),
-                    golden: None,
-                };
-                let forked = pool.inner.fork(&tag).await;
-                // The handle stays in `filling` until the member is offered or destroyed, so
-                // drain() waits for it (a member warming up was in neither list before).
-                let unwanted = match forked {
-                    Ok(b) if pool.is_draining() => Some(b), // shutting down: nobody will claim it
-                    Ok(b) if b.golden != pool.inner.versions().map(|v| v.active_golden()) => {
-                        Some(b)
-                    } // the golden changed meanwhile
-                    Ok(b) => {
-                        warm_up(&b).await;
-                        let _filling = pool.filling.lock().unwrap_or_else(|p| p.into_inner());
-                        if pool.is_draining() {
-                            Some(b)
-                        } else {
-                            pool.lock_ready().push_back(b);
-                            pool.publish();
-                            None
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "warm pool fork failed; retrying in 5 s");
-                        pool.end_filling(&handle);
-                        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-                        continue;
-                    }
-                };
-                if let Some(b) = unwanted {
-                    if let Err(e) = pool.inner.destroy(&b.handle).await {
-                        tracing::warn!(handle = %b.handle, error = %e, "destroying an unwanted pool member failed");
-                    }
-                }
-                pool.end_filling(&handle);
-            }
-        });
+        ready.push_back(b);
+        None
+    }
+
+    /// First connections waiting for a member (those whose clients left included until
+    /// the next offer skips them).
+    fn waiting(&self) -> usize {
+        self.lock_waiters().len()
+    }
+
+    /// Let every waiting first connection fork its own (the filler failed or is stopping).
+    fn release_waiters(&self) {
+        self.lock_waiters().clear();
+    }
+
+    fn lock_waiters(&self) -> std::sync::MutexGuard<'_, VecDeque<oneshot::Sender<Backend>>> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Members wanted now, from the decayed demand.
@@ -241,7 +181,7 @@ impl WarmPool {
     }
 
     fn is_draining(&self) -> bool {
-        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+        self.draining.load(Ordering::SeqCst)
     }
 
     fn end_filling(&self, handle: &str) {
@@ -257,9 +197,9 @@ impl WarmPool {
     pub async fn drain(&self) -> usize {
         {
             let _filling = self.filling.lock().unwrap_or_else(|p| p.into_inner());
-            self.draining
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.draining.store(true, Ordering::SeqCst);
         }
+        self.release_waiters();
         self.refill.notify_one();
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
         while !self
@@ -300,6 +240,13 @@ impl WarmPool {
     }
 }
 
+/// What a first connection gets from the pool.
+enum Next {
+    Member(Box<Backend>),
+    Wait(oneshot::Receiver<Backend>),
+    Fork,
+}
+
 impl Provider for WarmPool {
     fn name(&self) -> &'static str {
         self.inner.name()
@@ -307,11 +254,7 @@ impl Provider for WarmPool {
 
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
-            // Every first connection is demand, whether a member is ready for it or not.
-            self.demand
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .record(std::time::Instant::now(), self.sizing.half_life);
+            self.first_connection();
             let active = self.inner.versions().map(|v| v.active_golden());
             if tag.golden.is_some() && tag.golden != active {
                 self.refill.notify_one();
@@ -319,15 +262,28 @@ impl Provider for WarmPool {
                 return self.inner.fork(tag).await;
             }
             let claimed = loop {
-                let next = self.lock_ready().pop_front();
-                match next {
-                    // A member of an older golden (the switch raced its claim): never handed out.
-                    Some(b) if b.golden != active => {
+                match self.next_member() {
+                    Next::Member(b) if b.golden != active => {
+                        // A member of an older golden (the switch raced its claim): never handed out.
                         if let Err(e) = self.inner.destroy(&b.handle).await {
                             tracing::warn!(handle = %b.handle, error = %e, "destroying a stale pool member failed");
                         }
                     }
-                    other => break other,
+                    Next::Member(b) => break Some(*b),
+                    Next::Wait(rx) => {
+                        self.refill.notify_one();
+                        self.publish();
+                        match tokio::time::timeout(MEMBER_WAIT_MAX, rx).await {
+                            Ok(Ok(b)) if b.golden == active => break Some(b),
+                            Ok(Ok(b)) => {
+                                let _ = self.inner.destroy(&b.handle).await;
+                                break None;
+                            }
+                            // The filler failed, is draining, or is slow: a fork of our own.
+                            Ok(Err(_)) | Err(_) => break None,
+                        }
+                    }
+                    Next::Fork => break None,
                 }
             };
             self.refill.notify_one();
@@ -351,6 +307,21 @@ impl Provider for WarmPool {
             }
             self.inner.fork(tag).await
         })
+    }
+
+    fn expect_first_connection(&self) {
+        self.demand
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(std::time::Instant::now(), self.sizing.half_life);
+        let cap = self.sizing.max_size.max(self.sizing.size);
+        let _ = self
+            .announced
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < cap).then_some(n + 1)
+            });
+        self.publish();
+        self.refill.notify_one();
     }
 
     fn claims_by_record(&self) -> bool {
