@@ -179,7 +179,7 @@ rust_ok || need "Rust >= $min_rust (cargo)" install_rust
 # psycopg's binary wheel carries libpq 18, which the protocol-3.2 negotiation test relies on;
 # mcp drives `sandpit mcp` and POST /mcp (tests/agent/mcp.rs); Django and SQLAlchemy are the ORM
 # steps of the psycopg scenario (tests/clients/orm_steps.py); kubernetes-validate (and its
-# PyYAML) checks docker/kubernetes/cluster against the Kubernetes schemas (tests/checks/kubernetes.rs).
+# PyYAML) checks docker/kubernetes/cluster against the Kubernetes schemas (tests/checks/kubernetes/).
 python=${SANDPIT_PYTHON:-python3}
 pip_install() {
   "$python" -m pip install --quiet "$1" ||
