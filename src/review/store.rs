@@ -460,6 +460,8 @@ mod tests {
             },
             cut: None,
             kind_source: None,
+            front: None,
+            front_seq: None,
             outcome: done.then(|| OutcomeRecord {
                 seq,
                 ts: String::new(),
