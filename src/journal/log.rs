@@ -34,8 +34,8 @@ use fill::fill_level;
 pub use fill::FILL_WARNINGS;
 
 pub use book::{LogBook, SyncTicker, OUTCOME_IDLE, SYNC_INTERVAL};
-pub use place::{is_front_id, FrontFile, LogFiles, LogPlace};
 pub use line::{param_text, to_line, OutcomeRef, StatementRef};
+pub use place::{is_front_id, FrontFile, LogFiles, LogPlace};
 pub use read::{read_page, read_statements, scan, statement_at, unreadable_lines, LogEntry, Page};
 pub use record::{
     settled_kind, LogRecord, LoggedStatement, OutcomeRecord, StatementRecord, TextCut,

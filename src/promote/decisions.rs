@@ -232,12 +232,13 @@ pub fn update<T, E: From<RecordError>>(
 ) -> Result<(T, ReviewRecord), E> {
     let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
     // And across fronts sharing the directory (held for one read and one write).
-    let _across = super::across::lock(dir, task, token, super::across::Kind::Record).map_err(
-        |source| RecordError::Io {
-            path: path(dir, task, token),
-            source,
-        },
-    )?;
+    let _across =
+        super::across::lock(dir, task, token, super::across::Kind::Record).map_err(|source| {
+            RecordError::Io {
+                path: path(dir, task, token),
+                source,
+            }
+        })?;
     let mut rec = load(dir, task, token)?.unwrap_or_else(|| ReviewRecord::new(token, task, golden));
     let out = f(&mut rec)?;
     let p = path(dir, task, token);

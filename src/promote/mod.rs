@@ -247,8 +247,7 @@ pub fn recover_interrupted(dir: &std::path::Path) {
                 continue;
             }
             // Another front sharing the directory may be promoting it now: not interrupted.
-            let Ok(Some(_held)) =
-                across::try_lock(dir, &task_name, token, across::Kind::Promotion)
+            let Ok(Some(_held)) = across::try_lock(dir, &task_name, token, across::Kind::Promotion)
             else {
                 continue;
             };

@@ -163,9 +163,7 @@ pub(super) fn page(
     let (mut waiting, mut bytes, mut full) = (0usize, 0usize, false);
     scan(files, |m| {
         match m.entry {
-            LogEntry::Statement {
-                statement, cut, ..
-            } if !full && statement.seq > after => {
+            LogEntry::Statement { statement, cut, .. } if !full && statement.seq > after => {
                 bytes += statement.text.len()
                     + statement
                         .params

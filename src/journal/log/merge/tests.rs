@@ -40,7 +40,11 @@ fn write(dir: &std::path::Path, records: &[(&str, LogRecord)]) {
             TokenLog::open_front(dir, front, "k", "sp_t", 0).expect("open front log")
         });
         if let LogRecord::Statement(s) = r {
-            assert_eq!(log.next_seq(), s.seq, "test records number each front's own");
+            assert_eq!(
+                log.next_seq(),
+                s.seq,
+                "test records number each front's own"
+            );
         }
         log.append(r).expect("append");
     }
@@ -85,7 +89,14 @@ fn fronts_merge_by_time_then_front_then_seq() {
         .collect();
     assert_eq!(
         fronts,
-        [("bb", 1), ("aa", 1), ("bb", 2), ("aa", 2), ("aa", 3), ("bb", 3)]
+        [
+            ("bb", 1),
+            ("aa", 1),
+            ("bb", 2),
+            ("aa", 2),
+            ("aa", 3),
+            ("bb", 3)
+        ]
     );
     // Each outcome went to its own front's statement, not to the other front's same seq.
     assert_eq!(m[1].outcome.as_ref().unwrap().seq, 2);
@@ -171,6 +182,7 @@ fn a_torn_last_record_of_a_killed_front_is_skipped() {
     );
     let path = super::super::place::front_path(dir.path(), "k", "sp_t", "aa");
     let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
-    f.write_all(b"{\"type\":\"statement\",\"seq\":2,\"ts\":\"2026").unwrap();
+    f.write_all(b"{\"type\":\"statement\",\"seq\":2,\"ts\":\"2026")
+        .unwrap();
     assert_eq!(texts(&merged(dir.path())), ["a1", "b1"]);
 }
