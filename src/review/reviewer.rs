@@ -52,3 +52,18 @@ pub fn reviews_dir(cfg: &Config) -> PathBuf {
         (None, None) => cfg.data_dir.join("reviews"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reviews_go_to_review_dir_else_the_shared_dir_else_the_data_dir() {
+        let mut c = Config::default();
+        assert_eq!(reviews_dir(&c), c.data_dir.join("reviews"));
+        c.registry.shared_dir = Some(PathBuf::from("/mnt/fronts"));
+        assert_eq!(reviews_dir(&c), PathBuf::from("/mnt/fronts/reviews"));
+        c.review.dir = Some(PathBuf::from("/r"));
+        assert_eq!(reviews_dir(&c), PathBuf::from("/r"));
+    }
+}

@@ -1,6 +1,6 @@
 //! The merged order of fronts' files, through real files written by [`TokenLog`].
 
-use super::super::{LogPlace, LogRecord, OutcomeRecord, StatementRecord, TokenLog};
+use super::super::{LogRecord, OutcomeRecord, StatementRecord, TokenLog};
 use super::*;
 
 fn statement(seq: u64, ts: &str, text: &str) -> LogRecord {
@@ -32,9 +32,10 @@ fn outcome(seq: u64, sqlstate: Option<&str>) -> LogRecord {
     })
 }
 
-/// Writes `records` (front, record) into each front's own file, in the order given.
-fn write(dir: &std::path::Path, records: &[(&str, LogRecord)]) {
-    let mut logs = HashMap::new();
+/// Writes `records` (front, record) into each front's own file, in the order given; the
+/// files, ordered by front id as a reader lists them.
+fn write(dir: &std::path::Path, records: &[(&str, LogRecord)]) -> Vec<FrontFile> {
+    let mut logs = std::collections::BTreeMap::new();
     for (front, r) in records {
         let log = logs.entry(*front).or_insert_with(|| {
             TokenLog::open_front(dir, front, "k", "sp_t", 0).expect("open front log")
@@ -48,14 +49,16 @@ fn write(dir: &std::path::Path, records: &[(&str, LogRecord)]) {
         }
         log.append(r).expect("append");
     }
+    logs.iter()
+        .map(|(front, log)| FrontFile {
+            front: front.to_string(),
+            path: log.path().to_path_buf(),
+        })
+        .collect()
 }
 
-fn merged(dir: &std::path::Path) -> Vec<LoggedStatement> {
-    LogPlace::Shared(dir.to_path_buf())
-        .files("k", "sp_t")
-        .unwrap()
-        .read_statements()
-        .unwrap()
+fn merged(files: &[FrontFile]) -> Vec<LoggedStatement> {
+    page(files, 0, usize::MAX, usize::MAX).unwrap().statements
 }
 
 fn texts(s: &[LoggedStatement]) -> Vec<&str> {
@@ -66,7 +69,7 @@ fn texts(s: &[LoggedStatement]) -> Vec<&str> {
 fn fronts_merge_by_time_then_front_then_seq() {
     let dir = tempfile::tempdir().unwrap();
     let t = |s: u32| format!("2026-01-01T00:00:{s:02}.5Z");
-    write(
+    let files = write(
         dir.path(),
         &[
             ("bb", statement(1, &t(1), "b1")),
@@ -79,7 +82,7 @@ fn fronts_merge_by_time_then_front_then_seq() {
             ("aa", statement(3, &t(4), "a3")),
         ],
     );
-    let m = merged(dir.path());
+    let m = merged(&files);
     assert_eq!(texts(&m), ["b1", "a1", "b2", "a2", "a3", "b3"]);
     let seqs: Vec<u64> = m.iter().map(|s| s.statement.seq).collect();
     assert_eq!(seqs, [1, 2, 3, 4, 5, 6]);
@@ -111,7 +114,7 @@ fn fronts_merge_by_time_then_front_then_seq() {
 #[test]
 fn a_front_whose_clock_stepped_back_keeps_its_own_order() {
     let dir = tempfile::tempdir().unwrap();
-    write(
+    let files = write(
         dir.path(),
         &[
             ("aa", statement(1, "2026-01-01T00:00:05Z", "a1")),
@@ -121,7 +124,7 @@ fn a_front_whose_clock_stepped_back_keeps_its_own_order() {
         ],
     );
     // a2 cannot come before a1, so b1 (earlier than a1) leads; a1, a2, a3 stay in order.
-    assert_eq!(texts(&merged(dir.path())), ["b1", "a1", "a2", "a3"]);
+    assert_eq!(texts(&merged(&files)), ["b1", "a1", "a2", "a3"]);
 }
 
 #[test]
@@ -139,13 +142,10 @@ fn pages_of_the_merged_log_cover_it_once_in_order() {
         records.push((front, statement(seq, &ts, &format!("s{i}"))));
         records.push((front, outcome(seq, None)));
     }
-    write(dir.path(), &records);
-    let files = LogPlace::Shared(dir.path().to_path_buf())
-        .files("k", "sp_t")
-        .unwrap();
+    let files = write(dir.path(), &records);
     let (mut after, mut seen) = (0, Vec::new());
     loop {
-        let p = files.read_page(after, 7).unwrap();
+        let p = page(&files, after, 7, usize::MAX).unwrap();
         for s in &p.statements {
             assert!(s.outcome.is_some(), "{} has its outcome", s.statement.text);
             seen.push(s.statement.text.clone());
@@ -159,13 +159,13 @@ fn pages_of_the_merged_log_cover_it_once_in_order() {
     assert_eq!(seen, want);
     // The scan numbers outcomes as it numbers their statements.
     let mut pairs = Vec::new();
-    files
-        .scan(|_, e| {
-            if let LogEntry::Outcome(o) = e {
-                pairs.push(o.seq)
-            }
-        })
-        .unwrap();
+    scan(&files, |m| {
+        if let LogEntry::Outcome(o) = m.entry {
+            pairs.push(o.seq)
+        }
+        true
+    })
+    .unwrap();
     assert_eq!(pairs, (1..=40).collect::<Vec<u64>>());
 }
 
@@ -173,16 +173,18 @@ fn pages_of_the_merged_log_cover_it_once_in_order() {
 fn a_torn_last_record_of_a_killed_front_is_skipped() {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
-    write(
+    let files = write(
         dir.path(),
         &[
             ("aa", statement(1, "2026-01-01T00:00:01Z", "a1")),
             ("bb", statement(1, "2026-01-01T00:00:02Z", "b1")),
         ],
     );
-    let path = super::super::place::front_path(dir.path(), "k", "sp_t", "aa");
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&files[0].path)
+        .unwrap();
     f.write_all(b"{\"type\":\"statement\",\"seq\":2,\"ts\":\"2026")
         .unwrap();
-    assert_eq!(texts(&merged(dir.path())), ["a1", "b1"]);
+    assert_eq!(texts(&merged(&files)), ["a1", "b1"]);
 }
