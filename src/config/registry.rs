@@ -27,6 +27,10 @@ pub struct RegistrySection {
     /// logs (a file per front and token, read as one log) and stored reviews and decisions
     /// go there instead of the data dir, so any front reads and reviews any token.
     pub shared_dir: Option<PathBuf>,
+    /// How long a front's sessions count towards a token's `max_connections` on the other
+    /// fronts after the front was last heard of (renewed every third of it).
+    #[serde(deserialize_with = "de_duration")]
+    pub session_lease: Duration,
 }
 
 impl Default for RegistrySection {
@@ -37,6 +41,7 @@ impl Default for RegistrySection {
             ca_file: None,
             refresh_interval: Duration::from_secs(5),
             shared_dir: None,
+            session_lease: Duration::from_secs(30),
         }
     }
 }
@@ -97,6 +102,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "pool.size",
                 message: "the warm pool is per gateway and not supported with a shared registry; set it (and pool.max_size) to 0".into(),
+            });
+        }
+        if self.registry.session_lease < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid {
+                key: "registry.session_lease",
+                message: "must be at least 1s".into(),
             });
         }
         if self.registry.refresh_interval < Duration::from_millis(100) {

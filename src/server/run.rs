@@ -164,6 +164,18 @@ pub async fn run(
         &cfg.public_host.iter().cloned().collect::<Vec<_>>(),
     )?;
     let (replica_id, gateway_id) = gateway_ids(data_dir, &registry).await?;
+    let lease = match registry.shared() {
+        Some(s) => Some(
+            super::lease::start(
+                s.clone(),
+                replica_id.clone(),
+                cfg.registry.session_lease,
+                stop.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let mut cfg = cfg;
     cfg.data_dir = claimed.data_dir.clone();
     cfg.listen = claimed.pg_addr; // DSNs carry the real port even when asked for port 0
@@ -183,6 +195,9 @@ pub async fn run(
         }
     }
     shut_down(&gw, listeners, background, pool).await;
+    if let Some(l) = lease {
+        l.abort();
+    }
     Ok(())
 }
 

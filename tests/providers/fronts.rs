@@ -106,9 +106,11 @@ fn front_files(shared: &Path, task: &str, id: &str) -> Vec<String> {
     names
 }
 
-#[test]
-fn two_fronts_keep_one_log_one_review_and_lose_nothing_to_a_kill() {
-    let rt = tokio::runtime::Runtime::new().expect("rt");
+/// The registry server, a shared directory, and the config every front gets.
+fn setup(
+    rt: &tokio::runtime::Runtime,
+    extra: &str,
+) -> (shared_pg::SharedPg, tempfile::TempDir, String) {
     let pg = rt.block_on(shared_pg::SharedPg::start());
     rt.block_on(async {
         pg.admin("postgres")
@@ -123,11 +125,18 @@ fn two_fronts_keep_one_log_one_review_and_lose_nothing_to_a_kill() {
         "provider = \"template\"\n\
          [template]\nadmin_dsn = \"{}\"\ngolden = \"sandpit_golden\"\nsslmode = \"require\"\n\
          [registry]\nurl = \"{registry_url}\"\nsslmode = \"verify-full\"\nca_file = \"{}\"\n\
-         refresh_interval = \"1s\"\nshared_dir = \"{}\"\n",
+         refresh_interval = \"1s\"\nshared_dir = \"{}\"\n{extra}",
         pg.admin_dsn(),
         pg.ca_file.display(),
         shared.path().display()
     );
+    (pg, shared, cfg)
+}
+
+#[test]
+fn two_fronts_keep_one_log_one_review_and_lose_nothing_to_a_kill() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let (_pg, shared, cfg) = setup(&rt, "");
     let a = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     let mut b = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     let (fa, fb) = (front_id(&a), front_id(&b));
@@ -281,4 +290,69 @@ fn two_fronts_keep_one_log_one_review_and_lose_nothing_to_a_kill() {
     assert_eq!(shown["state"], "rejected", "{shown}");
     assert!(shown.to_string().contains("rejected on B"), "{shown}");
     drop(b2);
+}
+
+/// A token's `max_connections` counts its sessions on every front; a front killed with
+/// SIGKILL stops holding its sessions' places once its lease runs out.
+#[test]
+fn max_connections_holds_across_fronts_and_a_dead_fronts_sessions_expire() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let (_pg, _shared, cfg) = setup(&rt, "session_lease = \"2s\"\n");
+    let mut a = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
+    let b = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
+    let t = a.issue_with(
+        serde_json::json!({"task": "fronts-limit", "ttl_seconds": 600, "max_connections": 2}),
+    );
+    rt.block_on(async {
+        let on_a = connect(&dsn_on(&t, &a)).await.expect("first session, on A");
+        let on_b = connect(&dsn_on(&t, &b))
+            .await
+            .expect("second session, on B");
+        for (g, name) in [(&a, "A"), (&b, "B")] {
+            let e = connect(&dsn_on(&t, g))
+                .await
+                .expect_err("a third session on either front");
+            assert_eq!(harness::sqlstate(&e), "53300", "on {name}: {e:?}");
+        }
+        // A place freed on B is taken on A.
+        drop(on_b);
+        let again = async {
+            loop {
+                match connect(&dsn_on(&t, &a)).await {
+                    Ok(c) => return c,
+                    Err(e) => assert_eq!(harness::sqlstate(&e), "53300", "{e:?}"),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        let second_on_a = tokio::time::timeout(Duration::from_secs(60), again)
+            .await
+            .expect("B's ended session frees its place");
+        let e = connect(&dsn_on(&t, &b))
+            .await
+            .expect_err("A holds both places");
+        assert_eq!(harness::sqlstate(&e), "53300", "{e:?}");
+
+        // A dies holding both places; once its lease runs out, B admits sessions again.
+        a.kill();
+        drop((on_a, second_on_a));
+        let freed = async {
+            loop {
+                match connect(&dsn_on(&t, &b)).await {
+                    Ok(c) => return c,
+                    Err(e) => assert_eq!(harness::sqlstate(&e), "53300", "{e:?}"),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        let c = tokio::time::timeout(Duration::from_secs(120), freed)
+            .await
+            .expect("the dead front's sessions stop counting");
+        let _second = connect(&dsn_on(&t, &b)).await.expect("both places free");
+        let e = connect(&dsn_on(&t, &b))
+            .await
+            .expect_err("and the limit still holds");
+        assert_eq!(harness::sqlstate(&e), "53300", "{e:?}");
+        c.simple_query("select 1").await.expect("served");
+    });
 }
