@@ -10,6 +10,9 @@
 #                 registry row must cost to be durable before the statement is forwarded
 #   insert, async the same with synchronous_commit = off (not durable: shown for scale)
 #
+# Then the cost a session start and end pays for `max_connections` across fronts (one
+# admission round trip, committed, and one removal), as a ratio against `select 1`.
+#
 # Printed, not asserted. Needs root (runs Postgres as the `sandpit` user) and PostgreSQL 15.
 # Usage: nice -n 19 bash bench/fronts-log.sh [records]
 set -euo pipefail
@@ -57,4 +60,29 @@ base = rows["file"]
 print(f"{n} records each; median microseconds per record, ratio to the file write")
 for k, v in rows.items():
     print(f"  {k:<14} {v:9.1f} us  {v / base:8.1f} x")
+
+# A session's admission across fronts (src/registry/sessions.rs: the same SQL, one round
+# trip), then its removal, against the `select 1` round trip measured above.
+c.execute("set synchronous_commit = on")
+c.execute("create table sandpit_sessions (front text not null, id int8 not null, token text not null, primary key (front, id))")
+c.execute("create index on sandpit_sessions (token)")
+c.execute("create table sandpit_front_leases (front text primary key, expires_at timestamptz not null)")
+c.execute("insert into sandpit_front_leases values ('f1', now() + interval '1 hour')")
+ids = iter(range(1, 10 * n))
+sync = "off"
+def admit():
+    i = next(ids)
+    c.execute(
+        f"BEGIN; SET LOCAL synchronous_commit = {sync}; SELECT pg_advisory_xact_lock(hashtextextended('sandpit-sessions:' || 'sp_x', 0)); "
+        f"INSERT INTO sandpit_sessions (front, id, token) SELECT 'f1', {i}, 'sp_x' "
+        "WHERE (SELECT count(*) FROM sandpit_sessions s JOIN sandpit_front_leases l ON l.front = s.front "
+        "WHERE s.token = 'sp_x' AND l.expires_at > now()) < 100; COMMIT", prepare=False)
+    c.execute(f"BEGIN; SET LOCAL synchronous_commit = {sync}; "
+              f"DELETE FROM sandpit_sessions WHERE front = 'f1' AND id = {i}; COMMIT", prepare=False)
+rows["select 1, again"] = timed(lambda: c.execute("select 1"))
+print("per session start and end across fronts (admission + removal), ratio to select 1:")
+for sync in ("off", "on"):
+    v = timed(admit)
+    print(f"  synchronous_commit {sync:<3} {v:9.1f} us  {v / rows['select 1, again']:8.1f} x"
+          f"  (select 1: {rows['select 1, again']:.1f} us)")
 EOF
