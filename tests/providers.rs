@@ -1,6 +1,7 @@
 //! Where scratch databases come from: the spine on every provider, the `instance` provider's
 //! isolation, goldens from a live database, replicas on a shared registry, worker nodes, the
-//! `template` provider against a hostile task role, and the `microvm` provider.
+//! `template` provider against a hostile task role, fronts that share one log and review,
+//! and the `microvm` provider.
 
 // Each suite uses only part of the shared helpers.
 #[allow(dead_code)]
@@ -8,6 +9,7 @@ mod support;
 
 /// One file per concern, in tests/providers/.
 mod providers {
+    mod fronts;
     mod golden_build;
     mod instance_provider;
     mod microvm;

@@ -546,6 +546,7 @@ impl Config {
         if let Some(url) = &self.registry.url {
             self.validate_shared_registry(url)?;
         }
+        self.validate_shared_dir()?;
         if self.tokens.ttl > self.tokens.max_ttl {
             return Err(ConfigError::Invalid {
                 key: "tokens.ttl",

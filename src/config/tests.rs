@@ -133,6 +133,36 @@ fn shared_registry_needs_network_backends_and_no_pool() {
 }
 
 #[test]
+fn shared_dir_needs_a_shared_registry_and_an_absolute_path() {
+    use crate::journal::log::LogPlace;
+    use std::path::PathBuf;
+    let tpl = "provider = \"template\"\n[template]\nadmin_dsn = \"postgresql://a@h/db\"\n";
+    let url = "[registry]\nurl = \"postgresql://r@h/reg\"\n";
+    let c: Config = toml::from_str(&format!("{tpl}{url}shared_dir = \"/mnt/fronts\"\n")).unwrap();
+    c.validate().unwrap();
+    assert_eq!(
+        c.log_place(),
+        LogPlace::Shared(PathBuf::from("/mnt/fronts"))
+    );
+    let c: Config = toml::from_str(&format!("{tpl}{url}shared_dir = \"fronts\"\n")).unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("registry.shared_dir") && e.contains("absolute"),
+        "{e}"
+    );
+    let c: Config =
+        toml::from_str(&format!("{tpl}[registry]\nshared_dir = \"/mnt/fronts\"\n")).unwrap();
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("registry.shared_dir") && e.contains("registry.url"),
+        "{e}"
+    );
+    // One gateway: logs and reviews in the data dir, as before.
+    let c = Config::default();
+    assert_eq!(c.log_place(), LogPlace::Local(c.data_dir.clone()));
+}
+
+#[test]
 fn listeners_must_not_clash() {
     let c: Config =
         toml::from_str("listen = \"127.0.0.1:7000\"\napi_listen = \"127.0.0.1:7000\"").unwrap();

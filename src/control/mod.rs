@@ -288,14 +288,13 @@ async fn token_statements(
     let Some(rec) = s.gw.registry.get(&id) else {
         return error(StatusCode::NOT_FOUND, format!("unknown token {id}"));
     };
-    let path = crate::journal::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
+    let place = s.gw.config.log_place();
     // Outcomes its sessions deferred (see `TokenLog::defer_outcome`) are written first, so
     // every outcome already known is paired with its statement.
     s.gw.logs.flush(&rec.id);
     let after = q.after;
-    match tokio::task::spawn_blocking(move || crate::journal::log::read_page(&path, after, limit))
-        .await
-    {
+    let read = move || place.files(&rec.task, &rec.id)?.read_page(after, limit);
+    match tokio::task::spawn_blocking(read).await {
         Ok(Ok(page)) => {
             let mut r = Json(page.statements).into_response();
             if let Some(next) = page.next_after {

@@ -25,6 +25,8 @@ mod fill;
 mod intern;
 mod line;
 mod mapped;
+mod merge;
+mod place;
 mod read;
 mod record;
 
@@ -33,6 +35,7 @@ pub use fill::FILL_WARNINGS;
 
 pub use book::{LogBook, SyncTicker, OUTCOME_IDLE, SYNC_INTERVAL};
 pub use line::{param_text, to_line, OutcomeRef, StatementRef};
+pub use place::{is_front_id, FrontFile, LogFiles, LogPlace};
 pub use read::{read_page, read_statements, scan, statement_at, unreadable_lines, LogEntry, Page};
 pub use record::{
     settled_kind, LogRecord, LoggedStatement, OutcomeRecord, StatementRecord, TextCut,
@@ -127,11 +130,39 @@ impl TokenLog {
         max_bytes: u64,
     ) -> Result<TokenLog, LogError> {
         let path = log_path(data_dir, task, token);
+        let base = data_dir.join("logs");
+        TokenLog::open_file(&base, Path::new(task), path, task, token, max_bytes)
+    }
+
+    /// Open (create) this front's file of a token's log under a shared directory (see
+    /// [`place`](LogPlace)): `<shared>/logs/<task>/<token>/<front>.jsonl`, no other process
+    /// writing it.
+    pub fn open_front(
+        shared: &Path,
+        front: &str,
+        task: &str,
+        token: &str,
+        max_bytes: u64,
+    ) -> Result<TokenLog, LogError> {
+        let path = place::front_path(shared, task, token, front);
+        let rel = Path::new(task).join(token);
+        TokenLog::open_file(&shared.join("logs"), &rel, path, task, token, max_bytes)
+    }
+
+    /// Open (create) the log file at `path`, which lies in `base/rel` (made private).
+    fn open_file(
+        base: &Path,
+        rel: &Path,
+        path: PathBuf,
+        task: &str,
+        token: &str,
+        max_bytes: u64,
+    ) -> Result<TokenLog, LogError> {
         let io = |source| LogError::Io {
             path: path.clone(),
             source,
         };
-        crate::datadir::private_dirs(&data_dir.join("logs"), Path::new(task)).map_err(io)?;
+        crate::datadir::private_dirs(base, rel).map_err(io)?;
         let last = read::last_seq(&path)?;
         let file = std::fs::OpenOptions::new()
             .create(true)

@@ -1,7 +1,8 @@
 //! The review record of one token, kept next to its stored review
 //! (`<reviews dir>/<task>/<token>.promote.json`, mode 0600): its state, the audit trail of
 //! who decided what and when, the validators' results, what was captured for promotion, and
-//! every promotion attempt. Read-modify-write under one process-wide lock; written to a
+//! every promotion attempt. Read-modify-write under one process-wide lock (and, for fronts
+//! sharing the directory, a lock file of the token's: `across`); written to a
 //! temporary file and renamed, so a crash leaves the old or the new record, never half.
 
 use std::io::Write;
@@ -230,6 +231,14 @@ pub fn update<T, E: From<RecordError>>(
     f: impl FnOnce(&mut ReviewRecord) -> Result<T, E>,
 ) -> Result<(T, ReviewRecord), E> {
     let _held = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    // And across fronts sharing the directory (held for one read and one write).
+    let _across =
+        super::across::lock(dir, task, token, super::across::Kind::Record).map_err(|source| {
+            RecordError::Io {
+                path: path(dir, task, token),
+                source,
+            }
+        })?;
     let mut rec = load(dir, task, token)?.unwrap_or_else(|| ReviewRecord::new(token, task, golden));
     let out = f(&mut rec)?;
     let p = path(dir, task, token);

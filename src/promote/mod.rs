@@ -4,6 +4,7 @@
 //! database in one transaction, guarded row by row and object by object against the golden
 //! it was made from, so a target that moved since gets nothing and a list of conflicts.
 
+pub mod across;
 pub mod apply;
 pub mod change;
 pub mod decisions;
@@ -245,6 +246,11 @@ pub fn recover_interrupted(dir: &std::path::Path) {
             if r.promoting.is_none() {
                 continue;
             }
+            // Another front sharing the directory may be promoting it now: not interrupted.
+            let Ok(Some(_held)) = across::try_lock(dir, &task_name, token, across::Kind::Promotion)
+            else {
+                continue;
+            };
             let golden = r.golden.clone();
             let done = decisions::update::<_, PromoteError>(dir, &task_name, token, golden, |r| {
                 Ok(r.settle_interrupted())
@@ -308,6 +314,18 @@ pub async fn promote(
     }
     let _one = PROMOTING.lock().await;
     let dir = reviews_dir(&gw.config);
+    // One promotion of a token at a time across fronts too; waited for off the async
+    // threads (another front's promotion may take a while).
+    let _across = {
+        let (d, task, id) = (dir.clone(), rec.task.clone(), rec.id.clone());
+        tokio::task::spawn_blocking(move || across::lock(&d, &task, &id, across::Kind::Promotion))
+            .await
+            .map_err(|e| PromoteError::State(format!("promotion lock: {e}")))?
+            .map_err(|source| decisions::RecordError::Io {
+                path: dir.clone(),
+                source,
+            })?
+    };
     let current = record(gw, rec)?;
     if !req.dry_run && current.state != ReviewState::Approved {
         return Err(PromoteError::State(format!(

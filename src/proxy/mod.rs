@@ -3,6 +3,7 @@
 pub mod auth_flow;
 pub mod cancel;
 pub mod caps;
+pub mod front_sessions;
 pub mod gate;
 pub mod options;
 pub mod pipeline;
@@ -33,6 +34,9 @@ pub struct Proxy {
     pub sessions: std::sync::atomic::AtomicU64,
     /// The TLS certificate's tls-server-end-point data, when SCRAM-SHA-256-PLUS is offered.
     pub tls_binding: Option<Vec<u8>>,
+    /// With a shared registry: this front's sessions recorded there (`max_connections`
+    /// across fronts).
+    pub front_sessions: Option<front_sessions::FrontSessions>,
 }
 
 impl Proxy {
@@ -43,6 +47,10 @@ impl Proxy {
             Some(t) => (Some(t.acceptor), t.binding),
             None => (None, None),
         };
+        let front_sessions = gw
+            .registry
+            .shared()
+            .map(|store| front_sessions::FrontSessions::new(store.clone(), replica.clone()));
         let cancel = match gw.registry.shared() {
             Some(store) => CancelMap::shared(store.clone(), replica),
             None => CancelMap::default(),
@@ -53,6 +61,7 @@ impl Proxy {
             tls,
             sessions: Default::default(),
             tls_binding,
+            front_sessions,
         })
     }
 

@@ -8,6 +8,7 @@ pub mod claims;
 pub mod end;
 pub mod file;
 pub mod postgres;
+pub mod sessions;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -125,51 +125,53 @@ fn options(rv: &Reviewer) -> DiffOptions {
 /// The first statements of the token's log, as many as the HTML page lists (the summary
 /// counts all of them: [`summarize_log`]).
 pub fn statements(rv: &Reviewer, rec: &TokenRecord) -> Result<Vec<LoggedStatement>, ReviewError> {
-    let path = log::log_path(&rv.data_dir, &rec.task, &rec.id);
-    Ok(log::read_page(&path, 0, PAGE_STATEMENTS)?.statements)
+    let files = rv.logs.files(&rec.task, &rec.id)?;
+    Ok(files.read_page(0, PAGE_STATEMENTS)?.statements)
 }
 
-/// [`summarize`] of a whole log file, read as a stream: what it holds per statement until
-/// the statement's outcome arrives is its sequence number and where its line starts, and
-/// the text of a failed statement is read back from there (at most [`FAILED_MAX`] of them).
-pub fn summarize_log(path: &Path) -> Result<StatementSummary, log::LogError> {
+/// [`summarize`] of a whole log (one file, or the fronts' files merged), read as a stream:
+/// what it holds per statement until the statement's outcome arrives is its sequence number
+/// and where its line starts, and the text of a failed statement is read back from there
+/// (at most [`FAILED_MAX`] of them).
+pub fn summarize_log(files: &log::LogFiles) -> Result<StatementSummary, log::LogError> {
     let mut s = StatementSummary::default();
     // Counted by kind once the outcome is known: the server's tags decide (see
     // `log::settled_kind`); statements that never completed count as guessed.
-    let mut pending: std::collections::HashMap<u64, (u64, String)> = Default::default();
-    let mut failed: Vec<(u64, String)> = Vec::new();
+    let mut pending: std::collections::HashMap<u64, (usize, u64, String)> = Default::default();
+    // (file, offset, seq as the reader numbers it, SQLSTATE)
+    let mut failed: Vec<(usize, u64, u64, String)> = Vec::new();
     let count = |s: &mut StatementSummary, kind: String| match s.by_kind.get_mut(&kind) {
         Some(n) => *n += 1,
         None => {
             s.by_kind.insert(kind, 1);
         }
     };
-    log::scan(path, |e| match e {
+    files.scan(|file, e| match e {
         log::LogEntry::Statement {
             offset, statement, ..
         } => {
             s.total += 1;
-            pending.insert(statement.seq, (offset, statement.kind));
+            pending.insert(statement.seq, (file, offset, statement.kind));
         }
         log::LogEntry::Outcome(o) => {
-            if let Some((offset, lexical)) = pending.remove(&o.seq) {
+            if let Some((file, offset, lexical)) = pending.remove(&o.seq) {
                 count(&mut s, log::settled_kind(lexical, Some(&o)));
                 if let Some(code) = o.sqlstate {
                     if failed.len() < FAILED_MAX {
-                        failed.push((offset, code));
+                        failed.push((file, offset, o.seq, code));
                     }
                 }
             }
         }
     })?;
     s.unfinished = pending.len() as u64;
-    for (_, (_, lexical)) in pending {
+    for (_, (_, _, lexical)) in pending {
         count(&mut s, lexical);
     }
-    for (offset, sqlstate) in failed {
-        if let Some(st) = log::statement_at(path, offset)? {
+    for (file, offset, seq, sqlstate) in failed {
+        if let Some(st) = files.statement_at(file, offset)? {
             s.failed.push(FailedStatement {
-                seq: st.seq,
+                seq,
                 kind: st.kind,
                 text: cap(&st.text, FAILED_TEXT_MAX),
                 sqlstate,
@@ -208,8 +210,8 @@ async fn take_with(
     end_sessions: bool,
     no_verify: Option<String>,
 ) -> Result<Review, ReviewError> {
-    let log_file = log::log_path(&rv.data_dir, &rec.task, &rec.id);
-    let summary = tokio::task::spawn_blocking(move || summarize_log(&log_file))
+    let files = rv.logs.files(&rec.task, &rec.id)?;
+    let summary = tokio::task::spawn_blocking(move || summarize_log(&files))
         .await
         .map_err(|e| ReviewError::Backend(format!("log summary task: {e}")))??;
     let mut review = match rec.backend.as_deref() {
@@ -460,6 +462,8 @@ mod tests {
             },
             cut: None,
             kind_source: None,
+            front: None,
+            front_seq: None,
             outcome: done.then(|| OutcomeRecord {
                 seq,
                 ts: String::new(),
@@ -511,7 +515,8 @@ mod tests {
                 log.append(&LogRecord::Outcome(o.clone())).unwrap();
             }
         }
-        assert_eq!(summarize_log(log.path()).unwrap(), summarize(&stmts));
+        let files = log::LogFiles::Single(log.path().to_path_buf());
+        assert_eq!(summarize_log(&files).unwrap(), summarize(&stmts));
     }
 
     #[test]

@@ -31,4 +31,6 @@ pub enum ServeError {
     Locked(#[from] lock::LockError),
     #[error("cannot start the statement log's ticker thread: {0}")]
     LogTicker(std::io::Error),
+    #[error("registry.shared_dir: {0}")]
+    SharedDir(#[from] crate::journal::log::LogError),
 }

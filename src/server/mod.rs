@@ -4,6 +4,7 @@
 //! `worker` is `serve` as a worker node that holds forks for front gateways.
 
 mod error;
+mod lease;
 pub mod lock;
 mod provider;
 mod run;

@@ -164,12 +164,24 @@ pub async fn run(
         &cfg.public_host.iter().cloned().collect::<Vec<_>>(),
     )?;
     let (replica_id, gateway_id) = gateway_ids(data_dir, &registry).await?;
+    let lease = match registry.shared() {
+        Some(s) => Some(
+            super::lease::start(
+                s.clone(),
+                replica_id.clone(),
+                cfg.registry.session_lease,
+                stop.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let mut cfg = cfg;
     cfg.data_dir = claimed.data_dir.clone();
     cfg.listen = claimed.pg_addr; // DSNs carry the real port even when asked for port 0
     let pool = warm_pool(&cfg, &provider);
     let provider = pool_or(provider, &pool, &registry, &gateway_id).await;
-    let gw = gateway(cfg, registry, provider, gateway_id);
+    let gw = gateway(cfg, registry, provider, gateway_id, &replica_id)?;
     let follower = gw.follow_replicas();
     settle(&gw).await;
     let background = Background::start(&gw, follower, &stop)?;
@@ -183,6 +195,9 @@ pub async fn run(
         }
     }
     shut_down(&gw, listeners, background, pool).await;
+    if let Some(l) = lease {
+        l.abort();
+    }
     Ok(())
 }
 
@@ -348,13 +363,15 @@ async fn pool_or(
     p.clone() as Arc<dyn Provider>
 }
 
-/// The gateway, its review hooks and its statement logs' quota.
+/// The gateway, its review hooks and its statement logs' quota and place: with
+/// `registry.shared_dir`, this replica writes its own file of each token's log there.
 fn gateway(
     cfg: Config,
     registry: Registry,
     provider: Arc<dyn Provider>,
     gateway_id: String,
-) -> Arc<Gateway> {
+    replica_id: &str,
+) -> Result<Arc<Gateway>, ServeError> {
     let hooks = Arc::new(ReviewHooks(
         Reviewer::new(&cfg, provider.clone(), &gateway_id),
         cfg.clone(),
@@ -362,7 +379,21 @@ fn gateway(
     let gw = Gateway::with_id(cfg, registry, provider, gateway_id, hooks);
     gw.logs
         .set_max_bytes_per_token(gw.config.log.max_bytes_per_token);
-    gw
+    if let Some(dir) = &gw.config.registry.shared_dir {
+        // Refused now rather than at the first statement: a front that cannot write there
+        // would refuse every statement (58030).
+        let logs = dir.join("logs");
+        crate::datadir::private_dirs(&logs, Path::new("")).map_err(|source| {
+            crate::journal::log::LogError::Io {
+                path: logs.clone(),
+                source,
+            }
+        })?;
+        gw.logs.share(dir.clone(), replica_id.to_string())?;
+        // Decisions and promotions stored there are locked across fronts too.
+        crate::promote::across::share();
+    }
+    Ok(gw)
 }
 
 /// Before `ready`: whatever an earlier (killed) run left behind is settled first.

@@ -183,13 +183,17 @@ fn rows_section(b: &mut String, id: &str, data: &[TableDiff], all_rows: bool, q:
 /// `?log=all`; [`LOG_PAGE`] statements of the log per page.
 pub(super) fn log_section(
     b: &mut String,
-    path: &std::path::Path,
-    id: &str,
+    place: &log::LogPlace,
+    rec: &crate::registry::TokenRecord,
     review: Option<&Review>,
     q: &PageQuery,
 ) {
+    let id = rec.id.as_str();
     b.push_str("<section id=\"statements\"><h2>Statement log</h2>");
-    let page = match log::read_page(path, q.after.unwrap_or(0), LOG_PAGE) {
+    let read = place
+        .files(&rec.task, &rec.id)
+        .and_then(|f| f.read_page(q.after.unwrap_or(0), LOG_PAGE));
+    let page = match read {
         Ok(p) => p,
         Err(e) => {
             let _ = write!(

@@ -384,8 +384,8 @@ async fn token_page(
         csrf,
         target.as_ref().filter(|_| r.state == ReviewState::Approved),
     );
-    let log_path = crate::journal::log::log_path(&s.gw.config.data_dir, &rec.task, &rec.id);
-    changes::log_section(&mut b, &log_path, &rec.id, stored.as_ref(), q);
+    let place = s.gw.config.log_place();
+    changes::log_section(&mut b, &place, &rec, stored.as_ref(), q);
     if let Some(review) = &stored {
         changes::patch_section(&mut b, review);
     }

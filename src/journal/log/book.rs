@@ -2,9 +2,9 @@
 //! thread that writes idle logs' deferred outcomes, maps and releases busy logs, and fsyncs
 //! them ([`SyncTicker`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -15,6 +15,8 @@ use super::{LogError, TokenLog, DEFAULT_MAX_BYTES_PER_TOKEN};
 pub struct LogBook {
     logs: DashMap<String, Arc<TokenLog>>,
     max_bytes: AtomicU64,
+    /// Set for a front sharing its logs: the shared directory and this front's id.
+    shared: OnceLock<(PathBuf, String)>,
 }
 
 impl Default for LogBook {
@@ -22,6 +24,7 @@ impl Default for LogBook {
         LogBook {
             logs: DashMap::new(),
             max_bytes: AtomicU64::new(DEFAULT_MAX_BYTES_PER_TOKEN),
+            shared: OnceLock::new(),
         }
     }
 }
@@ -32,13 +35,32 @@ impl LogBook {
         self.max_bytes.store(max, Ordering::Release);
     }
 
+    /// Write logs from now on as front `front`'s files under the shared directory `dir`
+    /// (`registry.shared_dir`), not in the data dir; set once, before any log is opened.
+    pub fn share(&self, dir: PathBuf, front: String) -> Result<(), LogError> {
+        if !super::is_front_id(&front) {
+            return Err(LogError::Io {
+                path: dir,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{front:?} cannot name a front's log file"),
+                ),
+            });
+        }
+        let _ = self.shared.set((dir, front));
+        Ok(())
+    }
+
     /// The log of a token, opened on first use.
     pub fn get(&self, data_dir: &Path, task: &str, token: &str) -> Result<Arc<TokenLog>, LogError> {
         if let Some(l) = self.logs.get(token) {
             return Ok(l.clone());
         }
         let max = self.max_bytes.load(Ordering::Acquire);
-        let log = Arc::new(TokenLog::open(data_dir, task, token, max)?);
+        let log = Arc::new(match self.shared.get() {
+            Some((dir, front)) => TokenLog::open_front(dir, front, task, token, max)?,
+            None => TokenLog::open(data_dir, task, token, max)?,
+        });
         Ok(self.logs.entry(token.to_string()).or_insert(log).clone())
     }
 

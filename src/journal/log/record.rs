@@ -90,6 +90,13 @@ pub struct LoggedStatement {
     /// readers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind_source: Option<String>,
+    /// The front whose file holds it, when the log is read from several fronts' files
+    /// (then `seq` is its place in the merged log); absent for one gateway's log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front: Option<String>,
+    /// Its `seq` in that front's file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_seq: Option<u64>,
 }
 
 impl LoggedStatement {

@@ -52,6 +52,9 @@ pub enum SessionError {
     NoCancelKey,
     #[error("sandpit cannot record this session's cancel key")]
     CancelKeyNotRecorded,
+    /// The shared registry could not count or record the session (fronts).
+    #[error("sandpit cannot record this session")]
+    SessionNotRecorded,
     /// No statement may run unrecorded.
     #[error("sandpit cannot write the statement log for this token")]
     LogUnavailable,
@@ -76,7 +79,8 @@ impl SessionError {
             }
             SessionError::BackendUnavailable
             | SessionError::BackendUnreachable
-            | SessionError::CancelKeyNotRecorded => "08006",
+            | SessionError::CancelKeyNotRecorded
+            | SessionError::SessionNotRecorded => "08006",
             SessionError::LogUnavailable => "58030",
         }
     }

@@ -136,6 +136,8 @@ async fn admit(
 struct Authed {
     rec: TokenRecord,
     slot: SessionSlot,
+    /// Its record in the shared registry (fronts), held as long as the session.
+    _shared: Option<crate::proxy::front_sessions::SharedSlot>,
     ended: watch::Receiver<Option<EndReason>>,
 }
 
@@ -188,9 +190,31 @@ async fn authenticate_step(
             id: rec.id.clone(),
             max,
         })?;
+    // Then across fronts: the sessions other fronts hold count too.
+    let shared = match &proxy.front_sessions {
+        None => None,
+        Some(f) => match f.admit(&rec).await {
+            Ok(Some(s)) => Some(s),
+            Ok(None) => {
+                return Err(SessionError::TooManyConnections {
+                    id: rec.id.clone(),
+                    max: rec.caps.max_connections,
+                })
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record the session in the shared registry");
+                return Err(SessionError::SessionNotRecorded);
+            }
+        },
+    };
     // Subscribe before touching the backend so an end during the fork is not missed.
     let ended = proxy.gw.runtime(&rec.id).ended();
-    Ok(Authed { rec, slot, ended })
+    Ok(Authed {
+        rec,
+        slot,
+        _shared: shared,
+        ended,
+    })
 }
 
 /// A session whose backend is connected and whose client has been greeted.

@@ -327,6 +327,8 @@ fn page(path: &Path, after: u64, limit: usize, bytes_max: usize) -> Result<Page,
                         cut: s.cut,
                         outcome: None,
                         kind_source: None,
+                        front: None,
+                        front_seq: None,
                     });
                     waiting += 1;
                     full = out.statements.len() >= limit || bytes >= bytes_max;
@@ -359,28 +361,63 @@ fn page(path: &Path, after: u64, limit: usize, bytes_max: usize) -> Result<Page,
 /// Call `f` with every record of a log, in file order (lines that do not parse, such as a
 /// torn last line, are skipped). Holds one record at a time.
 pub fn scan(path: &Path, mut f: impl FnMut(LogEntry)) -> Result<(), LogError> {
-    let err = io_err(path);
-    let Some(file) = open(path)? else {
+    let Some(mut records) = Records::open(path)? else {
         return Ok(());
     };
-    let mut defs = Defs::open(&file).map_err(&err)?;
-    let mut lines = Lines::at(file, 0).map_err(&err)?;
-    let mut buf = Vec::new();
-    while let Some(offset) = lines.next(&mut buf).map_err(&err)? {
-        if head(&buf, lines.complete) == Head::Other {
-            continue;
-        }
-        match stored(&mut defs, &buf) {
-            Some(Stored::Statement(s)) => f(LogEntry::Statement {
-                offset,
-                statement: s.statement,
-                cut: s.cut,
-            }),
-            Some(Stored::Outcome(o)) => f(LogEntry::Outcome(o)),
-            None => {}
-        }
+    while let Some(e) = records.next_entry()? {
+        f(e);
     }
     Ok(())
+}
+
+/// The records of one log file in file order, pulled one at a time (what [`scan`] walks;
+/// the merged reader of several fronts' files pulls from one of these per file).
+pub(in crate::journal::log) struct Records {
+    path: std::path::PathBuf,
+    defs: Defs,
+    lines: Lines,
+    buf: Vec<u8>,
+}
+
+impl Records {
+    /// The records of the file at `path`; None when it does not exist.
+    pub(in crate::journal::log) fn open(path: &Path) -> Result<Option<Records>, LogError> {
+        let err = io_err(path);
+        let Some(file) = open(path)? else {
+            return Ok(None);
+        };
+        let defs = Defs::open(&file).map_err(&err)?;
+        let lines = Lines::at(file, 0).map_err(&err)?;
+        Ok(Some(Records {
+            path: path.to_path_buf(),
+            defs,
+            lines,
+            buf: Vec::new(),
+        }))
+    }
+
+    /// The next record (lines that do not parse are skipped); None at the end.
+    pub(in crate::journal::log) fn next_entry(&mut self) -> Result<Option<LogEntry>, LogError> {
+        loop {
+            let Some(offset) = self.lines.next(&mut self.buf).map_err(io_err(&self.path))? else {
+                return Ok(None);
+            };
+            if head(&self.buf, self.lines.complete) == Head::Other {
+                continue;
+            }
+            match stored(&mut self.defs, &self.buf) {
+                Some(Stored::Statement(s)) => {
+                    return Ok(Some(LogEntry::Statement {
+                        offset,
+                        statement: s.statement,
+                        cut: s.cut,
+                    }))
+                }
+                Some(Stored::Outcome(o)) => return Ok(Some(LogEntry::Outcome(o))),
+                None => {}
+            }
+        }
+    }
 }
 
 /// Where the lines of a log start that are neither a record nor a definition (a torn last
