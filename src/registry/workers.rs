@@ -126,7 +126,7 @@ impl WorkerBook {
             .query(
                 "UPDATE sandpit_workers SET asked_at = now() \
                  WHERE url = ANY($1) AND (asked_at IS NULL OR asked_at < now() - make_interval(secs => \
-                   CASE WHEN unreachable_since IS NULL THEN $2 ELSE $3 END)) \
+                   CASE WHEN unreachable_since IS NULL THEN $2::float8 ELSE $3::float8 END)) \
                  RETURNING url",
                 &[&urls, &fresh.as_secs_f64(), &failed.as_secs_f64()],
             )
@@ -234,7 +234,7 @@ impl WorkerBook {
                 "UPDATE sandpit_workers SET sandboxes = sandboxes + 1, warm = greatest(warm - 1, 0) \
                  WHERE url = $1 AND reports AND NOT draining AND sandboxes < max_sandboxes \
                    AND unreachable_since IS NULL AND lost_at IS NULL \
-                   AND reported_at > now() - make_interval(secs => $2)",
+                   AND reported_at > now() - make_interval(secs => $2::float8)",
                 &[&url, &fresh_within.as_secs_f64()],
             )
             .await
