@@ -11,7 +11,7 @@ use crate::registry::workers::{WorkerAnswer, WorkerBook, WorkerRoom};
 use crate::registry::RegistryError;
 
 /// `sandpit_workers` as the provider's book.
-pub(super) struct RegistryRooms(pub(super) WorkerBook);
+pub struct RegistryRooms(pub WorkerBook);
 
 fn err(e: RegistryError) -> ProviderError {
     ProviderError::RoomBook(e.to_string())

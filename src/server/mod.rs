@@ -5,7 +5,7 @@
 //! `worker` is `serve` as a worker node that holds forks for front gateways.
 
 mod error;
-mod fleet;
+pub mod fleet;
 pub mod lock;
 mod provider;
 mod run;

@@ -48,6 +48,15 @@ impl Room {
     }
 }
 
+/// A worker's free room in steps of a sixteenth of its size (at least 1): workers whose room
+/// differs by less than a step count as equal and take turns, so forks placed at the same
+/// moment (by several fronts, or before the next report) spread out instead of all landing on
+/// the one with a single free slot more.
+fn free_steps(c: &Capacity) -> u64 {
+    let step = (c.max_sandboxes / 16).max(1);
+    c.max_sandboxes.saturating_sub(c.sandboxes) / step
+}
+
 /// The order to try workers in for a new fork. First those that report room: a ready warm
 /// member first (its claim is the fastest fork), then the most free room (`max_sandboxes −
 /// sandboxes`); then those that do not report capacity; last those that failed lately.
@@ -61,10 +70,7 @@ pub(super) fn order(rooms: &[Room], start: usize) -> Vec<usize> {
         .collect();
     // Stable: the round-robin order stays within equal keys.
     all.sort_by_key(|&i| match rooms[i] {
-        Room::Known(c) => {
-            let free = c.max_sandboxes - c.sandboxes;
-            (0u8, u8::from(c.warm == 0), u64::MAX - free)
-        }
+        Room::Known(c) => (0u8, u8::from(c.warm == 0), u64::MAX - free_steps(&c)),
         Room::Unreported => (1, 0, 0),
         Room::Unreachable => (2, 0, 0),
     });
@@ -122,6 +128,22 @@ mod tests {
                 vec![cap(10, 2, 0, false), cap(4, 0, 0, false)],
                 0,
                 vec![0, 1],
+            ),
+            // Room within a sixteenth of the size counts as equal: round-robin.
+            (
+                vec![cap(1000, 40, 0, false), cap(1000, 10, 0, false)],
+                0,
+                vec![0, 1],
+            ),
+            (
+                vec![cap(1000, 40, 0, false), cap(1000, 10, 0, false)],
+                1,
+                vec![1, 0],
+            ),
+            (
+                vec![cap(1000, 100, 0, false), cap(1000, 10, 0, false)],
+                0,
+                vec![1, 0],
             ),
             // Equal room: round-robin from start.
             (
