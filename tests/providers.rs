@@ -20,5 +20,6 @@ mod providers {
     mod template_noise;
     mod template_seatbelt;
     mod worker;
+    mod worker_loss;
     mod worker_placement;
 }

@@ -79,6 +79,10 @@ pub struct RemoteSection {
     pub sslmode: String,
     /// CA certificate file to verify sandboxes with.
     pub ca_file: Option<PathBuf>,
+    /// With several `urls`: a worker that answers no capacity question for this long is
+    /// lost, and the tokens it held are ended (docs/workers.md); 0 = never.
+    #[serde(deserialize_with = "de_duration")]
+    pub worker_lost_after: Duration,
 }
 
 impl Default for RemoteSection {
@@ -96,6 +100,7 @@ impl Default for RemoteSection {
             ttl_grace: Duration::from_secs(600),
             sslmode: "require".into(),
             ca_file: None,
+            worker_lost_after: Duration::from_secs(300),
         }
     }
 }

@@ -393,6 +393,18 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_workers_lost_total",
+        Counter,
+        "Workers declared lost: silent past remote.worker_lost_after (counted by the front that declared it).",
+        &[&[]],
+    ),
+    (
+        "sandpit_tokens_lost_total",
+        Counter,
+        "Tokens ended because the worker holding their backend was lost.",
+        &[&[]],
+    ),
+    (
         "sandpit_remote_retries_total",
         Counter,
         "Calls to the remote provider's service retried.",

@@ -92,6 +92,9 @@ pub struct TokenView {
     /// Its end-of-token review: `stored`, `pending` or `failed: <reason>` (absent while usable).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub review: Option<String>,
+    /// Why it ended, when not by its TTL or a revoke (e.g. its worker was lost).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_why: Option<String>,
 }
 
 impl Gateway {
@@ -177,6 +180,7 @@ impl Gateway {
             ended_at: None,
             end: None,
             review_error: None,
+            ended_why: None,
         };
         self.registry.insert(rec.clone()).await?;
         self.provider.expect_first_connection();
@@ -224,6 +228,7 @@ impl Gateway {
             sessions,
             end: rec.end,
             review: crate::registry::end::review_status(rec),
+            ended_why: rec.ended_why.clone(),
         }
     }
 }

@@ -7,6 +7,7 @@ mod faults;
 mod issue;
 mod issue_check;
 pub mod janitor;
+pub mod lost;
 pub mod pace;
 mod reap_report;
 mod replicas;
@@ -37,6 +38,8 @@ pub enum EndReason {
     Expired,
     /// Revoked by the harness.
     Revoked,
+    /// Revoked because the worker holding its backend was lost (`remote.worker_lost_after`).
+    WorkerLost,
     /// The gateway is shutting down (token stays valid).
     Shutdown,
 }
@@ -47,6 +50,10 @@ impl EndReason {
         match self {
             EndReason::Expired => "terminating connection because the sandpit token expired",
             EndReason::Revoked => "terminating connection because the sandpit token was revoked",
+            EndReason::WorkerLost => {
+                "terminating connection because the sandpit token was revoked: \
+                 the worker holding its scratch database was lost"
+            }
             EndReason::Shutdown => {
                 "terminating connection because the sandpit gateway is shutting down"
             }
@@ -447,7 +454,7 @@ impl Gateway {
     pub async fn end(&self, id: &str, reason: EndReason) -> Result<bool, LifecycleError> {
         let new_state = match reason {
             EndReason::Expired => TokenState::Expired,
-            EndReason::Revoked => TokenState::Revoked,
+            EndReason::Revoked | EndReason::WorkerLost => TokenState::Revoked,
             EndReason::Shutdown => return Ok(false),
         };
         let mut changed = false;

@@ -49,6 +49,7 @@ impl Gateway {
         let reason = match rec.state {
             TokenState::Issued | TokenState::Live => return None,
             TokenState::Expired => EndReason::Expired,
+            TokenState::Revoked if rec.ended_why.is_some() => EndReason::WorkerLost,
             TokenState::Revoked => EndReason::Revoked,
         };
         let rt = self.runtimes.get(&rec.id).map(|r| r.clone())?;

@@ -57,6 +57,9 @@ pub enum ProviderError {
     },
     #[error("backend {0} not found")]
     NotFound(String),
+    /// The shared registry's view of the workers' room (`sandpit_workers`) failed.
+    #[error("worker room in the shared registry: {0}")]
+    RoomBook(String),
     #[error("backend did not become ready: {0}")]
     NotReady(String),
     /// Waiting for a backend ended on an i/o error.

@@ -1,6 +1,6 @@
 //! Where scratch databases come from. One core trait, [`Provider`], that every provider
 //! implements, and optional capabilities a provider has or not, reached from it
-//! ([`Provider::versions`]: golden versions, [`Provider::superuser_logins`]). The
+//! ([`Provider::versions`]: golden versions, [`Provider::superuser_logins`], [`Provider::fleet`]: workers watched for loss). The
 //! `instance` provider is the embedded default (its own Postgres process per fork, on a
 //! copy of a golden data dir); `template`, `remote` and `microvm` are the others.
 
@@ -9,6 +9,7 @@ pub mod conninfo;
 pub mod copy;
 pub mod dirs;
 mod error;
+pub mod fleet;
 pub mod golden;
 pub mod holds;
 pub mod instance;
@@ -153,6 +154,11 @@ pub trait Provider: Send + Sync + 'static {
     /// Superuser sessions (see [`SuperuserLogin`]), for a provider that has them
     /// (`microvm`); None for the others.
     fn superuser_logins(&self) -> Option<&dyn SuperuserLogin> {
+        None
+    }
+    /// The workers behind a provider over several of them (`remote.urls`), watched for
+    /// loss; None for the others.
+    fn fleet(&self) -> Option<&dyn fleet::Fleet> {
         None
     }
 }

@@ -21,8 +21,9 @@ pub enum AuthError {
     UnknownToken(String),
     #[error("password authentication failed for token \"{0}\"")]
     WrongSecret(String),
-    #[error("token \"{0}\" has {phrase}", phrase = ended_phrase(*.1))]
-    Ended(String, TokenState),
+    #[error("token \"{0}\" has {phrase}{why}", phrase = ended_phrase(*.1),
+        why = .2.as_deref().map(|w| format!(": {w}")).unwrap_or_default())]
+    Ended(String, TokenState, Option<String>),
     #[error("cleartext password authentication requires TLS on this connection; use sslmode=require or SCRAM")]
     CleartextNeedsTls,
     #[error("invalid authentication message: {0}")]
@@ -61,7 +62,7 @@ impl AuthError {
         match self {
             AuthError::UnknownToken(_) => "unknown",
             AuthError::WrongSecret(_) => "wrong_secret",
-            AuthError::Ended(_, TokenState::Revoked) => "revoked",
+            AuthError::Ended(_, TokenState::Revoked, _) => "revoked",
             AuthError::Ended(..) => "expired",
             AuthError::CleartextNeedsTls => "cleartext_without_tls",
             AuthError::Protocol(_) | AuthError::Lost => "protocol",
@@ -85,10 +86,10 @@ pub async fn check_token(
     prove(&rec).await?;
     // Only someone holding the secret learns that the token ended.
     if !rec.state.is_usable() {
-        return Err(AuthError::Ended(rec.id, rec.state));
+        return Err(AuthError::Ended(rec.id, rec.state, rec.ended_why));
     }
     if rec.expires_at <= OffsetDateTime::now_utc() {
-        return Err(AuthError::Ended(rec.id, TokenState::Expired));
+        return Err(AuthError::Ended(rec.id, TokenState::Expired, None));
     }
     Ok(rec)
 }

@@ -225,6 +225,7 @@ mod tests {
             ended_at: None,
             end: None,
             review_error: None,
+            ended_why: None,
         };
         let l = line("sp_a", 0);
         assert!(!line("sp_b", 0).apply(&mut rec), "another token's line");

@@ -446,6 +446,7 @@ mod tests {
             ended_at: None,
             end: None,
             review_error: None,
+            ended_why: None,
         }
     }
 

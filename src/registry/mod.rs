@@ -9,6 +9,7 @@ pub mod end;
 pub mod file;
 pub mod postgres;
 pub mod sessions;
+pub mod workers;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -170,6 +171,10 @@ pub struct TokenRecord {
     /// stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub review_error: Option<String>,
+    /// Why it was ended, when not by its TTL or the harness (e.g. its worker was lost);
+    /// told to a client that connects with it afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_why: Option<String>,
 }
 
 #[cfg(test)]
@@ -201,6 +206,7 @@ impl TokenRecord {
             ended_at: None,
             end: None,
             review_error: None,
+            ended_why: None,
         }
     }
 }

@@ -116,7 +116,7 @@ pub struct HeldLock {
     _client: Client,
 }
 
-fn db(what: &str, e: tokio_postgres::Error) -> RegistryError {
+pub(super) fn db(what: &str, e: tokio_postgres::Error) -> RegistryError {
     let detail = match e.as_db_error() {
         Some(d) => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
         None => e.to_string(),
@@ -129,7 +129,7 @@ fn corrupt(id: &str, e: impl std::fmt::Display) -> RegistryError {
 }
 
 /// The advisory-lock key of a name (first 8 bytes of its SHA-256).
-fn lock_key(name: &str) -> i64 {
+pub(super) fn lock_key(name: &str) -> i64 {
     let d = Sha256::digest(format!("sandpit-registry:{name}").as_bytes());
     let mut b = [0u8; 8];
     b.copy_from_slice(&d[..8]);

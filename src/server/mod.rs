@@ -1,10 +1,12 @@
 //! `sandpit serve`: `run` wires the pieces together and runs until a signal; `provider`
-//! builds the provider the config names; `error` says why `serve` could not start; `lock`
+//! builds the provider the config names (`fleet`: its book of workers' room in a shared
+//! registry); `error` says why `serve` could not start; `lock`
 //! keeps one gateway per data dir; `stop` is the second signal's immediate stop of local servers;
 //! `worker` is `serve` as a worker node that holds forks for front gateways.
 
 mod error;
 mod lease;
+pub mod fleet;
 pub mod lock;
 mod provider;
 mod run;

@@ -12,6 +12,9 @@ use crate::provider::template::{TemplateConfig, TemplateProvider};
 use crate::provider::{Provider, ProviderError};
 
 use super::error::ServeError;
+use super::fleet::RegistryRooms;
+use crate::registry::postgres::PgStore;
+use crate::registry::workers::WorkerBook;
 
 /// The demo golden shipped with the binary, used when no golden SQL is configured.
 pub const DEMO_GOLDEN_SQL: &str = include_str!("../../config/demo_golden.sql");
@@ -56,6 +59,7 @@ pub(super) async fn build_provider(
     cfg: &Config,
     data_dir: &Path,
     shared_key: Option<String>,
+    registry: Option<&Arc<PgStore>>,
 ) -> Result<Arc<dyn Provider>, ServeError> {
     let mode = |m: &str| SslMode::parse(m).unwrap_or(SslMode::Require);
     match cfg.provider.as_str() {
@@ -92,7 +96,16 @@ pub(super) async fn build_provider(
                 .iter()
                 .map(|u| Ok((u.clone(), one(u)?)))
                 .collect::<Result<Vec<_>, ProviderError>>()?;
-            Ok(Arc::new(RemoteSet::new(members)?))
+            let set = RemoteSet::new(members)?.with_lost_after(r.worker_lost_after);
+            let set = match registry {
+                // Fronts sharing a registry place from one book of the workers' room.
+                Some(store) => {
+                    let book = WorkerBook::open(store.clone()).await?;
+                    set.with_book(Arc::new(RegistryRooms(book))).await?
+                }
+                None => set,
+            };
+            Ok(Arc::new(set))
         }
         "microvm" => {
             let golden_sql = golden_sql_path(cfg, data_dir)?;

@@ -107,10 +107,12 @@ pub(super) async fn provider_unless_stopped(
     cfg: &Config,
     data_dir: &Path,
     shared_key: Option<String>,
+    registry: Option<&Registry>,
     stop: &mut watch::Receiver<bool>,
 ) -> Result<Option<Arc<dyn Provider>>, ServeError> {
+    let shared = registry.and_then(|r| r.shared());
     tokio::select! {
-        p = build_provider(cfg, data_dir, shared_key) => p.map(Some),
+        p = build_provider(cfg, data_dir, shared_key, shared) => p.map(Some),
         () = stop_requested(stop) => {
             tracing::info!("shutting down");
             let grace = std::time::Duration::from_secs(5);
@@ -154,7 +156,8 @@ pub async fn run(
         "ports bound; preparing the provider (a golden build can take a minute; ready follows)"
     );
     let data_dir = &claimed.data_dir;
-    let Some(provider) = provider_unless_stopped(&cfg, data_dir, shared_key, &mut stop).await?
+    let Some(provider) =
+        provider_unless_stopped(&cfg, data_dir, shared_key, Some(&registry), &mut stop).await?
     else {
         return Ok(());
     };
@@ -430,6 +433,8 @@ struct Background {
     janitor: JoinHandle<()>,
     syncer: journal::log::SyncTicker,
     suspender: Option<JoinHandle<()>>,
+    /// Watches the workers of a front over several (`remote.urls`) for loss.
+    fleet_watch: Option<JoinHandle<()>>,
 }
 
 impl Background {
@@ -455,11 +460,13 @@ impl Background {
                 }
             })
         });
+        let fleet_watch = crate::lifecycle::lost::spawn_watch(gw.clone(), stop.clone());
         Ok(Background {
             follower,
             janitor,
             syncer,
             suspender,
+            fleet_watch,
         })
     }
 }
@@ -550,6 +557,9 @@ async fn shut_down(
     let _ = tokio::task::spawn_blocking(move || syncer.stop()).await;
     if let Some(f) = background.follower {
         f.abort();
+    }
+    if let Some(w) = background.fleet_watch {
+        w.abort();
     }
     if let Some(s) = background.suspender {
         s.abort();

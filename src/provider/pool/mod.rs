@@ -423,6 +423,10 @@ impl Provider for WarmPool {
     fn superuser_logins(&self) -> Option<&dyn SuperuserLogin> {
         self.inner.superuser_logins()
     }
+
+    fn fleet(&self) -> Option<&dyn super::fleet::Fleet> {
+        self.inner.fleet()
+    }
 }
 
 impl WarmPool {

@@ -457,8 +457,10 @@ impl Provider for RemoteProvider {
     }
 }
 
+pub mod book;
 mod http;
 mod place;
+mod rooms;
 mod set;
 
 use http::{json, url_encode};

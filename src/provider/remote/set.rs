@@ -1,16 +1,18 @@
 //! Several sandbox services behind one provider (`remote.urls`, e.g. sandpit workers): a new
-//! fork goes to the service with the most room, by each one's `GET /v1/capacity` (cached for
-//! a moment; see `place` for the choice), skipping one that fails; a token keeps its service,
-//! since its handle names it: `w<position in remote.urls>.<sandbox id>`. A service whose fork
-//! or capacity question failed is tried last for a short while, so a dead worker does not slow
-//! every other new token down by its connect timeout and retries.
+//! fork goes to the service with the most room (see `rooms` for how the room is learnt and
+//! `place` for the choice), skipping one that fails; a token keeps its service, since its
+//! handle names it: `w<position in remote.urls>.<sandbox id>`. A worker silent for
+//! `remote.worker_lost_after` is lost: `Fleet::check` reports it, the lifecycle ends its
+//! tokens, destroys on it are skipped and the janitor lists the other members.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use super::place::{self, Room};
+use super::book::RoomBook;
+use super::rooms::Rooms;
 use super::RemoteProvider;
+use crate::provider::fleet::{Fleet, LostWorker};
 use crate::provider::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 
 /// The services, in `remote.urls` order, and what is known of their room.
@@ -18,30 +20,7 @@ pub struct RemoteSet {
     members: Vec<(String, RemoteProvider)>,
     /// Where ties start (round-robin among equal rooms).
     next: AtomicUsize,
-    /// Per member: until when it is tried last, after a failed fork.
-    failed_until: Mutex<Vec<Option<Instant>>>,
-    /// Per member: its room as last reported (plus forks placed since), and when asked.
-    rooms: Mutex<Vec<(Room, Option<Instant>)>>,
-    /// One capacity refresh at a time; forks arriving meanwhile wait for its answers.
-    refreshing: tokio::sync::Mutex<()>,
-}
-
-/// How long a member whose fork failed is tried after the others.
-const FAILED_FOR: Duration = Duration::from_secs(10);
-/// How long a capacity report is used before the member is asked again.
-const ROOM_FRESH_FOR: Duration = Duration::from_secs(2);
-/// Longest wait for one capacity answer (asked of all stale members at once).
-const CAPACITY_WITHIN: Duration = Duration::from_secs(1);
-
-/// Whether a member's room, asked at `asked`, is due to be asked again at `now`. A member
-/// that could not be asked is asked again only after `FAILED_FOR`, so a dead worker does not
-/// hold up a fork every `ROOM_FRESH_FOR`.
-fn stale(room: &Room, asked: Option<Instant>, now: Instant) -> bool {
-    let fresh_for = match room {
-        Room::Unreachable => FAILED_FOR,
-        Room::Known(_) | Room::Unreported => ROOM_FRESH_FOR,
-    };
-    asked.is_none_or(|t| now.saturating_duration_since(t) >= fresh_for)
+    rooms: Rooms,
 }
 
 /// `w3.sbx-17` → (3, "sbx-17").
@@ -56,86 +35,27 @@ impl RemoteSet {
         if members.is_empty() {
             return Err(ProviderError::Invalid("remote.urls is empty".into()));
         }
-        let n = members.len();
+        let urls = members.iter().map(|(u, _)| u.clone()).collect();
         Ok(RemoteSet {
             members,
             next: AtomicUsize::new(0),
-            failed_until: Mutex::new(vec![None; n]),
-            rooms: Mutex::new(vec![(Room::Unreported, None); n]),
-            refreshing: tokio::sync::Mutex::new(()),
+            rooms: Rooms::new(urls),
         })
     }
 
-    /// Asks the members whose report is stale (all of them with `force`) for their capacity,
-    /// all at once, each within `CAPACITY_WITHIN`.
-    async fn refresh_rooms(&self, force: bool) {
-        let due = |now| -> Vec<usize> {
-            let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
-            (0..rooms.len())
-                .filter(|&i| force || stale(&rooms[i].0, rooms[i].1, now))
-                .collect()
-        };
-        if due(Instant::now()).is_empty() {
-            return;
-        }
-        let _one = self.refreshing.lock().await;
-        // Another fork may have refreshed while this one waited.
-        let asked_at = Instant::now();
-        let due = due(asked_at);
-        if due.is_empty() {
-            return;
-        }
-        let answers = futures_util::future::join_all(
-            due.iter()
-                .map(|&i| self.members[i].1.capacity(CAPACITY_WITHIN)),
-        )
-        .await;
-        let mut rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
-        for (&i, answer) in due.iter().zip(answers) {
-            let room = match answer {
-                Ok(Some(c)) => Room::Known(c),
-                Ok(None) => Room::Unreported,
-                Err(e) => {
-                    if rooms[i].0 != Room::Unreachable {
-                        tracing::warn!(worker = i, error = %self.named(i, e), "capacity unknown; this worker is tried last");
-                    }
-                    Room::Unreachable
-                }
-            };
-            rooms[i] = (room, Some(asked_at));
-        }
+    /// Places by a shared registry's book of the workers' room instead of asking each
+    /// worker per front; the members' rows are made there now.
+    pub async fn with_book(mut self, book: Arc<dyn RoomBook>) -> Result<Self, ProviderError> {
+        let urls: Vec<String> = self.members.iter().map(|(u, _)| u.clone()).collect();
+        book.enlist(&urls).await?;
+        self.rooms.set_book(book);
+        Ok(self)
     }
 
-    /// The members to try, best first (see `place::order`): a member whose fork failed
-    /// lately counts as unreachable unless its report already leaves it out.
-    fn pick(&self, start: usize) -> Vec<usize> {
-        let now = Instant::now();
-        let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
-        let failed = self.failed_until.lock().unwrap_or_else(|p| p.into_inner());
-        let seen: Vec<Room> = rooms
-            .iter()
-            .zip(failed.iter())
-            .map(|((room, _), f)| match room {
-                r if r.refuses() => *r,
-                _ if f.is_some_and(|t| t > now) => Room::Unreachable,
-                r => *r,
-            })
-            .collect();
-        place::order(&seen, start)
-    }
-
-    /// The error when no member takes a new fork: which is full, which draining.
-    fn no_room(&self) -> ProviderError {
-        let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
-        let why: Vec<String> = rooms
-            .iter()
-            .enumerate()
-            .filter_map(|(i, (r, _))| {
-                r.why_not()
-                    .map(|w| format!("worker {i} ({}) {w}", self.members[i].0))
-            })
-            .collect();
-        ProviderError::Remote(format!("no worker takes a new sandbox: {}", why.join(", ")))
+    /// A worker silent this long is lost (zero: never).
+    pub fn with_lost_after(mut self, after: Duration) -> Self {
+        self.rooms.set_lost_after(after);
+        self
     }
 
     /// The member a handle names, with the service's own sandbox id.
@@ -174,6 +94,21 @@ impl RemoteSet {
     }
 }
 
+impl Fleet for RemoteSet {
+    fn check(&self) -> BoxFuture<'_, Vec<LostWorker>> {
+        Box::pin(async move {
+            self.rooms.refresh(&self.members, false).await;
+            self.rooms.newly_lost().await
+        })
+    }
+
+    fn worker_of(&self, handle: &str) -> Option<usize> {
+        split(handle)
+            .map(|(n, _)| n)
+            .filter(|&n| n < self.members.len())
+    }
+}
+
 impl Provider for RemoteSet {
     fn verify_forks_by_default(&self) -> bool {
         false
@@ -186,38 +121,34 @@ impl Provider for RemoteSet {
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
             let start = self.next.fetch_add(1, Ordering::Relaxed);
-            self.refresh_rooms(false).await;
-            let mut tries = self.pick(start);
+            self.rooms.before_fork(&self.members).await;
+            let mut tries = self.rooms.pick(start);
             if tries.is_empty() {
                 // Every report says full or draining: ask again before refusing.
-                self.refresh_rooms(true).await;
-                tries = self.pick(start);
+                self.rooms.refresh(&self.members, true).await;
+                tries = self.rooms.pick(start);
             }
             if tries.is_empty() {
-                return Err(self.no_room());
+                return Err(self.rooms.no_room());
             }
             let mut last = None;
             for n in tries {
                 // Counted at once, so forks placed before the next report spread out.
-                self.rooms.lock().unwrap_or_else(|p| p.into_inner())[n]
-                    .0
-                    .placed();
+                if !self.rooms.take(n).await {
+                    continue;
+                }
                 let result = self.members[n].1.fork(tag).await;
-                let mut f = self.failed_until.lock().unwrap_or_else(|p| p.into_inner());
+                self.rooms.forked(n, result.is_ok());
                 match result {
-                    Ok(b) => {
-                        f[n] = None;
-                        return Ok(Self::prefixed(n, b));
-                    }
+                    Ok(b) => return Ok(Self::prefixed(n, b)),
                     Err(e) => {
-                        f[n] = Some(Instant::now() + FAILED_FOR);
                         let e = self.named(n, e);
                         tracing::warn!(worker = n, error = %e, "fork failed on this worker; trying the next");
                         last = Some(e);
                     }
                 }
             }
-            Err(last.unwrap_or_else(|| ProviderError::Remote("no worker".into())))
+            Err(last.unwrap_or_else(|| self.rooms.no_room()))
         })
     }
 
@@ -237,6 +168,15 @@ impl Provider for RemoteSet {
     fn destroy<'a>(&'a self, handle: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
             let (n, p, id) = self.member(handle)?;
+            if self.rooms.is_lost(n) {
+                // Gone with its worker; if the worker comes back, the janitor reaps it.
+                tracing::info!(
+                    worker = n,
+                    handle,
+                    "sandbox on a lost worker: nothing to delete"
+                );
+                return Ok(());
+            }
             p.destroy(id).await.map_err(|e| self.named(n, e))
         })
     }
@@ -246,12 +186,16 @@ impl Provider for RemoteSet {
         Box::pin(async { Ok(()) })
     }
 
-    /// Every member's sandboxes. One member that cannot be listed fails the whole list: the
-    /// janitor then acts on nothing, rather than ending tokens of a worker that is only slow.
+    /// Every member's sandboxes but a lost one's. One member that cannot be listed fails the
+    /// whole list: the janitor then acts on nothing, rather than ending tokens of a worker
+    /// that is only slow.
     fn list(&self) -> BoxFuture<'_, Result<Vec<(String, Option<BackendTag>)>, ProviderError>> {
         Box::pin(async move {
             let mut out = Vec::new();
             for (n, (_, p)) in self.members.iter().enumerate() {
+                if self.rooms.is_lost(n) {
+                    continue;
+                }
                 let part = p.list().await.map_err(|e| self.named(n, e))?;
                 out.extend(part.into_iter().map(|(h, t)| (format!("w{n}.{h}"), t)));
             }
@@ -281,15 +225,15 @@ impl Provider for RemoteSet {
                     Err(e) => last = Some(self.named(n, e)),
                 }
             }
-            self.refresh_rooms(false).await;
-            let tries = self.pick(self.next.load(Ordering::Relaxed));
+            self.rooms.before_fork(&self.members).await;
+            let tries = self.rooms.pick(self.next.load(Ordering::Relaxed));
             if tries.is_empty() && last.is_none() {
-                return Err(self.no_room());
+                return Err(self.rooms.no_room());
             }
             for n in tries.into_iter().filter(|n| !held.contains(n)) {
-                self.rooms.lock().unwrap_or_else(|p| p.into_inner())[n]
-                    .0
-                    .placed();
+                if !self.rooms.take(n).await {
+                    continue;
+                }
                 match self.members[n].1.reference(golden).await {
                     Ok(b) => return Ok(Self::prefixed(n, b)),
                     Err(e) => last = Some(self.named(n, e)),
@@ -309,13 +253,15 @@ impl Provider for RemoteSet {
             Ok(())
         })
     }
+
+    fn fleet(&self) -> Option<&dyn Fleet> {
+        Some(self)
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
-    use super::{split, stale, Room, FAILED_FOR, ROOM_FRESH_FOR};
+    use super::split;
 
     #[test]
     fn handles_name_their_member() {
@@ -324,17 +270,5 @@ mod tests {
         assert_eq!(split("sbx-1"), None);
         assert_eq!(split("wx.sbx"), None);
         assert_eq!(split("w1"), None);
-    }
-
-    #[test]
-    fn reports_are_asked_again_when_stale_and_dead_members_less_often() {
-        let now = Instant::now();
-        let ago = |d: Duration| Some(now.checked_sub(d).expect("uptime"));
-        let (u, x) = (Room::Unreported, Room::Unreachable);
-        assert!(stale(&u, None, now));
-        assert!(!stale(&u, ago(Duration::from_millis(500)), now));
-        assert!(stale(&u, ago(ROOM_FRESH_FOR), now));
-        assert!(!stale(&x, ago(ROOM_FRESH_FOR), now));
-        assert!(stale(&x, ago(FAILED_FOR), now));
     }
 }

@@ -190,7 +190,8 @@ pub async fn run(
         .host
         .clone()
         .unwrap_or_else(|| addr.ip().to_string());
-    let Some(provider) = serve::provider_unless_stopped(&cfg, &data_dir, None, &mut stop).await?
+    let Some(provider) =
+        serve::provider_unless_stopped(&cfg, &data_dir, None, None, &mut stop).await?
     else {
         return Ok(());
     };
