@@ -184,9 +184,6 @@ impl PgStore {
             tx.batch_execute(SCHEMA)
                 .await
                 .map_err(|e| db("creating the registry tables", e))?;
-            tx.batch_execute(super::sessions::SCHEMA)
-                .await
-                .map_err(|e| db("creating the session tables", e))?;
             tx.commit().await.map_err(|e| db("commit", e))?;
         }
         Ok(store)

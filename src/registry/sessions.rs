@@ -17,8 +17,8 @@ use std::time::Duration;
 use super::postgres::PgStore;
 use super::RegistryError;
 
-/// Tables, created with the registry's (see `postgres::SCHEMA`).
-pub const SCHEMA: &str = "
+/// Tables, created by [`PgStore::sessions_schema`] when a front starts.
+const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandpit_sessions (
     front text NOT NULL,
     id int8 NOT NULL,
@@ -44,6 +44,21 @@ fn db(what: &str, e: tokio_postgres::Error) -> RegistryError {
 }
 
 impl PgStore {
+    /// Create the tables if missing; under an advisory lock of their own, so fronts starting
+    /// together do not race on `CREATE … IF NOT EXISTS`.
+    pub async fn sessions_schema(&self) -> Result<(), RegistryError> {
+        let sql = format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('sandpit-sessions-schema', 0)); \
+             {SCHEMA} COMMIT"
+        );
+        let c = self.client().await?;
+        if let Err(e) = c.batch_execute(&sql).await {
+            let _ = c.batch_execute("ROLLBACK").await;
+            return Err(db("creating the session tables", e));
+        }
+        Ok(())
+    }
+
     /// Renew (or take) `front`'s lease for `ttl` from now, and forget the sessions of fronts
     /// whose lease ran out a while ago (they count for nothing already).
     pub async fn lease_renew(&self, front: &str, ttl: Duration) -> Result<(), RegistryError> {

@@ -18,6 +18,7 @@ pub async fn start(
     ttl: std::time::Duration,
     mut stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, RegistryError> {
+    store.sessions_schema().await?;
     let left = store.sessions_forget_front(&front).await?;
     if left > 0 {
         tracing::info!(

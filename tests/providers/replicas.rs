@@ -132,7 +132,7 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
 
         // First connections racing on both replicas: one fork between them.
         let race = a.issue_with(
-            serde_json::json!({"task": "replica-race", "ttl_seconds": 600, "max_connections": 6}),
+            serde_json::json!({"task": "replica-race", "ttl_seconds": 600, "max_connections": 8}),
         );
         let mut joins = Vec::new();
         for i in 0..8 {
