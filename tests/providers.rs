@@ -9,6 +9,7 @@ mod support;
 
 /// One file per concern, in tests/providers/.
 mod providers {
+    mod fleet_scale;
     mod fronts;
     mod golden_build;
     mod instance_provider;

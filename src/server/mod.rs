@@ -5,8 +5,8 @@
 //! `worker` is `serve` as a worker node that holds forks for front gateways.
 
 mod error;
-mod lease;
 pub mod fleet;
+mod lease;
 pub mod lock;
 mod provider;
 mod run;

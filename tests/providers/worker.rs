@@ -383,7 +383,8 @@ fn a_front_over_two_workers() {
     );
 
     // No scratch server outlives the workers: the killed one's are adopted when it comes
-    // back on its data dir (their TTL has not passed) and deleted with the rest when it stops.
+    // back on its data dir (their TTL has not passed), and a worker that stops stops their
+    // servers and keeps them, each with its record, for its next start.
     let dir1 = w1.dir.clone();
     drop(w1);
     let mut w1 = Worker::start(&dir1);
@@ -398,8 +399,13 @@ fn a_front_over_two_workers() {
             w.dir.display(),
             w.log()
         );
+        let count = |d: &std::path::Path| std::fs::read_dir(d).map(|d| d.count()).unwrap_or(0);
         let inst = w.dir.join("pg/instances");
-        let n = std::fs::read_dir(&inst).map(|d| d.count()).unwrap_or(0);
-        assert_eq!(n, 0, "forks left in {}", inst.display());
+        assert_eq!(
+            count(&inst),
+            count(&w.dir.join("worker/sandboxes")),
+            "forks left in {} that are not kept sandboxes",
+            inst.display()
+        );
     }
 }

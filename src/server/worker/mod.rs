@@ -250,7 +250,7 @@ pub async fn run(
     tracing::info!("worker shutting down");
     reaper.abort();
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    delete_all(&worker, pool.as_deref()).await;
+    stop_all(&worker, pool.as_deref()).await;
     Ok(())
 }
 
@@ -309,12 +309,34 @@ fn checked(cfg: &Config) -> Result<(SocketAddr, String), ServeError> {
     Ok((listen, cfg.worker.key()?))
 }
 
-/// At shutdown: every sandbox deleted, the warm pool drained.
-async fn delete_all(worker: &Worker, pool: Option<&WarmPool>) {
-    let ids: Vec<String> = lock(&worker.sandboxes).keys().cloned().collect();
-    let mut removed = 0;
-    for id in &ids {
-        match worker.remove(id).await {
+/// At shutdown: each ready sandbox's server is stopped and its record kept, so the next
+/// start on this data dir adopts it (a rolling restart loses no task's work); a sandbox still
+/// being made is deleted (its front retries the create), and the warm pool is drained.
+async fn stop_all(worker: &Worker, pool: Option<&WarmPool>) {
+    let entries: Vec<(String, Option<String>, bool)> = lock(&worker.sandboxes)
+        .iter()
+        .map(|(id, e)| {
+            let ready = e.sb.state == crate::provider::remote_api::SandboxState::Ready;
+            (id.clone(), e.handle.clone(), ready)
+        })
+        .collect();
+    let (mut kept, mut removed) = (0, 0);
+    for (id, handle, ready) in entries {
+        if let (Some(h), true) = (handle, ready) {
+            if let Some(e) = lock(&worker.sandboxes).remove(&id) {
+                if let Some(d) = e.door {
+                    d.abort();
+                }
+            }
+            match worker.provider.stop(&h).await {
+                Ok(()) => kept += 1,
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "worker: stopping a sandbox's server at shutdown failed (adopted at the next start all the same)")
+                }
+            }
+            continue;
+        }
+        match worker.remove(&id).await {
             Ok(_) => removed += 1,
             Err(e) => {
                 tracing::warn!(sandbox = %id, error = %e, "worker: deleting a sandbox at shutdown failed")
@@ -326,8 +348,9 @@ async fn delete_all(worker: &Worker, pool: Option<&WarmPool>) {
         None => 0,
     };
     tracing::info!(
-        sandboxes = removed,
+        sandboxes_kept = kept,
+        sandboxes_deleted = removed,
         pool_members,
-        "worker stopped: {removed} sandbox(es) deleted, {pool_members} warm-pool member(s) removed"
+        "worker stopped: {kept} sandbox(es) kept for the next start, {removed} deleted, {pool_members} warm-pool member(s) removed"
     );
 }
