@@ -265,7 +265,12 @@ impl Rooms {
 
     /// A fork on member `n` succeeded or failed (a failed one is tried last for a while).
     pub(super) fn forked(&self, n: usize, ok: bool) {
-        lock(&self.members)[n].failed_until = (!ok).then(|| Instant::now() + FAILED_FOR);
+        let mut m = lock(&self.members);
+        m[n].failed_until = (!ok).then(|| Instant::now() + FAILED_FOR);
+        if !ok {
+            // Until the next report: the worker holds nothing for a failed create.
+            m[n].room.unplaced();
+        }
     }
 
     /// The error when no member takes a new fork: which is full, which draining.
