@@ -296,17 +296,20 @@ async fn xacts(pg: &shared_pg::SharedPg) -> Result<i64> {
     Ok(r.get(0))
 }
 
-/// One rate step: `n` tasks started at `rate` per second over all fronts.
-async fn step(
-    fronts: &[Arc<Front>],
-    limits: &[Arc<Semaphore>],
-    pg: &shared_pg::SharedPg,
-    rate: u64,
-    n: usize,
-    first_id: usize,
+/// What every step runs on.
+struct Sim {
+    fronts: Vec<Arc<Front>>,
+    /// Per front: its tasks in flight.
+    limits: Vec<Arc<Semaphore>>,
+    pg: shared_pg::SharedPg,
     place_only: bool,
-    verifier: &Verifier,
-) -> Result<serde_json::Value> {
+    verifier: Verifier,
+}
+
+/// One rate step: `n` tasks started at `rate` per second over all fronts.
+async fn step(sim: &Sim, rate: u64, n: usize, first_id: usize) -> Result<serde_json::Value> {
+    let (fronts, limits, pg) = (&sim.fronts, &sim.limits, &sim.pg);
+    let (place_only, verifier) = (sim.place_only, &sim.verifier);
     // The statistics collector lags by up to 500 ms: flush before each reading.
     let x0 = xacts(pg).await?;
     let t0 = Instant::now();
@@ -412,18 +415,15 @@ async fn main() -> Result<()> {
         .map(|_| Arc::new(Semaphore::new(a.in_flight)))
         .collect();
     let per = a.tasks / a.rates.len();
+    let sim = Sim {
+        fronts,
+        limits,
+        pg,
+        place_only: a.place_only,
+        verifier,
+    };
     for (i, &rate) in a.rates.iter().enumerate() {
-        let line = step(
-            &fronts,
-            &limits,
-            &pg,
-            rate,
-            per,
-            i * per,
-            a.place_only,
-            &verifier,
-        )
-        .await?;
+        let line = step(&sim, rate, per, i * per).await?;
         println!("{line}");
     }
     let creates: u64 = workers

@@ -235,9 +235,9 @@ fn two_fronts_three_workers_300_tokens_kills_and_a_rolling_restart_lose_nothing(
         run(&rt, &tokens[2], other, "select 1").expect("the other front serves");
         fronts[f] = fleet.front(if f == 0 { &da } else { &db });
     }
-    for w in 0..3 {
-        workers[w].stop();
-        workers[w] = fleet.worker(w);
+    for (i, w) in workers.iter_mut().enumerate() {
+        w.stop();
+        *w = fleet.worker(i);
     }
     all_rows_read(&rt, &tokens, &fronts[1], "after the rolling restart");
 

@@ -81,6 +81,9 @@ fn placement_by_capacity_draining_and_adoption() {
 
     // Worker 1 drains: the first token goes to worker 0, which is then full.
     assert_eq!(drain(&http, &w1, true), cap(3, 0, true));
+    // Past the front's 2 s capacity cache (its watch asks the workers every 2 s), so it
+    // places by the new report.
+    std::thread::sleep(Duration::from_millis(2500));
     let t1 = front.issue("p-1", 600);
     use_it(&t1, "create table kept(x int); insert into kept values (7)")
         .unwrap_or_else(|e| panic!("t1: {e}\n{}", front.log_problems()));

@@ -39,6 +39,13 @@ impl Room {
         }
     }
 
+    /// Uncounts a fork placed on it that failed (a failed create holds nothing there).
+    pub(super) fn unplaced(&mut self) {
+        if let Room::Known(c) = self {
+            c.sandboxes = c.sandboxes.saturating_sub(1);
+        }
+    }
+
     /// Counts one fork placed on it, until its next report says what it really holds.
     pub(super) fn placed(&mut self) {
         if let Room::Known(c) = self {
@@ -184,6 +191,8 @@ mod tests {
         assert_eq!(r, cap(2, 2, 0, false));
         assert_eq!(r.why_not().as_deref(), Some("full (2 of 2 sandboxes)"));
         assert_eq!(order(&[r, cap(5, 4, 0, false)], 0), vec![1]);
+        r.unplaced();
+        assert_eq!(r, cap(2, 1, 0, false));
         let mut u = Room::Unreported;
         u.placed();
         assert_eq!(u, Room::Unreported);

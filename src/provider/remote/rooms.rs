@@ -101,6 +101,9 @@ impl Rooms {
     /// Learns the members' room: asks those due (all with `force`) and, with a book,
     /// records the answers there and reads every row back.
     pub(super) async fn refresh(&self, services: &[(String, RemoteProvider)], force: bool) {
+        if self.book.is_none() && !force && !self.any_due() {
+            return;
+        }
         let _one = self.refreshing.lock().await;
         let due: Vec<usize> = match &self.book {
             None => {
@@ -150,6 +153,14 @@ impl Rooms {
                 self.read_book(book.as_ref()).await;
             }
         }
+    }
+
+    /// Local mode: whether any member is due a question (a fork need not wait for the lock).
+    fn any_due(&self) -> bool {
+        let now = Instant::now();
+        lock(&self.members)
+            .iter()
+            .any(|m| stale(&m.room, m.asked, now))
     }
 
     /// Local mode: the answers become the members' room.
@@ -254,7 +265,12 @@ impl Rooms {
 
     /// A fork on member `n` succeeded or failed (a failed one is tried last for a while).
     pub(super) fn forked(&self, n: usize, ok: bool) {
-        lock(&self.members)[n].failed_until = (!ok).then(|| Instant::now() + FAILED_FOR);
+        let mut m = lock(&self.members);
+        m[n].failed_until = (!ok).then(|| Instant::now() + FAILED_FOR);
+        if !ok {
+            // Until the next report: the worker holds nothing for a failed create.
+            m[n].room.unplaced();
+        }
     }
 
     /// The error when no member takes a new fork: which is full, which draining.
