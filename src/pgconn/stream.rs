@@ -87,11 +87,6 @@ pub enum BackendWrite {
 }
 
 impl BackendStream {
-    /// A unix socket (which the relay re-registers with whichever runtime runs it).
-    pub fn is_unix(&self) -> bool {
-        matches!(self, BackendStream::Unix(_))
-    }
-
     /// Splits into halves that can be used from two places at once; sockets split without a
     /// lock, TLS (one state for both directions) through tokio's split. A unix socket is
     /// re-registered for read readiness only: the relay's writes to the backend then cost

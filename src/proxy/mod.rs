@@ -3,7 +3,6 @@
 pub mod auth_flow;
 pub mod cancel;
 pub mod caps;
-pub mod cores;
 pub mod gate;
 pub mod options;
 pub mod pipeline;

@@ -44,14 +44,7 @@ pub async fn handle(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     // The steps up to the relay run inside the session's span; the relay enters it only
     // around its own events: a span entered and left at every poll cost about 0.6 k
     // instructions per round trip (the subscriber's span stack and filter, twice).
-    let Some((mut client, mut session)) = run(&proxy, sock, peer).instrument(span.clone()).await
-    else {
-        return;
-    };
-    // Relayed on a relay core when every socket moves there with it (see `cores`).
-    if !client.get_mut().is_tls() && session.conn.reader.get_mut().is_unix() {
-        super::cores::run(async move { relay_step(&proxy, client, session, span).await }).await
-    } else {
+    if let Some((client, session)) = run(&proxy, sock, peer).instrument(span.clone()).await {
         relay_step(&proxy, client, session, span).await
     }
 }
