@@ -178,13 +178,15 @@ rust_ok || need "Rust >= $min_rust (cargo)" install_rust
 # --- Python packages (pinned) -------------------------------------------------------------
 # psycopg's binary wheel carries libpq 18, which the protocol-3.2 negotiation test relies on;
 # mcp drives `sandpit mcp` and POST /mcp (tests/agent/mcp.rs); Django and SQLAlchemy are the ORM
-# steps of the psycopg scenario (tests/clients/orm_steps.py).
+# steps of the psycopg scenario (tests/clients/orm_steps.py); kubernetes-validate (and its
+# PyYAML) checks docker/kubernetes/cluster against the Kubernetes schemas (tests/checks/kubernetes.rs).
 python=${SANDPIT_PYTHON:-python3}
 pip_install() {
   "$python" -m pip install --quiet "$1" ||
     "$python" -m pip install --quiet --break-system-packages "$1"
 }
-for pin in 'psycopg[binary]==3.3.9' 'mcp==2.3.0' 'Django==5.2.19' 'SQLAlchemy==2.1.9'; do
+for pin in 'psycopg[binary]==3.3.9' 'mcp==2.3.0' 'Django==5.2.19' 'SQLAlchemy==2.1.9' \
+  'kubernetes-validate==1.37.0'; do
   name=${pin%%==*}
   name=${name%%\[*}
   version=${pin##*==}

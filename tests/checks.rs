@@ -1,5 +1,6 @@
 //! Checks that start no gateway: one-way layering, docs in step with the code, the container
-//! files, the set-up script, the fuzz targets over their corpora, the compact log codec.
+//! files, the Kubernetes manifests, the set-up script, the fuzz targets over their corpora, the
+//! compact log codec.
 
 // Each suite uses only part of the shared helpers.
 #[allow(dead_code)]
@@ -10,6 +11,7 @@ mod checks {
     mod docker_configs;
     mod docs;
     mod fuzz_smoke;
+    mod kubernetes;
     mod layering;
     mod log_compact;
     mod setup_script;

@@ -15,6 +15,8 @@ mod providers {
     mod spines;
     mod template_attacks;
     mod template_claims;
+    mod template_noise;
     mod template_seatbelt;
     mod worker;
+    mod worker_placement;
 }

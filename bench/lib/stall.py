@@ -121,7 +121,8 @@ def stall(env, sz):
         rows.append(Row(f"another token's `select 1`, idle (n={2 * n}, one every {PACE * 1000:.0f} ms)",
                         f"{i50:.2f} / {i99:.2f} ms", "",
                         f"baseline of the ratios below; before / after the attacks: "
-                        f"{pct(idle, 50):.2f} / {pct(idle_after, 50):.2f} ms median"))
+                        f"{pct(idle, 50):.2f} / {pct(idle_after, 50):.2f} ms median, "
+                        f"{pct(idle, 99):.2f} / {pct(idle_after, 99):.2f} ms p99"))
         rows.append(Row(f"another token's login + `select 1`, idle (n={2 * logins})",
                         f"{l50:.1f} / {pct(idle_login, 99):.1f} ms", "", ""))
         for what, busy, busy_login, per_round, direct in busy_rows:

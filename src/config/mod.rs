@@ -226,6 +226,12 @@ pub struct LimitsConfig {
     /// A fork is refused (before copying anything) while the data dir's filesystem has less
     /// than this many bytes free; 0 turns the check off.
     pub min_free_bytes: u64,
+    /// New sessions per second per token once its burst is spent (each starts a backend
+    /// process on the shared cores); a session over the pace waits its turn, up to
+    /// `startup_timeout`, then is refused with 53300. 0 = no pace.
+    pub sessions_per_second: u32,
+    /// New sessions a token may open at once before the pace applies.
+    pub session_burst: u32,
 }
 
 impl Default for LimitsConfig {
@@ -237,6 +243,8 @@ impl Default for LimitsConfig {
             cleartext_on_loopback: true,
             auth_failures_per_minute: 20,
             min_free_bytes: 256 * 1024 * 1024,
+            sessions_per_second: 50,
+            session_burst: 50,
         }
     }
 }
@@ -421,6 +429,7 @@ impl Config {
         }
         self.promote.validate()?;
         self.pool.validate()?;
+        self.worker.validate()?;
         match self.provider.as_str() {
             "instance" => {}
             "microvm" => self.microvm.validate()?,

@@ -19,6 +19,9 @@ pub struct WorkerSection {
     pub golden: String,
     /// Host name or address fronts reach scratch servers at; default: the `listen` address.
     pub host: Option<String>,
+    /// Most sandboxes held at once; a create past it is refused (503) and reported full in
+    /// `GET /v1/capacity`, so fronts place forks elsewhere. Warm-pool members are not counted.
+    pub max_sandboxes: u64,
 }
 
 impl Default for WorkerSection {
@@ -28,6 +31,7 @@ impl Default for WorkerSection {
             api_key: None,
             golden: "sandpit-golden".into(),
             host: None,
+            max_sandboxes: 64,
         }
     }
 }
@@ -53,5 +57,16 @@ impl WorkerSection {
             });
         }
         Ok(k)
+    }
+
+    /// Values types alone do not rule out.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_sandboxes == 0 {
+            return Err(ConfigError::Invalid {
+                key: "worker.max_sandboxes",
+                message: "at least 1".into(),
+            });
+        }
+        Ok(())
     }
 }

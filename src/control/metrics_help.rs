@@ -291,6 +291,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_sessions_paced_total",
+        Counter,
+        "New sessions over their token's pace (limits.sessions_per_second): waited, or refused.",
+        &[&[("outcome", "waited")], &[("outcome", "refused")]],
+    ),
+    (
         "sandpit_api_auth_failures_total",
         Counter,
         "Control API calls without the right admin key.",

@@ -7,6 +7,7 @@ mod faults;
 mod issue;
 mod issue_check;
 pub mod janitor;
+pub mod pace;
 mod reap_report;
 mod replicas;
 mod stop;
@@ -102,6 +103,8 @@ pub struct TokenRuntime {
     ended: watch::Sender<Option<EndReason>>,
     /// When the last session ended (for idle suspend).
     idle_since: std::sync::Mutex<std::time::Instant>,
+    /// The pace of its new sessions (made on the first login, from `[limits]`).
+    pace: std::sync::Mutex<Option<pace::Pace>>,
 }
 
 impl TokenRuntime {
@@ -111,6 +114,7 @@ impl TokenRuntime {
             sessions: AtomicU32::new(0),
             ended: watch::channel(None).0,
             idle_since: std::sync::Mutex::new(std::time::Instant::now()),
+            pace: std::sync::Mutex::new(None),
         }
     }
 
@@ -281,6 +285,16 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// When a new session of a token that authenticated may start its backend login
+    /// (`limits.sessions_per_second` after `limits.session_burst`), waiting at most `max_wait`.
+    pub fn pace_session(&self, id: &str, max_wait: Duration) -> pace::Turn {
+        let limits = &self.config.limits;
+        let rt = self.runtime(id);
+        let mut p = rt.pace.lock().unwrap_or_else(|p| p.into_inner());
+        p.get_or_insert_with(|| pace::Pace::new(limits.sessions_per_second, limits.session_burst))
+            .admit(std::time::Instant::now(), max_wait)
     }
 
     /// Check a token may open one more session now; returns the slot.

@@ -94,6 +94,32 @@ pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
 }
 
+/// `GET /v1/capacity` (sandpit workers; optional for other services): how much room the
+/// service has for new sandboxes. Fronts with several `remote.urls` place forks by it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Capacity {
+    /// Most sandboxes held at once (`worker.max_sandboxes`); a create past it answers 503.
+    pub max_sandboxes: u64,
+    /// Sandboxes held now (being created or ready).
+    pub sandboxes: u64,
+    /// Warm-pool members ready to be claimed: the fastest forks.
+    pub warm: u64,
+    /// A draining service makes no new sandboxes; the ones it holds keep serving.
+    pub draining: bool,
+}
+
+/// `POST /v1/drain`: start or stop draining.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Drain {
+    /// true (the default): refuse new sandboxes; false: take them again.
+    #[serde(default = "yes")]
+    pub draining: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
 /// Body of every 4xx/5xx answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiError {

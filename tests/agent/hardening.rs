@@ -1,6 +1,6 @@
 //! Hardening against a hostile agent on the same host (issue 14): failed logins from one
 //! address never lock out a valid token, startup `options` are split the way Postgres splits
-//! them, and the data dir is private.
+//! them, the data dir is private, and a token's new sessions are paced (issue 30).
 
 use crate::support::harness;
 
@@ -56,9 +56,14 @@ fn secret(v: &Value) -> String {
 /// Log in from 127.0.0.1 as `user` with `password`; Ok(value of `SELECT 1`) or the SQLSTATE
 /// and message.
 async fn login(user: &str, password: &str) -> Result<i32, (String, String)> {
+    login_at(gw().pg_port, user, password).await
+}
+
+/// `login` on the gateway listening on `port`.
+async fn login_at(port: u16, user: &str, password: &str) -> Result<i32, (String, String)> {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host("127.0.0.1")
-        .port(gw().pg_port)
+        .port(port)
         .user(user)
         .password(password)
         .dbname("sandpit");
@@ -289,4 +294,60 @@ fn the_data_dir_is_private() {
     for f in files {
         assert_eq!(mode(&f), 0o600, "{}", f.display());
     }
+}
+
+/// A token logging in over and over is paced, another token is not: past its burst a new
+/// session waits its turn (it still gets in), and one whose turn is further away than the
+/// startup timeout is refused with 53300 at once, costing the scratch server nothing.
+#[test]
+fn a_token_logging_in_in_a_loop_is_paced_and_another_token_is_not() {
+    // One new session a second after a burst of one; a session waits at most 2 s.
+    let cfg = "[limits]\nsessions_per_second = 1\nsession_burst = 1\nstartup_timeout = \"2s\"\n";
+    let g = Gateway::start(Some(SMALL_GOLDEN), Some(cfg));
+    let flood = g.issue("pace-flood", 600);
+    let other = g.issue("pace-other", 600);
+    let whole = |t: &Value| format!("{}.{}", token_id(t), secret(t));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let port = g.pg_port;
+    let (first, results, other_login) = rt.block_on(async {
+        // The burst: straight in.
+        let first = login_at(port, "agent", &whole(&flood)).await;
+        // Eight at once: turns one second apart. Unless they arrive more than six seconds
+        // apart, some turn is more than 2 s away.
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let pw = whole(&flood);
+            tasks.push(tokio::spawn(async move { login_at(port, "agent", &pw).await }));
+        }
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("login task"));
+        }
+        let other_login = login_at(port, "agent", &whole(&other)).await;
+        (first, results, other_login)
+    });
+    assert_eq!(first, Ok(1), "the first session is within the burst");
+    let admitted = results.iter().filter(|r| r == &&Ok(1)).count();
+    let refused: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    for (state, msg) in &refused {
+        assert_eq!(state, "53300", "{msg}");
+        assert!(msg.contains("sessions_per_second is 1"), "{msg}");
+    }
+    assert_eq!(admitted + refused.len(), 8, "{results:?}");
+    assert!(admitted >= 1, "a session over the pace waits its turn: {results:?}");
+    assert!(!refused.is_empty(), "turns past the startup timeout are refused: {results:?}");
+    assert_eq!(other_login, Ok(1), "another token is not paced by this one");
+    let m = harness::metrics(&g.api);
+    let paced = |outcome: &str| {
+        m.get(&format!("sandpit_sessions_paced_total{{outcome=\"{outcome}\"}}"))
+            .copied()
+            .unwrap_or(0.0) as usize
+    };
+    // Every admitted one waited, unless it arrived after its turn had come.
+    assert!(paced("waited") >= 1 && paced("waited") <= admitted, "{m:?}");
+    assert_eq!(paced("refused"), refused.len(), "{m:?}");
 }

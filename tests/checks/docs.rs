@@ -45,9 +45,13 @@ fn route_calls(src: &str) -> Vec<&str> {
 /// (path, method) pairs the router serves.
 fn routes() -> BTreeSet<(String, String)> {
     // The control API's router, and the /mcp routes it merges.
-    let src = read("src/control/mod.rs") + &read("src/mcp/http.rs");
+    routes_in(&(read("src/control/mod.rs") + &read("src/mcp/http.rs")))
+}
+
+/// (path, method) pairs of the `.route(...)` calls in `src`.
+fn routes_in(src: &str) -> BTreeSet<(String, String)> {
     let mut set = BTreeSet::new();
-    for call in route_calls(&src) {
+    for call in route_calls(src) {
         let path = call
             .split('"')
             .nth(1)
@@ -66,9 +70,14 @@ fn routes() -> BTreeSet<(String, String)> {
     set
 }
 
-/// (path, method) pairs docs/api.yaml describes (paths at indent 2, methods at indent 4).
+/// (path, method) pairs docs/api.yaml describes.
 fn documented() -> BTreeSet<(String, String)> {
-    let doc = read("docs/api.yaml");
+    documented_in("docs/api.yaml")
+}
+
+/// (path, method) pairs an OpenAPI file describes (paths at indent 2, methods at indent 4).
+fn documented_in(rel: &str) -> BTreeSet<(String, String)> {
+    let doc = read(rel);
     let mut set = BTreeSet::new();
     let mut in_paths = false;
     let mut path = None;
@@ -111,6 +120,21 @@ fn api_yaml_lists_every_route_and_no_other() {
         "docs/api.yaml describes routes the server lacks: {extra:?}"
     );
     assert!(read("docs/api.yaml").starts_with("openapi: 3."));
+}
+
+#[test]
+fn remote_provider_yaml_is_the_worker_router() {
+    // A sandpit worker serves exactly the sandbox API the `remote` provider speaks.
+    let routes = routes_in(&read("src/server/worker/api.rs"));
+    assert!(
+        routes.contains(&("/v1/capacity".into(), "get".into())),
+        "{routes:?}"
+    );
+    assert_eq!(
+        routes,
+        documented_in("docs/remote-provider.yaml"),
+        "src/server/worker/api.rs router vs docs/remote-provider.yaml"
+    );
 }
 
 /// Keys of a record as the log stores it.

@@ -1,6 +1,6 @@
 //! The `remote` provider's HTTP exchanges with the sandbox service: one request with a
 //! bounded body, retries with backoff for what may pass (connect errors, timeouts, 429, 5xx),
-//! and decoding of the service's JSON answers and errors.
+//! and decoding of the service's JSON answers and errors; the one-shot capacity question.
 
 use std::time::{Duration, Instant};
 
@@ -104,6 +104,39 @@ impl RemoteProvider {
             metrics::counter!("sandpit_remote_retries_total").increment(1);
             tokio::time::sleep(delay).await;
             attempt += 1;
+        }
+    }
+
+    /// `GET /v1/capacity`, once (no retries), answered within `within`. Ok(None): the
+    /// service does not report capacity (404, 405, 501: not a sandpit worker).
+    pub(super) async fn capacity(
+        &self,
+        within: Duration,
+    ) -> Result<Option<api::Capacity>, ProviderError> {
+        const PATH: &str = "/v1/capacity";
+        let out = tokio::time::timeout(within, self.once(&Method::GET, PATH, None, None))
+            .await
+            .map_err(|_| {
+                remote(format!(
+                    "GET {PATH}: no answer within {} ms",
+                    within.as_millis()
+                ))
+            })?;
+        match out {
+            Outcome::NoAnswer(e) => Err(remote(format!("GET {PATH}: {e}"))),
+            Outcome::Answer(
+                StatusCode::NOT_FOUND
+                | StatusCode::METHOD_NOT_ALLOWED
+                | StatusCode::NOT_IMPLEMENTED,
+                _,
+            ) => Ok(None),
+            Outcome::Answer(s, b) if s.is_success() => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|source| ProviderError::RemoteJson {
+                    what: format!("GET {PATH}: bad response"),
+                    source,
+                }),
+            Outcome::Answer(s, _) => Err(remote(format!("GET {PATH}: HTTP {s}"))),
         }
     }
 

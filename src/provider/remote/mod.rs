@@ -113,6 +113,11 @@ impl RemoteProvider {
         })
     }
 
+    /// Whether this service holds (or is just making or checking) a review reference.
+    pub(super) fn holds_reference(&self) -> bool {
+        self.reference.try_lock().map_or(true, |r| r.is_some())
+    }
+
     /// The reference sandbox: the one made earlier while the service still has it, else a
     /// new fork of the golden.
     async fn reference_inner(&self) -> Result<Backend, ProviderError> {
@@ -453,6 +458,7 @@ impl Provider for RemoteProvider {
 }
 
 mod http;
+mod place;
 mod set;
 
 use http::{json, url_encode};

@@ -1,34 +1,47 @@
 //! Several sandbox services behind one provider (`remote.urls`, e.g. sandpit workers): a new
-//! fork goes to the next service round-robin, skipping one that fails; a token keeps its
-//! service, since its handle names it: `w<position in remote.urls>.<sandbox id>`. A service
-//! whose fork failed is tried last for a short while, so a dead worker does not slow every
-//! other new token down by its connect timeout and retries.
+//! fork goes to the service with the most room, by each one's `GET /v1/capacity` (cached for
+//! a moment; see `place` for the choice), skipping one that fails; a token keeps its service,
+//! since its handle names it: `w<position in remote.urls>.<sandbox id>`. A service whose fork
+//! or capacity question failed is tried last for a short while, so a dead worker does not slow
+//! every other new token down by its connect timeout and retries.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::place::{self, Room};
 use super::RemoteProvider;
 use crate::provider::{Backend, BackendTag, BoxFuture, Provider, ProviderError};
 
-/// The services, in `remote.urls` order, and where the next fork starts.
+/// The services, in `remote.urls` order, and what is known of their room.
 pub struct RemoteSet {
     members: Vec<(String, RemoteProvider)>,
+    /// Where ties start (round-robin among equal rooms).
     next: AtomicUsize,
     /// Per member: until when it is tried last, after a failed fork.
     failed_until: Mutex<Vec<Option<Instant>>>,
+    /// Per member: its room as last reported (plus forks placed since), and when asked.
+    rooms: Mutex<Vec<(Room, Option<Instant>)>>,
+    /// One capacity refresh at a time; forks arriving meanwhile wait for its answers.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 /// How long a member whose fork failed is tried after the others.
 const FAILED_FOR: Duration = Duration::from_secs(10);
+/// How long a capacity report is used before the member is asked again.
+const ROOM_FRESH_FOR: Duration = Duration::from_secs(2);
+/// Longest wait for one capacity answer (asked of all stale members at once).
+const CAPACITY_WITHIN: Duration = Duration::from_secs(1);
 
-/// The order to try members in: round-robin from `start`, members that failed lately last.
-fn order(start: usize, failed_until: &[Option<Instant>], now: Instant) -> Vec<usize> {
-    let n = failed_until.len();
-    let mut all: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
-    // Stable: round-robin order is kept within each group.
-    all.sort_by_key(|&i| failed_until[i].is_some_and(|t| t > now));
-    all
+/// Whether a member's room, asked at `asked`, is due to be asked again at `now`. A member
+/// that could not be asked is asked again only after `FAILED_FOR`, so a dead worker does not
+/// hold up a fork every `ROOM_FRESH_FOR`.
+fn stale(room: &Room, asked: Option<Instant>, now: Instant) -> bool {
+    let fresh_for = match room {
+        Room::Unreachable => FAILED_FOR,
+        Room::Known(_) | Room::Unreported => ROOM_FRESH_FOR,
+    };
+    asked.is_none_or(|t| now.saturating_duration_since(t) >= fresh_for)
 }
 
 /// `w3.sbx-17` → (3, "sbx-17").
@@ -48,7 +61,81 @@ impl RemoteSet {
             members,
             next: AtomicUsize::new(0),
             failed_until: Mutex::new(vec![None; n]),
+            rooms: Mutex::new(vec![(Room::Unreported, None); n]),
+            refreshing: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Asks the members whose report is stale (all of them with `force`) for their capacity,
+    /// all at once, each within `CAPACITY_WITHIN`.
+    async fn refresh_rooms(&self, force: bool) {
+        let due = |now| -> Vec<usize> {
+            let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+            (0..rooms.len())
+                .filter(|&i| force || stale(&rooms[i].0, rooms[i].1, now))
+                .collect()
+        };
+        if due(Instant::now()).is_empty() {
+            return;
+        }
+        let _one = self.refreshing.lock().await;
+        // Another fork may have refreshed while this one waited.
+        let asked_at = Instant::now();
+        let due = due(asked_at);
+        if due.is_empty() {
+            return;
+        }
+        let answers = futures_util::future::join_all(
+            due.iter()
+                .map(|&i| self.members[i].1.capacity(CAPACITY_WITHIN)),
+        )
+        .await;
+        let mut rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        for (&i, answer) in due.iter().zip(answers) {
+            let room = match answer {
+                Ok(Some(c)) => Room::Known(c),
+                Ok(None) => Room::Unreported,
+                Err(e) => {
+                    if rooms[i].0 != Room::Unreachable {
+                        tracing::warn!(worker = i, error = %self.named(i, e), "capacity unknown; this worker is tried last");
+                    }
+                    Room::Unreachable
+                }
+            };
+            rooms[i] = (room, Some(asked_at));
+        }
+    }
+
+    /// The members to try, best first (see `place::order`): a member whose fork failed
+    /// lately counts as unreachable unless its report already leaves it out.
+    fn pick(&self, start: usize) -> Vec<usize> {
+        let now = Instant::now();
+        let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        let failed = self.failed_until.lock().unwrap_or_else(|p| p.into_inner());
+        let seen: Vec<Room> = rooms
+            .iter()
+            .zip(failed.iter())
+            .map(|((room, _), f)| match room {
+                r if r.refuses() => *r,
+                _ if f.is_some_and(|t| t > now) => Room::Unreachable,
+                r => *r,
+            })
+            .collect();
+        place::order(&seen, start)
+    }
+
+    /// The error when no member takes a new fork: which is full, which draining.
+    fn no_room(&self) -> ProviderError {
+        let rooms = self.rooms.lock().unwrap_or_else(|p| p.into_inner());
+        let why: Vec<String> = rooms
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (r, _))| {
+                r.why_not()
+                    .map(|w| format!("worker {i} ({}) {w}", self.members[i].0))
+            })
+            .collect();
+        ProviderError::Remote(format!("no worker takes a new sandbox: {}", why.join(", ")))
     }
 
     /// The member a handle names, with the service's own sandbox id.
@@ -99,12 +186,22 @@ impl Provider for RemoteSet {
     fn fork<'a>(&'a self, tag: &'a BackendTag) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
             let start = self.next.fetch_add(1, Ordering::Relaxed);
-            let tries = {
-                let f = self.failed_until.lock().unwrap_or_else(|p| p.into_inner());
-                order(start, &f, Instant::now())
-            };
+            self.refresh_rooms(false).await;
+            let mut tries = self.pick(start);
+            if tries.is_empty() {
+                // Every report says full or draining: ask again before refusing.
+                self.refresh_rooms(true).await;
+                tries = self.pick(start);
+            }
+            if tries.is_empty() {
+                return Err(self.no_room());
+            }
             let mut last = None;
             for n in tries {
+                // Counted at once, so forks placed before the next report spread out.
+                self.rooms.lock().unwrap_or_else(|p| p.into_inner())[n]
+                    .0
+                    .placed();
                 let result = self.members[n].1.fork(tag).await;
                 let mut f = self.failed_until.lock().unwrap_or_else(|p| p.into_inner());
                 match result {
@@ -167,15 +264,33 @@ impl Provider for RemoteSet {
         self.members.iter().flat_map(|(_, p)| p.secrets()).collect()
     }
 
-    /// The first member that can make one (the goldens are the same SQL on every worker).
+    /// A member that holds one already (no new sandbox), else a new one placed as a fork is
+    /// (the goldens are the same SQL on every worker).
     fn reference<'a>(
         &'a self,
         golden: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Backend, ProviderError>> {
         Box::pin(async move {
+            let held: Vec<usize> = (0..self.members.len())
+                .filter(|&i| self.members[i].1.holds_reference())
+                .collect();
             let mut last = None;
-            for (n, (_, p)) in self.members.iter().enumerate() {
-                match p.reference(golden).await {
+            for &n in &held {
+                match self.members[n].1.reference(golden).await {
+                    Ok(b) => return Ok(Self::prefixed(n, b)),
+                    Err(e) => last = Some(self.named(n, e)),
+                }
+            }
+            self.refresh_rooms(false).await;
+            let tries = self.pick(self.next.load(Ordering::Relaxed));
+            if tries.is_empty() && last.is_none() {
+                return Err(self.no_room());
+            }
+            for n in tries.into_iter().filter(|n| !held.contains(n)) {
+                self.rooms.lock().unwrap_or_else(|p| p.into_inner())[n]
+                    .0
+                    .placed();
+                match self.members[n].1.reference(golden).await {
                     Ok(b) => return Ok(Self::prefixed(n, b)),
                     Err(e) => last = Some(self.named(n, e)),
                 }
@@ -200,25 +315,7 @@ impl Provider for RemoteSet {
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::{order, split};
-
-    #[test]
-    fn members_that_failed_lately_come_last() {
-        let now = Instant::now();
-        let later = Some(now + Duration::from_secs(5));
-        let earlier = Some(now - Duration::from_secs(1));
-        // (start, failed_until, order)
-        let table: [(usize, Vec<Option<Instant>>, Vec<usize>); 5] = [
-            (0, vec![None, None, None], vec![0, 1, 2]),
-            (4, vec![None, None, None], vec![1, 2, 0]),
-            (0, vec![later, None, None], vec![1, 2, 0]),
-            (1, vec![None, later, None], vec![2, 0, 1]),
-            (0, vec![earlier, None], vec![0, 1]),
-        ];
-        for (start, failed, want) in table {
-            assert_eq!(order(start, &failed, now), want, "{start} {failed:?}");
-        }
-    }
+    use super::{split, stale, Room, FAILED_FOR, ROOM_FRESH_FOR};
 
     #[test]
     fn handles_name_their_member() {
@@ -227,5 +324,17 @@ mod tests {
         assert_eq!(split("sbx-1"), None);
         assert_eq!(split("wx.sbx"), None);
         assert_eq!(split("w1"), None);
+    }
+
+    #[test]
+    fn reports_are_asked_again_when_stale_and_dead_members_less_often() {
+        let now = Instant::now();
+        let ago = |d: Duration| Some(now.checked_sub(d).expect("uptime"));
+        let (u, x) = (Room::Unreported, Room::Unreachable);
+        assert!(stale(&u, None, now));
+        assert!(!stale(&u, ago(Duration::from_millis(500)), now));
+        assert!(stale(&u, ago(ROOM_FRESH_FOR), now));
+        assert!(!stale(&x, ago(ROOM_FRESH_FOR), now));
+        assert!(stale(&x, ago(FAILED_FOR), now));
     }
 }

@@ -35,6 +35,8 @@ pub enum SessionError {
     AuthTimeout,
     #[error("too many connections for token \"{id}\" (max_connections is {max})")]
     TooManyConnections { id: String, max: u32 },
+    #[error("too many new connections for token \"{id}\" (limits.sessions_per_second is {rate} after a burst of {burst}); try again shortly")]
+    TooManyNewSessions { id: String, rate: u32, burst: u32 },
     #[error("token \"{0}\" is {1}")]
     NotUsable(String, TokenState),
     /// The scratch database could not be started (the detail is in the gateway's log).
@@ -69,7 +71,9 @@ impl SessionError {
             SessionError::NoUser | SessionError::RateLimited | SessionError::NotUsable(..) => {
                 "28000"
             }
-            SessionError::TooManyConnections { .. } => "53300",
+            SessionError::TooManyConnections { .. } | SessionError::TooManyNewSessions { .. } => {
+                "53300"
+            }
             SessionError::BackendUnavailable
             | SessionError::BackendUnreachable
             | SessionError::CancelKeyNotRecorded => "08006",
@@ -126,6 +130,11 @@ mod tests {
         fatal(SessionError::TooManyConnections {
             id: "sp_x".into(),
             max: 2,
+        });
+        fatal(SessionError::TooManyNewSessions {
+            id: "sp_x".into(),
+            rate: 20,
+            burst: 20,
         });
         assert_eq!(
             SessionError::NotUsable("sp_x".into(), TokenState::Expired).to_string(),

@@ -24,6 +24,7 @@ use super::relay;
 use super::stream::ClientStream;
 use super::Proxy;
 use crate::journal::log::TokenLog;
+use crate::lifecycle::pace::Turn;
 use crate::lifecycle::{EndReason, LifecycleError, SessionSlot};
 use crate::pgconn::startup::{self as backend, BackendConn, BackendError};
 use crate::pgconn::BackendTarget;
@@ -227,6 +228,7 @@ async fn attach(
     authed: Authed,
 ) -> Result<Attached, SessionError> {
     let rec = &authed.rec;
+    pace(proxy, rec).await?;
     let phases = Phases::of(rec);
     let timeouts = token_timeouts(rec);
     let params = backend_params(startup, &timeouts);
@@ -242,6 +244,30 @@ async fn attach(
         watchdog,
         log,
     })
+}
+
+/// A new session waits for its token's pace ([`crate::lifecycle::pace`]) before it makes
+/// the scratch server start a backend; refused when its turn is more than the startup
+/// timeout away.
+async fn pace(proxy: &Proxy, rec: &TokenRecord) -> Result<(), SessionError> {
+    let limits = &proxy.gw.config.limits;
+    match proxy.gw.pace_session(&rec.id, limits.startup_timeout) {
+        Turn::Now => Ok(()),
+        Turn::After(wait) => {
+            metrics::counter!("sandpit_sessions_paced_total", "outcome" => "waited").increment(1);
+            tokio::time::sleep(wait).await;
+            Ok(())
+        }
+        Turn::Refused => {
+            metrics::counter!("sandpit_sessions_paced_total", "outcome" => "refused").increment(1);
+            tracing::info!("new session refused: over the token's pace");
+            Err(SessionError::TooManyNewSessions {
+                id: rec.id.clone(),
+                rate: limits.sessions_per_second,
+                burst: limits.session_burst,
+            })
+        }
+    }
 }
 
 /// The session defaults a token sets: its statement and idle-in-transaction timeouts.

@@ -1,13 +1,14 @@
 //! The worker's sandbox API: the routes of `docs/remote-provider.yaml` over the node's own
-//! provider (instance forks, the warm pool when configured).
+//! provider (instance forks, the warm pool when configured), with its capacity report.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, put};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
@@ -16,7 +17,8 @@ use tokio::net::TcpListener;
 use super::relay::{self, Door};
 use super::{lock, Entry, Worker};
 use crate::provider::remote_api::{
-    self as api, ApiError, Connection, CreateSandbox, Sandbox, SandboxList, SandboxState, SetTtl,
+    self as api, ApiError, Capacity, Connection, CreateSandbox, Drain, Sandbox, SandboxList,
+    SandboxState, SetTtl,
 };
 use crate::provider::BackendTag;
 
@@ -26,6 +28,8 @@ pub(super) fn router(w: Arc<Worker>) -> Router {
         .route("/v1/sandboxes", get(list).post(create))
         .route("/v1/sandboxes/{id}", get(show).delete(delete))
         .route("/v1/sandboxes/{id}/ttl", put(set_ttl))
+        .route("/v1/capacity", get(capacity))
+        .route("/v1/drain", post(drain))
         .with_state(w)
 }
 
@@ -83,12 +87,85 @@ async fn create(
         connection: None,
         error: None,
     };
-    lock(&w.sandboxes).insert(id.clone(), Entry::new(sb.clone()));
+    {
+        // Counted and inserted under one lock: two creates cannot both take the last room.
+        let mut all = lock(&w.sandboxes);
+        if let Some(why) = refusal(&w, held(&all)) {
+            drop(all);
+            tracing::info!(reason = %why, "worker: create refused");
+            return err(StatusCode::SERVICE_UNAVAILABLE, &why);
+        }
+        all.insert(id.clone(), Entry::new(sb.clone()));
+    }
     if let Some(k) = key {
         lock(&w.by_key).insert(k, id.clone());
     }
     tokio::spawn(fork(w.clone(), id));
     (StatusCode::ACCEPTED, Json(sb)).into_response()
+}
+
+/// Sandboxes that take room: being created or ready (a failed one holds no fork).
+fn held(all: &std::collections::HashMap<String, Entry>) -> u64 {
+    all.values()
+        .filter(|e| e.sb.state != SandboxState::Failed)
+        .count() as u64
+}
+
+/// Why a new sandbox is refused now, if it is: draining, or full.
+fn refusal(w: &Worker, held: u64) -> Option<String> {
+    if w.draining.load(Ordering::SeqCst) {
+        return Some("worker is draining: it makes no new sandboxes".into());
+    }
+    (held >= w.max_sandboxes).then(|| {
+        format!(
+            "worker is full: {held} of {} sandboxes (worker.max_sandboxes)",
+            w.max_sandboxes
+        )
+    })
+}
+
+/// `GET /v1/capacity`: room for new sandboxes, for fronts' placement.
+async fn capacity(State(w): State<Arc<Worker>>, h: HeaderMap) -> Response {
+    authorize!(w, h);
+    capacity_now(&w)
+}
+
+/// `POST /v1/drain`: no new sandboxes from now on (`{"draining": false}`: take them again);
+/// the ones held keep serving until deleted or past their TTL. Answers the capacity.
+async fn drain(State(w): State<Arc<Worker>>, h: HeaderMap, body: axum::body::Bytes) -> Response {
+    authorize!(w, h);
+    let req = if body.iter().all(u8::is_ascii_whitespace) {
+        Drain { draining: true }
+    } else {
+        match serde_json::from_slice::<Drain>(&body) {
+            Ok(d) => d,
+            Err(_) => return err(StatusCode::BAD_REQUEST, "body: {\"draining\": true|false}"),
+        }
+    };
+    let was = w.draining.swap(req.draining, Ordering::SeqCst);
+    if was != req.draining {
+        tracing::info!(
+            draining = req.draining,
+            "worker: {}",
+            if req.draining {
+                "draining: no new sandboxes"
+            } else {
+                "no longer draining"
+            }
+        );
+    }
+    capacity_now(&w)
+}
+
+fn capacity_now(w: &Worker) -> Response {
+    let sandboxes = held(&lock(&w.sandboxes));
+    Json(Capacity {
+        max_sandboxes: w.max_sandboxes,
+        sandboxes,
+        warm: w.pool.as_ref().map_or(0, |p| p.ready() as u64),
+        draining: w.draining.load(Ordering::SeqCst),
+    })
+    .into_response()
 }
 
 /// Forks in the background (clients poll), then opens the fork's door.
@@ -123,26 +200,26 @@ async fn fork(w: Arc<Worker>, id: String) {
     }
     .await;
     // Decided under the lock, awaited after it.
-    let orphan = {
+    let (orphan, ready) = {
         let mut all = lock(&w.sandboxes);
         match (all.get_mut(&id), result) {
             (None, Ok((handle, task, _))) => {
                 task.abort();
-                Some(handle)
+                (Some(handle), None)
             }
-            (None, Err(_)) => None,
+            (None, Err(_)) => (None, None),
             (Some(e), Ok((handle, task, conn))) => {
                 e.sb.state = SandboxState::Ready;
                 e.sb.connection = Some(conn);
-                e.handle = Some(handle);
+                e.handle = Some(handle.clone());
                 e.door = Some(task);
-                None
+                (None, Some((e.sb.clone(), handle)))
             }
             (Some(e), Err(msg)) => {
                 tracing::warn!(sandbox = %id, error = %msg, "worker fork failed");
                 e.sb.state = SandboxState::Failed;
                 e.sb.error = Some(msg);
-                None
+                (None, None)
             }
         }
     };
@@ -150,10 +227,32 @@ async fn fork(w: Arc<Worker>, id: String) {
         // Deleted while it was being forked.
         let _ = w.provider.destroy(&handle).await;
     }
+    if let Some((sb, handle)) = ready {
+        keep(&w, sb, handle).await;
+    }
 }
 
-/// The fork's door: a TCP port on the worker's address, with a password of its own.
-async fn open_door(
+/// Records a ready sandbox for adoption after a crash (a failure only costs that), off the
+/// async threads (the record is synced to disk).
+async fn keep(w: &Arc<Worker>, sb: Sandbox, handle: String) {
+    let w = w.clone();
+    let saved = tokio::task::spawn_blocking(move || {
+        w.keeper
+            .save(&sb, &handle)
+            .map_err(|e| format!("sandbox {}: {e}", sb.id))
+    })
+    .await;
+    let failed = match saved {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e,
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(error = %failed, "worker: recording a sandbox failed; it is not adopted after a crash");
+}
+
+/// The fork's door: a TCP port on the worker's address (never one of the earlier run's
+/// doors), with a password of its own.
+pub(super) async fn open_door(
     w: &Worker,
     b: &crate::provider::Backend,
 ) -> Result<(tokio::task::JoinHandle<()>, Connection), String> {
@@ -162,10 +261,19 @@ async fn open_door(
         .socket_path()
         .ok_or("the fork has no unix socket")?
         .to_path_buf();
-    let l = TcpListener::bind((w.listen_ip, 0))
-        .await
-        .map_err(|e| e.to_string())?;
-    let port = l.local_addr().map_err(|e| e.to_string())?.port();
+    // Ports of the earlier run held open while binding again, so each is skipped once.
+    let mut skipped = Vec::new();
+    let (l, port) = loop {
+        let l = TcpListener::bind((w.listen_ip, 0))
+            .await
+            .map_err(|e| e.to_string())?;
+        let port = l.local_addr().map_err(|e| e.to_string())?.port();
+        if !w.old_ports.contains(&port) || skipped.len() >= 64 {
+            break (l, port);
+        }
+        skipped.push(l);
+    };
+    drop(skipped);
     let door = Arc::new(Door {
         socket,
         user: b.target.user.clone(),
@@ -208,11 +316,18 @@ async fn set_ttl(
     // Bounded so the addition cannot overflow: ten years is past any token.
     let secs = req.ttl_seconds.min(10 * 365 * 24 * 3600) as i64;
     let at = OffsetDateTime::now_utc() + time::Duration::seconds(secs);
-    match lock(&w.sandboxes).get_mut(&id) {
-        Some(e) => {
-            e.expires = Some(at);
-            e.sb.expires_at = crate::rfc3339::try_format(at).ok();
-            Json(e.sb.clone()).into_response()
+    let found = lock(&w.sandboxes).get_mut(&id).map(|e| {
+        e.expires = Some(at);
+        e.sb.expires_at = crate::rfc3339::try_format(at).ok();
+        (e.sb.clone(), e.handle.clone())
+    });
+    match found {
+        Some((sb, handle)) => {
+            // A ready sandbox's record follows its TTL (one still forking is recorded ready).
+            if let Some(h) = handle {
+                keep(&w, sb.clone(), h).await;
+            }
+            Json(sb).into_response()
         }
         None => err(StatusCode::NOT_FOUND, "no such sandbox"),
     }

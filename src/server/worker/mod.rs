@@ -1,14 +1,18 @@
 //! Worker mode (`[worker] listen`): the node runs its own provider (instance forks, golden,
 //! warm pool) and serves the sandbox API of `docs/remote-provider.yaml` to front gateways,
 //! over TLS with a bearer key. Each ready sandbox gets a TCP door (`relay`) with a password
-//! of its own, which fronts use and agents never see. No Postgres listener, no token API: the
-//! fronts hold the tokens, logs and reviews (docs/workers.md).
+//! of its own, which fronts use and agents never see. A restart on the same data dir adopts
+//! the sandboxes a crashed run left (`adopt`, `keep`). No Postgres listener, no token API:
+//! the fronts hold the tokens, logs and reviews (docs/workers.md).
 
+mod adopt;
 mod api;
+mod keep;
 mod relay;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -63,6 +67,16 @@ pub(super) struct Worker {
     tls: Option<TlsAcceptor>,
     sandboxes: Mutex<HashMap<String, Entry>>,
     by_key: Mutex<HashMap<String, String>>,
+    /// Most sandboxes held at once (`worker.max_sandboxes`).
+    max_sandboxes: u64,
+    /// Set by `POST /v1/drain`: no new sandboxes.
+    draining: AtomicBool,
+    /// The warm pool, when configured (its ready members are reported as `warm`).
+    pool: Option<Arc<WarmPool>>,
+    /// Records of ready sandboxes, for adoption after a crash.
+    keeper: keep::Keeper,
+    /// Door ports of the earlier run on this data dir: no new door takes one.
+    old_ports: HashSet<u16>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -76,6 +90,9 @@ impl Worker {
             return Ok(false);
         };
         lock(&self.by_key).retain(|_, v| v != id);
+        if let Err(err) = self.keeper.forget(id) {
+            tracing::warn!(sandbox = %id, error = %err, "worker: removing a sandbox record failed");
+        }
         if let Some(d) = e.door {
             d.abort();
         }
@@ -177,7 +194,11 @@ pub async fn run(
     else {
         return Ok(());
     };
-    remove_leftovers(provider.as_ref()).await;
+    let keeper = keep::Keeper::open(&data_dir).map_err(|source| ServeError::DataDir {
+        path: data_dir.join("worker/sandboxes"),
+        source,
+    })?;
+    let (to_adopt, old_ports) = adopt::sort_leftovers(provider.as_ref(), &keeper).await;
     let tls = tls::acceptor(&cfg.tls, &data_dir, std::slice::from_ref(&host))?.map(|t| t.acceptor);
     let pool = cfg.pool.enabled().then(|| {
         WarmPool::new(
@@ -206,14 +227,41 @@ pub async fn run(
         tls: tls.clone(),
         sandboxes: Mutex::new(HashMap::new()),
         by_key: Mutex::new(HashMap::new()),
+        max_sandboxes: cfg.worker.max_sandboxes,
+        draining: AtomicBool::new(false),
+        pool: pool.clone(),
+        keeper,
+        old_ports,
     });
+    adopt::adopt_all(&worker, to_adopt).await;
     let reaper = spawn_reaper(worker.clone());
-    let app = api::router(worker.clone());
-    let shutdown = {
-        let mut stop = stop.clone();
-        async move { serve::stop_requested(&mut stop).await }
-    };
-    let server = match tls {
+    let server = serve_api(
+        api::router(worker.clone()),
+        listener,
+        tls,
+        addr,
+        stop.clone(),
+    );
+    tracing::info!(api = %addr, "worker ready");
+    ready(addr);
+    serve::stop_requested(&mut stop).await;
+    tracing::info!("worker shutting down");
+    reaper.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    delete_all(&worker, pool.as_deref()).await;
+    Ok(())
+}
+
+/// Serves the API (over TLS when there is an acceptor) until `stop` turns true.
+fn serve_api(
+    app: axum::Router,
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    addr: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let shutdown = async move { serve::stop_requested(&mut stop).await };
+    match tls {
         Some(acceptor) => tokio::spawn(async move {
             let l = TlsListener::new(listener, acceptor, addr);
             axum::serve(l, app).with_graceful_shutdown(shutdown).await
@@ -223,15 +271,7 @@ pub async fn run(
                 .with_graceful_shutdown(shutdown)
                 .await
         }),
-    };
-    tracing::info!(api = %addr, "worker ready");
-    ready(addr);
-    serve::stop_requested(&mut stop).await;
-    tracing::info!("worker shutting down");
-    reaper.abort();
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    delete_all(&worker, pool.as_deref()).await;
-    Ok(())
+    }
 }
 
 /// Deletes expired sandboxes every `REAP_EVERY` until aborted.
@@ -265,27 +305,6 @@ fn checked(cfg: &Config) -> Result<(SocketAddr, String), ServeError> {
     }
     cfg.validate()?;
     Ok((listen, cfg.worker.key()?))
-}
-
-/// No adoption yet: whatever a killed run left (its fronts have lost those tokens' forks
-/// anyway, and ids are not reused) is destroyed before anything new is made.
-async fn remove_leftovers(provider: &dyn Provider) {
-    match provider.list().await {
-        Ok(left) => {
-            for (h, _) in &left {
-                if let Err(e) = provider.destroy(h).await {
-                    tracing::warn!(handle = %h, error = %e, "worker: removing a leftover fork failed");
-                }
-            }
-            if !left.is_empty() {
-                tracing::info!(
-                    forks = left.len(),
-                    "worker: leftover forks of an earlier run removed"
-                );
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "worker: listing leftover forks failed"),
-    }
 }
 
 /// At shutdown: every sandbox deleted, the warm pool drained.
