@@ -239,12 +239,14 @@ impl<'a> Cursor<'a> {
 fn put_string(out: &mut Vec<u8>, s: &str) {
     put_v(out, s.len() as u64);
     let b = s.as_bytes();
-    // Most strings need no escape: copied whole.
-    if !b.iter().any(|&c| c == 0 || c == b'\n' || c == ESC) {
+    // Most strings need no escape: copied whole (memchr3 looks a word at a time, where a
+    // byte loop made three comparisons per byte).
+    let Some(first) = memchr::memchr3(0, b'\n', ESC, b) else {
         out.extend_from_slice(b);
         return;
-    }
-    for &c in b {
+    };
+    out.extend_from_slice(&b[..first]);
+    for &c in &b[first..] {
         match c {
             0 => out.extend_from_slice(&[ESC, 0x30]),
             b'\n' => out.extend_from_slice(&[ESC, 0x31]),
