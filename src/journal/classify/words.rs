@@ -307,5 +307,6 @@ pub fn returning(text: &str) -> bool {
 
 /// [`returning`] given the upper-cased first word.
 fn returning_after(first: &[u8], text: &str) -> bool {
-    matches!(first, b"INSERT" | b"UPDATE" | b"DELETE" | b"MERGE") && contains_upper(text, b"RETURNING")
+    matches!(first, b"INSERT" | b"UPDATE" | b"DELETE" | b"MERGE")
+        && contains_upper(text, b"RETURNING")
 }
