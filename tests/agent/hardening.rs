@@ -321,7 +321,9 @@ fn a_token_logging_in_in_a_loop_is_paced_and_another_token_is_not() {
         let mut tasks = Vec::new();
         for _ in 0..8 {
             let pw = whole(&flood);
-            tasks.push(tokio::spawn(async move { login_at(port, "agent", &pw).await }));
+            tasks.push(tokio::spawn(
+                async move { login_at(port, "agent", &pw).await },
+            ));
         }
         let mut results = Vec::new();
         for t in tasks {
@@ -338,14 +340,22 @@ fn a_token_logging_in_in_a_loop_is_paced_and_another_token_is_not() {
         assert!(msg.contains("sessions_per_second is 1"), "{msg}");
     }
     assert_eq!(admitted + refused.len(), 8, "{results:?}");
-    assert!(admitted >= 1, "a session over the pace waits its turn: {results:?}");
-    assert!(!refused.is_empty(), "turns past the startup timeout are refused: {results:?}");
+    assert!(
+        admitted >= 1,
+        "a session over the pace waits its turn: {results:?}"
+    );
+    assert!(
+        !refused.is_empty(),
+        "turns past the startup timeout are refused: {results:?}"
+    );
     assert_eq!(other_login, Ok(1), "another token is not paced by this one");
     let m = harness::metrics(&g.api);
     let paced = |outcome: &str| {
-        m.get(&format!("sandpit_sessions_paced_total{{outcome=\"{outcome}\"}}"))
-            .copied()
-            .unwrap_or(0.0) as usize
+        m.get(&format!(
+            "sandpit_sessions_paced_total{{outcome=\"{outcome}\"}}"
+        ))
+        .copied()
+        .unwrap_or(0.0) as usize
     };
     // Every admitted one waited, unless it arrived after its turn had come.
     assert!(paced("waited") >= 1 && paced("waited") <= admitted, "{m:?}");

@@ -18,7 +18,10 @@ fn gateway(pg: &shared_pg::SharedPg) -> Gateway {
          sslmode = \"require\"\n[janitor]\ninterval = \"0s\"\n",
         pg.admin_dsn()
     );
-    Gateway::start(Some("create table items(id int primary key);\n"), Some(&cfg))
+    Gateway::start(
+        Some("create table items(id int primary key);\n"),
+        Some(&cfg),
+    )
 }
 
 /// What the client was sent while running `sql`: (notices, notifications, whether one notice
@@ -34,13 +37,22 @@ async fn sent(dsn: &str, listen: Option<&str>, sql: &str) -> (usize, usize, bool
         }
     });
     if let Some(channel) = listen {
-        c.batch_execute(&format!("listen {channel}")).await.expect("listen");
+        c.batch_execute(&format!("listen {channel}"))
+            .await
+            .expect("listen");
     }
     let error = c.batch_execute(sql).await.err().map(|e| {
         let d = e.as_db_error().expect("a server error");
-        format!("{}\n{}\n{}", d.message(), d.detail().unwrap_or(""), d.hint().unwrap_or(""))
+        format!(
+            "{}\n{}\n{}",
+            d.message(),
+            d.detail().unwrap_or(""),
+            d.hint().unwrap_or("")
+        )
     });
-    c.batch_execute("select 1").await.expect("the session goes on");
+    c.batch_execute("select 1")
+        .await
+        .expect("the session goes on");
     let (mut notices, mut notifications, mut summary) = (0, 0, false);
     while let Ok(m) = rx.try_recv() {
         match m {
@@ -101,13 +113,22 @@ fn notices_notifications_errors_and_mcp_results_are_capped_on_template() {
     let bearer = format!("{}.{}", t["id"].as_str().expect("id"), secret(&dsn));
     let body = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
         "params": {"name": "run_sql", "arguments": {"sql": "select repeat('x', 1000) as v;".repeat(500)}}});
-    let r = harness::http("POST", &format!("{}/mcp", g.api), Some(&bearer), harness::Body::Json(body))
-        .expect("POST /mcp");
+    let r = harness::http(
+        "POST",
+        &format!("{}/mcp", g.api),
+        Some(&bearer),
+        harness::Body::Json(body),
+    )
+    .expect("POST /mcp");
     assert_eq!(r.status, 200, "{}", r.body);
     let v: Value = serde_json::from_str(&r.body).expect("json");
     let text = v["result"]["content"][0]["text"].as_str().expect("text");
     assert!(text.len() < 11_000, "{} bytes", text.len());
-    assert!(text.contains("were not kept (max_bytes 10000)"), "{}", &text[text.len().saturating_sub(300)..]);
+    assert!(
+        text.contains("were not kept (max_bytes 10000)"),
+        "{}",
+        &text[text.len().saturating_sub(300)..]
+    );
 }
 
 /// The secret in a token's DSN (`postgresql://<id>:<secret>@…`).
