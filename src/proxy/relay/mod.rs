@@ -52,17 +52,34 @@ enum Ending {
     BackendProtocol(FrameError),
 }
 
+/// What the relay needs of its session besides the two connections and the pipeline.
+pub struct Context<'a> {
+    /// The token's end, as it happens.
+    pub ended: watch::Receiver<Option<EndReason>>,
+    /// Backend details scrubbed from what the client is shown.
+    pub secrets: &'a [String],
+    /// The gateway's own statement timeout, if the token has one.
+    pub watchdog: Option<Watchdog>,
+    /// The session's slot, for its fair turns (see `turn`).
+    pub slot: Option<&'a SessionSlot>,
+    /// The session's span: entered around the relay's events only.
+    pub span: &'a tracing::Span,
+}
+
 /// Relay until either side leaves or the token ends.
 pub async fn run(
     client: FrameReader<ClientStream>,
     backend: FrameReader<BackendStream>,
-    ended: watch::Receiver<Option<EndReason>>,
-    secrets: &[String],
     pl: Pipeline,
-    watchdog: Option<Watchdog>,
-    slot: Option<&SessionSlot>,
-    span: &tracing::Span,
+    cx: Context<'_>,
 ) {
+    let Context {
+        ended,
+        secrets,
+        watchdog,
+        slot,
+        span,
+    } = cx;
     let Some(sides) = Sides::split(client, backend).instrument(span.clone()).await else {
         return;
     };

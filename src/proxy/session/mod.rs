@@ -501,17 +501,14 @@ async fn relay_step(
         allow: rec.caps.allow.clone(),
     })
     .in_span(span.clone());
-    relay::run(
-        client,
-        s.conn.reader,
-        s.authed.ended,
-        proxy.gw.secrets(),
-        pipeline,
-        s.watchdog,
-        Some(&s.authed.slot),
-        &span,
-    )
-    .await;
+    let cx = relay::Context {
+        ended: s.authed.ended,
+        secrets: proxy.gw.secrets(),
+        watchdog: s.watchdog,
+        slot: Some(&s.authed.slot),
+        span: &span,
+    };
+    relay::run(client, s.conn.reader, pipeline, cx).await;
     span.in_scope(|| tracing::info!("session ended"));
 }
 
