@@ -163,17 +163,11 @@ const F_DENIED: u64 = 32;
 const F_KIND: u64 = 64;
 
 pub(super) fn put_v(out: &mut Vec<u8>, mut n: u64) {
-    // Built on the stack and appended once: a push per byte checked the capacity each time
-    // (a time in nanoseconds takes six bytes). A u64 takes at most ten.
-    let mut b = [0u8; 10];
-    let mut i = 0;
     while n >= 112 {
-        b[i] = 0x80 | (n & 0x7f) as u8;
+        out.push(0x80 | (n & 0x7f) as u8);
         n >>= 7;
-        i += 1;
     }
-    b[i] = 0x10 + n as u8;
-    out.extend_from_slice(&b[..=i]);
+    out.push(0x10 + n as u8);
 }
 
 /// Reads a compact line, field by field; every read is bounded by the line.
