@@ -13,7 +13,9 @@ use sqlparser::parser::Parser;
 mod words;
 #[cfg(test)]
 use words::{first_word_is, first_word_upper, leading_words};
-pub use words::{from_keywords, leading_word_is, may_read_catalogs, may_return_rows, returning};
+pub use words::{
+    from_keywords, leading_word_is, may_read_catalogs, may_return_rows, returning, rows_and_copy,
+};
 
 /// What a statement does, coarsely.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -207,6 +207,23 @@ fn first_word_agrees_with_leading_words() {
         }
         assert!(!first_word_is(t, "nosuchword"), "{t:?}");
     }
+    // The relay's one look at a simple Query's statement answers as the two questions did.
+    for t in texts.iter().map(String::as_str).chain([
+        "copy t from stdin",
+        "/* c */ COPY t to stdout",
+        "Copy",
+        "copyx",
+        "insert into t values (1) returning a",
+        "delete from t",
+        "select 1",
+        "   ",
+    ]) {
+        assert_eq!(
+            rows_and_copy(t),
+            (may_return_rows(t), leading_word_is(t, "COPY")),
+            "rows_and_copy({t:?})"
+        );
+    }
 }
 
 #[test]

@@ -113,25 +113,32 @@ pub(super) fn first_word_is(text: &str, word: &str) -> bool {
 
 /// The statement's first word upper-cased into `buf` ("" when there is none; "?" when it
 /// is longer than any keyword), without allocating in the common case.
+#[cfg(test)]
 pub(super) fn first_word_upper<'b>(text: &str, buf: &'b mut [u8; 16]) -> &'b str {
+    std::str::from_utf8(first_word_upper_bytes(text, buf)).unwrap_or("?")
+}
+
+/// [`first_word_upper`] as bytes: compared with keywords byte-wise, so the hot path pays
+/// no UTF-8 check of a word it only compares (a whole word of `leading_words` is UTF-8).
+fn first_word_upper_bytes<'b>(text: &str, buf: &'b mut [u8; 16]) -> &'b [u8] {
     let slow;
     let w: &str = match first_word_fast(text) {
         FirstWord::Word(w) => w,
-        FirstWord::None => return "",
+        FirstWord::None => return b"",
         FirstWord::Slow => {
             slow = leading_words(text, 1);
             match slow.first() {
                 Some(w) => w.as_str(),
-                None => return "",
+                None => return b"",
             }
         }
     };
     let Some(dst) = buf.get_mut(..w.len()) else {
-        return "?";
+        return b"?";
     };
     dst.copy_from_slice(w.as_bytes());
     dst.make_ascii_uppercase();
-    std::str::from_utf8(dst).unwrap_or("?")
+    dst
 }
 
 /// Whether `text` holds `word` (an upper-case ASCII word) in any case, without allocating.
@@ -231,60 +238,75 @@ pub fn leading_word_is(text: &str, word: &str) -> bool {
 /// costs streaming the rows through the gateway.
 pub fn may_return_rows(text: &str) -> bool {
     let mut buf = [0u8; 16];
-    let first = first_word_upper(text, &mut buf);
+    rows_by_first_word(first_word_upper_bytes(text, &mut buf), text)
+}
+
+/// [`may_return_rows`] and whether the first word is COPY, from one look at the first word
+/// (the relay asks both of each statement of a simple Query).
+pub fn rows_and_copy(text: &str) -> (bool, bool) {
+    let mut buf = [0u8; 16];
+    let first = first_word_upper_bytes(text, &mut buf);
+    (rows_by_first_word(first, text), first == b"COPY")
+}
+
+/// [`may_return_rows`] given the upper-cased first word.
+fn rows_by_first_word(first: &[u8], text: &str) -> bool {
     !matches!(
         first,
-        "" | "INSERT"
-            | "UPDATE"
-            | "DELETE"
-            | "MERGE"
-            | "CREATE"
-            | "ALTER"
-            | "DROP"
-            | "BEGIN"
-            | "START"
-            | "COMMIT"
-            | "END"
-            | "ROLLBACK"
-            | "ABORT"
-            | "SAVEPOINT"
-            | "RELEASE"
-            | "SET"
-            | "RESET"
-            | "GRANT"
-            | "REVOKE"
-            | "TRUNCATE"
-            | "VACUUM"
-            | "ANALYZE"
-            | "ANALYSE"
-            | "LISTEN"
-            | "UNLISTEN"
-            | "NOTIFY"
-            | "DISCARD"
-            | "DEALLOCATE"
-            | "PREPARE"
-            | "COMMENT"
-            | "DO"
-            | "CHECKPOINT"
-            | "LOCK"
-            | "CLUSTER"
-            | "REINDEX"
-            | "COPY"
-            | "DECLARE"
-            | "CLOSE"
-            | "MOVE"
-            | "LOAD"
-            | "SECURITY"
-            | "REFRESH"
-            | "REASSIGN"
-    ) || returning(text)
+        b"" | b"INSERT"
+            | b"UPDATE"
+            | b"DELETE"
+            | b"MERGE"
+            | b"CREATE"
+            | b"ALTER"
+            | b"DROP"
+            | b"BEGIN"
+            | b"START"
+            | b"COMMIT"
+            | b"END"
+            | b"ROLLBACK"
+            | b"ABORT"
+            | b"SAVEPOINT"
+            | b"RELEASE"
+            | b"SET"
+            | b"RESET"
+            | b"GRANT"
+            | b"REVOKE"
+            | b"TRUNCATE"
+            | b"VACUUM"
+            | b"ANALYZE"
+            | b"ANALYSE"
+            | b"LISTEN"
+            | b"UNLISTEN"
+            | b"NOTIFY"
+            | b"DISCARD"
+            | b"DEALLOCATE"
+            | b"PREPARE"
+            | b"COMMENT"
+            | b"DO"
+            | b"CHECKPOINT"
+            | b"LOCK"
+            | b"CLUSTER"
+            | b"REINDEX"
+            | b"COPY"
+            | b"DECLARE"
+            | b"CLOSE"
+            | b"MOVE"
+            | b"LOAD"
+            | b"SECURITY"
+            | b"REFRESH"
+            | b"REASSIGN"
+    ) || returning_after(first, text)
 }
 
 /// Whether a DML statement has a RETURNING clause (lexically).
 pub fn returning(text: &str) -> bool {
     let mut buf = [0u8; 16];
-    matches!(
-        first_word_upper(text, &mut buf),
-        "INSERT" | "UPDATE" | "DELETE" | "MERGE"
-    ) && contains_upper(text, b"RETURNING")
+    returning_after(first_word_upper_bytes(text, &mut buf), text)
+}
+
+/// [`returning`] given the upper-cased first word.
+fn returning_after(first: &[u8], text: &str) -> bool {
+    matches!(first, b"INSERT" | b"UPDATE" | b"DELETE" | b"MERGE")
+        && contains_upper(text, b"RETURNING")
 }

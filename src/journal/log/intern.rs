@@ -123,10 +123,18 @@ impl Interner {
 
     /// A word's reference (tag words, SQLSTATEs, unusual kinds: few and repeated, so
     /// defined at their first use), appending its definition when it has none yet.
+    #[inline]
     fn word_ref(&mut self, out: &mut Vec<u8>, at: u64, w: &str, defined: &mut bool) -> Ref {
-        if let Some(r) = Ref::word(w) {
-            return r;
+        // The fixed words (every protocol and kind, the common tags) without a call.
+        match Ref::word(w) {
+            Some(r) => r,
+            None => self.defined_word_ref(out, at, w, defined),
         }
+    }
+
+    /// [`Interner::word_ref`] of a word that is not one of the fixed ones.
+    #[inline(never)]
+    fn defined_word_ref(&mut self, out: &mut Vec<u8>, at: u64, w: &str, defined: &mut bool) -> Ref {
         let h = self.hasher.hash_one(w);
         match self.dict.get(&h) {
             Some((t, off)) if **t == *w => Ref::At(*off),

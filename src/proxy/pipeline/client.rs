@@ -314,8 +314,7 @@ impl Pipeline {
         // COPY runs as the client sent it: inside an extended-protocol rewrite, a COPY FROM
         // STDIN would swallow the gateway's own Sync.
         let rewrite = split
-            && pieces().any(classify::may_return_rows)
-            && !pieces().any(|s| classify::leading_word_is(s, "COPY"))
+            && rows_without_copy(pieces())
             // Only the client's own bytes are rewritten (not a lossy decoding).
             && matches!(text, std::borrow::Cow::Borrowed(_));
         // The server drops its unnamed statement and portal at every Query (the rewrite
@@ -507,4 +506,18 @@ impl Pipeline {
 /// one is always allowed: it replaces itself and is bounded by the message size).
 fn over_limit(entries: usize, name: &[u8], bytes_after: usize) -> bool {
     !name.is_empty() && (entries >= MAX_TRACKED || bytes_after > MAX_TRACKED_BYTES)
+}
+
+/// Whether some statement may return rows and none is a COPY (as `any(may_return_rows)`
+/// and no `leading_word_is(_, "COPY")`), each statement's first word read once.
+fn rows_without_copy<'t>(pieces: impl Iterator<Item = &'t str>) -> bool {
+    let mut rows = false;
+    for p in pieces {
+        let (r, copy) = classify::rows_and_copy(p);
+        if copy {
+            return false;
+        }
+        rows |= r;
+    }
+    rows
 }

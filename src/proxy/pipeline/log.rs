@@ -146,6 +146,7 @@ impl Pipeline {
             }
             Err(e) => {
                 // Written before it runs, or it does not run.
+                let _in = self.span.enter();
                 tracing::error!(error = %e, "statement log write failed; the statement is refused");
                 metrics::counter!("sandpit_log_errors_total").increment(1);
                 None
@@ -232,6 +233,7 @@ impl Pipeline {
         match log.defer_outcome(&rec) {
             Ok(()) => {}
             Err(e) => {
+                let _in = self.span.enter();
                 tracing::error!(error = %e, "statement log write failed");
                 metrics::counter!("sandpit_log_errors_total").increment(1);
             }
@@ -245,6 +247,7 @@ impl Pipeline {
         }
         if let Some(log) = &self.id.log {
             if let Err(e) = log.flush_outcomes() {
+                let _in = self.span.enter();
                 tracing::error!(error = %e, "statement log write failed");
                 metrics::counter!("sandpit_log_errors_total").increment(1);
             }

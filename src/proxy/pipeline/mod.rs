@@ -314,6 +314,9 @@ pub struct Pipeline {
     /// The statement log's fill warning this session last told its client (see
     /// `journal::log::FILL_WARNINGS`).
     log_warned: u8,
+    /// The session's span, entered around the pipeline's own events (the relay does not
+    /// run inside it: see `proxy::session::handle`).
+    span: tracing::Span,
 }
 
 impl Pipeline {
@@ -346,7 +349,14 @@ impl Pipeline {
             last_parsed: None,
             chatter: Chatter::default(),
             log_warned: 0,
+            span: tracing::Span::none(),
         }
+    }
+
+    /// The session's span for the pipeline's events (none by default).
+    pub fn in_span(mut self, span: tracing::Span) -> Pipeline {
+        self.span = span;
+        self
     }
 
     /// Whether forwarding must wait for an earlier result (error mode needs to know whether

@@ -184,6 +184,7 @@ impl Pipeline {
             Some(Pending::Sync { .. }) | Some(Pending::Denied { .. }) | None => {}
             Some(other) => {
                 // Out of step (should not happen): keep the entry, relay anyway.
+                let _in = self.span.enter();
                 tracing::warn!("ReadyForQuery while waiting for another response");
                 self.fifo.push_front(other);
             }

@@ -12,6 +12,7 @@ use metrics::Counter;
 use tokio::io::{AsyncRead, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::gate::Gate;
 use super::pipeline::Pipeline;
@@ -51,17 +52,35 @@ enum Ending {
     BackendProtocol(FrameError),
 }
 
+/// What the relay needs of its session besides the two connections and the pipeline.
+pub struct Context<'a> {
+    /// The token's end, as it happens.
+    pub ended: watch::Receiver<Option<EndReason>>,
+    /// Backend details scrubbed from what the client is shown.
+    pub secrets: &'a [String],
+    /// The gateway's own statement timeout, if the token has one.
+    pub watchdog: Option<Watchdog>,
+    /// The session's slot, for its fair turns (see `turn`).
+    pub slot: Option<&'a SessionSlot>,
+    /// The session's span: entered around the relay's events only.
+    pub span: &'a tracing::Span,
+}
+
 /// Relay until either side leaves or the token ends.
 pub async fn run(
     client: FrameReader<ClientStream>,
     backend: FrameReader<BackendStream>,
-    ended: watch::Receiver<Option<EndReason>>,
-    secrets: &[String],
     pl: Pipeline,
-    watchdog: Option<Watchdog>,
-    slot: Option<&SessionSlot>,
+    cx: Context<'_>,
 ) {
-    let Some(sides) = Sides::split(client, backend).await else {
+    let Context {
+        ended,
+        secrets,
+        watchdog,
+        slot,
+        span,
+    } = cx;
+    let Some(sides) = Sides::split(client, backend).instrument(span.clone()).await else {
         return;
     };
     let mut relay = Relay {
@@ -70,10 +89,15 @@ pub async fn run(
         turn: Turn::new(slot),
         alarm: Alarm::new(),
         watchdog,
+        span,
     };
     let Err(ending) = relay.pump(ended).await;
+    let _in = span.enter();
     tracing::debug!(?ending, "relay finished");
-    relay.close(ending).await;
+    // Said here, in the span (see `Relay::span`); `close` itself logs nothing.
+    let last = ending.last_word(relay.flow.backend_said_fatal);
+    drop(_in);
+    relay.close(ending, last).await;
 }
 
 /// Both connections, each split into its framed read half and its write half.
@@ -228,6 +252,8 @@ struct Relay<'a> {
     /// The statement clock's timer.
     alarm: Alarm,
     watchdog: Option<Watchdog>,
+    /// The session's span: entered around the relay's events only, not at every poll.
+    span: &'a tracing::Span,
 }
 
 impl Relay<'_> {
@@ -378,7 +404,9 @@ impl Relay<'_> {
                 if let Some(w) = &self.watchdog {
                     metrics::counter!("sandpit_statement_timeouts_total").increment(1);
                     let ms = w.limit.as_millis();
-                    tracing::info!(limit_ms = ms as u64, "statement timeout: cancelling");
+                    self.span.in_scope(|| {
+                        tracing::info!(limit_ms = ms as u64, "statement timeout: cancelling")
+                    });
                     let msg = format!(
                         "sandpit: the request ran longer than this token's statement_timeout ({ms} ms); cancelling it"
                     );
@@ -386,7 +414,11 @@ impl Relay<'_> {
                         .to_client
                         .buf
                         .extend_from_slice(&messages::notice_response("WARNING", "57014", &msg));
-                    if let Err(e) = super::cancel::send(&w.target).await {
+                    let sent = super::cancel::send(&w.target)
+                        .instrument(self.span.clone())
+                        .await;
+                    if let Err(e) = sent {
+                        let _in = self.span.enter();
                         tracing::warn!(error = %e, "statement timeout cancel failed");
                     }
                 }
@@ -396,11 +428,10 @@ impl Relay<'_> {
 
     /// The end: outcomes logged, what the client was owed and the reason sent, the
     /// backend's session ended, both sockets shut.
-    async fn close(mut self, ending: Ending) {
+    async fn close(mut self, ending: Ending, last: Option<Bytes>) {
         // Before the client can see the session end, its outcomes are in the log (an idle
         // session's are written by the log's ticker: `journal::log::SyncTicker`).
         self.flow.pl.flush_outcomes();
-        let last = ending.last_word(self.flow.backend_said_fatal);
         let s = &mut self.sides;
         // What the client was already owed goes first (unless the token ended), then the
         // reason for the end.

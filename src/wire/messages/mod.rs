@@ -498,8 +498,43 @@ pub fn command_tag(body: &[u8]) -> Option<&str> {
 
 /// Rows in a command tag ("SELECT 5" → 5, "INSERT 0 3" → 3), when it has a count.
 pub fn tag_rows(tag: &str) -> Option<u64> {
-    tag.rsplit(' ').next().and_then(|n| n.parse().ok())
+    // The last word found byte-wise (`rsplit` with a char pattern costs a reverse UTF-8
+    // searcher per result).
+    let last = match tag.as_bytes().iter().rposition(|&b| b == b' ') {
+        Some(i) => &tag[i + 1..],
+        None => tag,
+    };
+    last.parse().ok()
 }
 
 #[cfg(test)]
 mod frontend_tests;
+
+#[cfg(test)]
+mod tag_tests {
+    #[test]
+    fn tag_rows_is_the_last_word_as_a_count() {
+        for (tag, rows) in [
+            ("SELECT 5", Some(5)),
+            ("INSERT 0 3", Some(3)),
+            ("UPDATE 0", Some(0)),
+            ("BEGIN", None),
+            ("", None),
+            ("SELECT ", None),
+            ("SELECT x", None),
+            ("7", Some(7)),
+            ("COPY 18446744073709551615", Some(u64::MAX)),
+            ("COPY 18446744073709551616", None),
+            ("MOVE  2", Some(2)),
+            ("\u{e9}t\u{e9} 4", Some(4)),
+        ] {
+            // The reference: the last piece of a split on ' '.
+            assert_eq!(
+                tag.rsplit(' ').next().and_then(|n| n.parse().ok()),
+                rows,
+                "{tag:?}"
+            );
+            assert_eq!(super::tag_rows(tag), rows, "{tag:?}");
+        }
+    }
+}

@@ -66,6 +66,25 @@ pub(super) const WORDS: [&str; 32] = [
     "PREPARE",
 ];
 
+/// Longest word of [`WORDS`] + 1.
+const WORD_LEN_MAX: usize = 16;
+
+/// [`WORDS`] by first byte and length: index + 1 at `first * WORD_LEN_MAX + len`, 0 for
+/// none. Built from the list, which it checks: no two words share first byte and length.
+const WORD_SLOTS: [u8; 256 * WORD_LEN_MAX] = {
+    let mut t = [0u8; 256 * WORD_LEN_MAX];
+    let mut i = 0;
+    while i < WORDS.len() {
+        let w = WORDS[i].as_bytes();
+        assert!(!w.is_empty() && w.len() < WORD_LEN_MAX);
+        let at = w[0] as usize * WORD_LEN_MAX + w.len();
+        assert!(t[at] == 0, "two words share their first byte and length");
+        t[at] = i as u8 + 1;
+        i += 1;
+    }
+    t
+};
+
 /// A text in a compact record: a fixed word, or the definition line at a file offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Ref {
@@ -76,10 +95,12 @@ pub(super) enum Ref {
 impl Ref {
     /// The word's number when `s` is one of [`WORDS`].
     pub(super) fn word(s: &str) -> Option<Ref> {
-        WORDS
-            .iter()
-            .position(|w| *w == s)
-            .map(|i| Ref::Word(i as u8))
+        // One candidate by first byte and length (no two words share both), then one
+        // comparison: this runs for a statement's protocol and kind and an outcome's tag.
+        let b = s.as_bytes();
+        let slot = *WORD_SLOTS.get(usize::from(*b.first()?) * WORD_LEN_MAX + b.len())?;
+        let i = usize::from(slot.checked_sub(1)?);
+        (WORDS[i] == s).then_some(Ref::Word(i as u8))
     }
 
     fn code(self) -> u64 {
@@ -218,12 +239,14 @@ impl<'a> Cursor<'a> {
 fn put_string(out: &mut Vec<u8>, s: &str) {
     put_v(out, s.len() as u64);
     let b = s.as_bytes();
-    // Most strings need no escape: copied whole.
-    if !b.iter().any(|&c| c == 0 || c == b'\n' || c == ESC) {
+    // Most strings need no escape: copied whole (memchr3 looks a word at a time, where a
+    // byte loop made three comparisons per byte).
+    let Some(first) = memchr::memchr3(0, b'\n', ESC, b) else {
         out.extend_from_slice(b);
         return;
-    }
-    for &c in b {
+    };
+    out.extend_from_slice(&b[..first]);
+    for &c in &b[first..] {
         match c {
             0 => out.extend_from_slice(&[ESC, 0x30]),
             b'\n' => out.extend_from_slice(&[ESC, 0x31]),
@@ -379,7 +402,10 @@ pub(super) fn outcome(line: &[u8]) -> Option<Outcome> {
 /// tags differing only in their count share one definition; only when joining them gives
 /// the same tag back.
 pub(super) fn split_tag(tag: &str) -> (&str, Option<u64>) {
-    if let Some((words, digits)) = tag.rsplit_once(' ') {
+    // The last space found byte-wise (`rsplit_once` with a char pattern costs a reverse
+    // UTF-8 searcher per outcome record).
+    let last_space = tag.as_bytes().iter().rposition(|&b| b == b' ');
+    if let Some((words, digits)) = last_space.map(|i| (&tag[..i], &tag[i + 1..])) {
         let canonical = !digits.is_empty()
             && digits.len() <= 20
             && digits.bytes().all(|b| b.is_ascii_digit())

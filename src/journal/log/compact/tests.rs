@@ -202,3 +202,28 @@ fn references_table() {
     assert_eq!(Ref::word("extended"), Some(Ref::Word(1)));
     assert_eq!(Ref::word("nope"), None);
 }
+
+#[test]
+fn every_word_found_by_its_slot_and_nothing_else() {
+    for (i, w) in WORDS.iter().enumerate() {
+        assert_eq!(Ref::word(w), Some(Ref::Word(i as u8)), "{w}");
+        // Same first byte and length, another text; a prefix; a longer text; other case.
+        let mut other = w.to_string();
+        other.push('x');
+        let changed = format!("{}{}", &w[..1], "~".repeat(w.len() - 1));
+        for not in [&other, &w[..w.len() - 1], &changed, &w.to_ascii_lowercase()] {
+            if not != *w {
+                assert_eq!(Ref::word(not), None, "{not:?}");
+            }
+        }
+    }
+    for not in [
+        "",
+        "S",
+        "\u{e9}t\u{e9}",
+        "SELECT SELECT SELECT SELECT",
+        "\0",
+    ] {
+        assert_eq!(Ref::word(not), None, "{not:?}");
+    }
+}
