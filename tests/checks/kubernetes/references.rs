@@ -381,10 +381,28 @@ fn fronts_open_postgres_to_agents_and_the_api_to_labelled_pods_and_scale_on_a_ga
             .any(|(n, k, _, _)| *n == metric && *k == sandpit::control::MetricKind::Gauge),
         "the HPA's metric {metric} is not a gauge sandpit records"
     );
-    assert_eq!(
+    // Fronts hold nothing another front needs, so the HPA may scale them down: their logs,
+    // reviews and decisions are on the shared volume every front mounts at shared_dir.
+    assert_ne!(
         st(hpa, "/spec/behavior/scaleDown/selectPolicy"),
         "Disabled",
-        "fronts hold logs"
+        "fronts are stateless: scale-down is allowed"
+    );
+    let shared_dir = fcfg.registry.shared_dir.clone().expect("registry.shared_dir");
+    let shared_dir = shared_dir.to_str().expect("utf-8");
+    let mount = arr(fc, "/volumeMounts")
+        .iter()
+        .find(|m| st(m, "/mountPath") == shared_dir)
+        .expect("the front mounts its shared_dir");
+    let vol = arr(front, "/spec/template/spec/volumes")
+        .iter()
+        .find(|v| st(v, "/name") == st(mount, "/name"))
+        .expect("the shared_dir's volume");
+    let claim = cl.named("PersistentVolumeClaim", st(vol, "/persistentVolumeClaim/claimName"));
+    assert_eq!(
+        at(claim, "/spec/accessModes"),
+        &serde_json::json!(["ReadWriteMany"]),
+        "every front mounts the same volume"
     );
 }
 
