@@ -388,7 +388,11 @@ fn fronts_open_postgres_to_agents_and_the_api_to_labelled_pods_and_scale_on_a_ga
         "Disabled",
         "fronts are stateless: scale-down is allowed"
     );
-    let shared_dir = fcfg.registry.shared_dir.clone().expect("registry.shared_dir");
+    let shared_dir = fcfg
+        .registry
+        .shared_dir
+        .clone()
+        .expect("registry.shared_dir");
     let shared_dir = shared_dir.to_str().expect("utf-8");
     let mount = arr(fc, "/volumeMounts")
         .iter()
@@ -398,7 +402,10 @@ fn fronts_open_postgres_to_agents_and_the_api_to_labelled_pods_and_scale_on_a_ga
         .iter()
         .find(|v| st(v, "/name") == st(mount, "/name"))
         .expect("the shared_dir's volume");
-    let claim = cl.named("PersistentVolumeClaim", st(vol, "/persistentVolumeClaim/claimName"));
+    let claim = cl.named(
+        "PersistentVolumeClaim",
+        st(vol, "/persistentVolumeClaim/claimName"),
+    );
     assert_eq!(
         at(claim, "/spec/accessModes"),
         &serde_json::json!(["ReadWriteMany"]),
