@@ -63,11 +63,13 @@ export interface Token {
   end?: "ending" | "reviewed" | "discarded" | "destroyed";
   /** Its end-of-token review: `stored`, `pending` or `failed: <reason>` (absent while usable). */
   review?: string;
+  /** Why it ended, when not by its TTL or a revoke (say, its worker was lost). */
+  ended_why?: string;
 }
 const TOKEN = [
   "id", "dsn", "task", "metadata", "created_at", "expires_at", "state", "max_rows", "max_bytes",
   "max_connections", "cap_mode", "allow", "statement_timeout_ms", "idle_in_transaction_timeout_ms",
-  "backend", "fork_count", "golden", "superuser", "sessions", "end", "review",
+  "backend", "fork_count", "golden", "superuser", "sessions", "end", "review", "ended_why",
 ] as const;
 const _token: Exact<keyof Token, (typeof TOKEN)[number]> = true;
 
@@ -129,11 +131,15 @@ export interface Statement {
   kind: string;
   /** `server`: `kind` is what the command tags told; `lexical`: a guess from the text. */
   kind_source?: "server" | "lexical";
+  /** Fronts sharing `registry.shared_dir`: the front whose file holds it (`seq` is then its place in the merged log). */
+  front?: string;
+  /** Fronts sharing `registry.shared_dir`: its seq in that front's file. */
+  front_seq?: number;
   outcome: StatementOutcome | null;
 }
 const STATEMENT = [
   "seq", "ts", "token", "task", "session", "protocol", "text", "text_len", "text_sha256", "params", "kind",
-  "kind_source", "outcome",
+  "kind_source", "front", "front_seq", "outcome",
 ] as const;
 const _statement: Exact<keyof Statement, (typeof STATEMENT)[number]> = true;
 

@@ -108,6 +108,7 @@ class Token(Model):
     sessions: Optional[int] = _opt()
     end: Optional[str] = _opt()
     review: Optional[str] = _opt()
+    ended_why: Optional[str] = _opt()
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
@@ -174,6 +175,8 @@ class Statement(Model):
     params: Optional[List[Optional[str]]] = _opt()
     kind: Optional[str] = _opt()
     kind_source: Optional[str] = _opt()
+    front: Optional[str] = _opt()
+    front_seq: Optional[int] = _opt()
     outcome: Optional[StatementOutcome] = _opt()
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
