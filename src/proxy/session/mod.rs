@@ -2,6 +2,7 @@
 //! depend on the token) → authenticate → attach the backend → relay. Every refusal on the
 //! way is a [`SessionError`], reported at one exit.
 
+mod connect;
 mod error;
 
 use std::net::SocketAddr;
@@ -16,6 +17,8 @@ use tracing::Instrument;
 
 pub use error::SessionError;
 
+use connect::{backend_params, connect_with_retry, pace, token_timeouts, Phases};
+
 use super::auth_flow::{authenticate, over_limit};
 use super::cancel::{CancelKey, CancelTarget};
 use super::caps::CapPolicy;
@@ -24,20 +27,15 @@ use super::relay;
 use super::stream::ClientStream;
 use super::Proxy;
 use crate::journal::log::TokenLog;
-use crate::lifecycle::pace::Turn;
-use crate::lifecycle::{EndReason, LifecycleError, SessionSlot};
-use crate::pgconn::startup::{self as backend, BackendConn, BackendError};
+use crate::lifecycle::{EndReason, SessionSlot};
+use crate::pgconn::startup::BackendConn;
 use crate::pgconn::BackendTarget;
 use crate::registry::TokenRecord;
 use crate::wire::frame::FrameReader;
 use crate::wire::messages;
-use crate::wire::scrub;
 use crate::wire::startup::{
     read_startup, StartupError, StartupMessage, StartupPacket, PROTOCOL_3_0,
 };
-
-/// Startup parameters that must never reach the backend: identity is the gateway's to set.
-const RESERVED_PARAMS: &[&str] = &["user", "database", "replication"];
 
 /// Handle one accepted connection to the end. Never panics on client input.
 pub async fn handle(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
@@ -270,141 +268,6 @@ async fn attach(
     })
 }
 
-/// A new session waits for its token's pace ([`crate::lifecycle::pace`]) before it makes
-/// the scratch server start a backend; refused when its turn is more than the startup
-/// timeout away.
-async fn pace(proxy: &Proxy, rec: &TokenRecord) -> Result<(), SessionError> {
-    let limits = &proxy.gw.config.limits;
-    match proxy.gw.pace_session(&rec.id, limits.startup_timeout) {
-        Turn::Now => Ok(()),
-        Turn::After(wait) => {
-            metrics::counter!("sandpit_sessions_paced_total", "outcome" => "waited").increment(1);
-            tokio::time::sleep(wait).await;
-            Ok(())
-        }
-        Turn::Refused => {
-            metrics::counter!("sandpit_sessions_paced_total", "outcome" => "refused").increment(1);
-            tracing::info!("new session refused: over the token's pace");
-            Err(SessionError::TooManyNewSessions {
-                id: rec.id.clone(),
-                rate: limits.sessions_per_second,
-                burst: limits.session_burst,
-            })
-        }
-    }
-}
-
-/// The session defaults a token sets: its statement and idle-in-transaction timeouts.
-fn token_timeouts(rec: &TokenRecord) -> [(&'static str, String); 2] {
-    [
-        (
-            "statement_timeout",
-            rec.caps.statement_timeout_ms.to_string(),
-        ),
-        (
-            "idle_in_transaction_session_timeout",
-            rec.caps.idle_in_transaction_timeout_ms.to_string(),
-        ),
-    ]
-}
-
-/// The startup parameters the backend is sent: the client's, less those that are the
-/// gateway's to set, then the token's `timeouts`.
-fn backend_params<'a>(
-    startup: &'a StartupMessage,
-    timeouts: &'a [(&'static str, String)],
-) -> Vec<(&'a str, &'a [u8])> {
-    let mut params: Vec<(&str, &[u8])> = startup
-        .params
-        .iter()
-        .filter(|(k, _)| !RESERVED_PARAMS.contains(&k.as_str()) && !k.starts_with("_pq_."))
-        .filter(|(k, _)| !timeouts.iter().any(|(t, _)| k.eq_ignore_ascii_case(t)))
-        .map(|(k, v)| (k.as_str(), v.as_slice()))
-        .collect();
-    // The token's limits are the session defaults unless the client's own `options` set
-    // them (the agent can SET them anyway); the gateway's watchdog enforces the token's
-    // statement timeout whatever the session says.
-    let client_options = startup.get("options").unwrap_or("").to_ascii_lowercase();
-    params.extend(
-        timeouts
-            .iter()
-            .filter(|(k, _)| !client_options.contains(k))
-            .map(|(k, v)| (*k, v.as_bytes())),
-    );
-    params
-}
-
-/// The backend, forked or resumed, connected as the token's login role. A connection that
-/// fails on a backend the gateway believed running (its server crashed) is tried once more
-/// after the backend is checked again and restarted.
-async fn connect_with_retry(
-    proxy: &Proxy,
-    rec: &TokenRecord,
-    params: &[(&str, &[u8])],
-    phases: Phases,
-) -> Result<(BackendTarget, BackendConn), SessionError> {
-    let max_message = proxy.gw.config.limits.max_message;
-    let mut retried = false;
-    loop {
-        let claim_started = Instant::now();
-        let login = login_target(proxy, rec).await?;
-        phases.record("claim", claim_started);
-        let connect_started = Instant::now();
-        match backend::connect(&login, params, max_message).await {
-            Ok(conn) => {
-                phases.record("backend_connect", connect_started);
-                return Ok((login, conn));
-            }
-            Err(BackendError::Refused(raw)) => {
-                let out = scrub::scrub_error(b'E', raw.get(5..).unwrap_or(&[]), proxy.gw.secrets())
-                    .unwrap_or(raw);
-                return Err(SessionError::BackendRefused(out));
-            }
-            Err(e) if !retried => {
-                tracing::warn!(error = %e, "backend connect failed; checking the backend again");
-                metrics::counter!("sandpit_backend_reconnects_total").increment(1);
-                proxy.gw.backend_failed(&rec.id).await;
-                retried = true;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "backend connect failed");
-                return Err(SessionError::BackendUnreachable);
-            }
-        }
-    }
-}
-
-/// The token's backend (forked, resumed or running) and the login to reach it as.
-async fn login_target(proxy: &Proxy, rec: &TokenRecord) -> Result<BackendTarget, SessionError> {
-    let backend = match proxy.gw.backend_for(&rec.id).await {
-        Ok(b) => b,
-        Err(LifecycleError::NotUsable(id, state)) => {
-            return Err(SessionError::NotUsable(id, state))
-        }
-        Err(e) => {
-            // The detail stays in our log; the client learns only that it failed.
-            tracing::error!(error = %e, "backend unavailable");
-            return Err(SessionError::BackendUnavailable);
-        }
-    };
-    // The login role follows the token's policy, so Postgres itself refuses what the
-    // policy forbids (the pipeline's lexical check only labels and refuses earlier).
-    // A superuser token (issued only where the provider has such a login) logs in as
-    // the superuser of its own backend; the pipeline's checks still apply to it.
-    let provider = &proxy.gw.provider;
-    if !rec.superuser {
-        return Ok(provider.session_target(&backend, rec.caps.allow.as_deref()));
-    }
-    let Some(logins) = provider.superuser_logins() else {
-        tracing::error!(
-            provider = provider.name(),
-            "superuser token, but the provider has no superuser login"
-        );
-        return Err(SessionError::BackendUnavailable);
-    };
-    Ok(logins.superuser_target(&backend))
-}
-
 /// The client's greeting: the backend's ParameterStatus and notices, the gateway's own
 /// cancel key (recorded first) and the ReadyForQuery. Also the gateway's own statement
 /// timeout, which cancels through the same backend key.
@@ -471,33 +334,6 @@ fn open_log(proxy: &Proxy, rec: &TokenRecord) -> Result<Option<Arc<TokenLog>>, S
             Err(SessionError::LogUnavailable)
         }
     }
-}
-
-/// Only a token's first connection (no backend yet) reports its phases.
-#[derive(Clone, Copy)]
-struct Phases {
-    first: bool,
-}
-
-impl Phases {
-    fn of(rec: &TokenRecord) -> Phases {
-        Phases {
-            first: rec.state == crate::registry::TokenState::Issued,
-        }
-    }
-
-    fn record(self, name: &'static str, since: Instant) {
-        if self.first {
-            first_query_phase(name, since)
-        }
-    }
-}
-
-/// One phase of a token's first connection (`auth`, `claim`, `backend_connect`, `greet`),
-/// so the time of a first query can be split where it goes.
-fn first_query_phase(name: &'static str, since: Instant) {
-    metrics::histogram!("sandpit_first_query_phase_seconds", "phase" => name)
-        .record(since.elapsed().as_secs_f64());
 }
 
 /// Relay until either side ends (or the token does).
