@@ -129,7 +129,7 @@ fn corrupt(id: &str, e: impl std::fmt::Display) -> RegistryError {
 }
 
 /// The advisory-lock key of a name (first 8 bytes of its SHA-256).
-pub(super) fn lock_key(name: &str) -> i64 {
+fn lock_key(name: &str) -> i64 {
     let d = Sha256::digest(format!("sandpit-registry:{name}").as_bytes());
     let mut b = [0u8; 8];
     b.copy_from_slice(&d[..8]);
@@ -175,18 +175,22 @@ impl PgStore {
             endpoint,
             idle: Mutex::new(Vec::new()),
         };
-        {
-            let mut c = store.client().await?;
-            let tx = c.transaction().await.map_err(|e| db("begin", e))?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key("schema")])
-                .await
-                .map_err(|e| db("locking the schema", e))?;
-            tx.batch_execute(SCHEMA)
-                .await
-                .map_err(|e| db("creating the registry tables", e))?;
-            tx.commit().await.map_err(|e| db("commit", e))?;
-        }
+        store
+            .create_tables(SCHEMA, "creating the registry tables")
+            .await?;
         Ok(store)
+    }
+
+    /// Runs `sql` (`CREATE … IF NOT EXISTS`) under the registry's schema lock, so replicas
+    /// starting together do not race on it; `what` names it in an error.
+    pub(super) async fn create_tables(&self, sql: &str, what: &str) -> Result<(), RegistryError> {
+        let mut c = self.client().await?;
+        let tx = c.transaction().await.map_err(|e| db("begin", e))?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key("schema")])
+            .await
+            .map_err(|e| db("locking the schema", e))?;
+        tx.batch_execute(sql).await.map_err(|e| db(what, e))?;
+        tx.commit().await.map_err(|e| db("commit", e))
     }
 
     /// A fresh connection and its driver (the caller polls or spawns it).

@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use super::postgres::PgStore;
+use super::postgres::{db, PgStore};
 use super::RegistryError;
 
 /// Tables, created by [`PgStore::sessions_schema`] when a front starts.
@@ -35,28 +35,11 @@ fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-fn db(what: &str, e: tokio_postgres::Error) -> RegistryError {
-    let detail = match e.as_db_error() {
-        Some(d) => format!("{} (SQLSTATE {})", d.message(), d.code().code()),
-        None => e.to_string(),
-    };
-    RegistryError::Database(format!("{what}: {detail}"))
-}
-
 impl PgStore {
-    /// Create the tables if missing; under an advisory lock of their own, so fronts starting
-    /// together do not race on `CREATE … IF NOT EXISTS`.
+    /// Create the tables if missing (under the registry's schema lock).
     pub async fn sessions_schema(&self) -> Result<(), RegistryError> {
-        let sql = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('sandpit-sessions-schema', 0)); \
-             {SCHEMA} COMMIT"
-        );
-        let c = self.client().await?;
-        if let Err(e) = c.batch_execute(&sql).await {
-            let _ = c.batch_execute("ROLLBACK").await;
-            return Err(db("creating the session tables", e));
-        }
-        Ok(())
+        self.create_tables(SCHEMA, "creating the session tables")
+            .await
     }
 
     /// Renew (or take) `front`'s lease for `ttl` from now, and forget the sessions of fronts

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::postgres::{db, lock_key, PgStore};
+use super::postgres::{db, PgStore};
 use super::RegistryError;
 
 const SCHEMA: &str = "
@@ -83,17 +83,9 @@ fn secs(v: Option<f64>) -> Option<Duration> {
 impl WorkerBook {
     /// Creates the table if needed (under the schema lock every replica takes).
     pub async fn open(store: Arc<PgStore>) -> Result<WorkerBook, RegistryError> {
-        {
-            let mut c = store.client().await?;
-            let tx = c.transaction().await.map_err(|e| db("begin", e))?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key("schema")])
-                .await
-                .map_err(|e| db("locking the schema", e))?;
-            tx.batch_execute(SCHEMA)
-                .await
-                .map_err(|e| db("creating the workers table", e))?;
-            tx.commit().await.map_err(|e| db("commit", e))?;
-        }
+        store
+            .create_tables(SCHEMA, "creating the workers table")
+            .await?;
         Ok(WorkerBook { store })
     }
 
