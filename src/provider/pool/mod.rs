@@ -122,10 +122,12 @@ impl WarmPool {
         None
     }
 
-    /// First connections waiting for a member (those whose clients left included until
-    /// the next offer skips them).
+    /// First connections waiting for a member; those whose clients left are dropped here, so
+    /// abandoned first connections make the filler fork nothing for them.
     fn waiting(&self) -> usize {
-        self.lock_waiters().len()
+        let mut waiters = self.lock_waiters();
+        waiters.retain(|tx| !tx.is_closed());
+        waiters.len()
     }
 
     /// Let every waiting first connection fork its own (the filler failed or is stopping).
