@@ -84,6 +84,44 @@ fn gauge(g: &Gateway, name: &str) -> f64 {
     harness::metrics(&g.api).get(name).copied().unwrap_or(0.0)
 }
 
+/// Waits until `n` pool members are ready.
+fn wait_ready(g: &Gateway, n: f64, why: &str) {
+    assert!(
+        wait_until(Duration::from_secs(120), || gauge(g, "sandpit_pool_ready")
+            == n),
+        "{why}: ready {} target {}",
+        gauge(g, "sandpit_pool_ready"),
+        gauge(g, "sandpit_pool_target")
+    );
+}
+
+/// `n` tokens issued one after another, tasks `prefix-0` …
+fn issue_all(g: &Gateway, prefix: &str, n: usize) -> Vec<serde_json::Value> {
+    (0..n)
+        .map(|i| g.issue(&format!("{prefix}-{i}"), 600))
+        .collect()
+}
+
+/// Each token's first query, all at once (a thread each); their outputs, in token order.
+fn first_queries_at_once(tokens: &[serde_json::Value], sql: &str) -> Vec<String> {
+    let clients: Vec<_> = tokens
+        .iter()
+        .map(|t| {
+            let dsn = t["dsn"].as_str().expect("dsn").to_string();
+            let sql = sql.to_string();
+            std::thread::spawn(move || psql(&dsn, &["-c", &sql]))
+        })
+        .collect();
+    clients
+        .into_iter()
+        .map(|c| {
+            let (ok, out, err) = c.join().expect("client thread");
+            assert!(ok, "{err}");
+            out.trim().to_string()
+        })
+        .collect()
+}
+
 #[test]
 fn a_burst_of_first_connections_grows_the_pool_which_then_returns_to_its_size() {
     // A short half-life so the demand decays within the test; growth is judged by the
@@ -92,28 +130,12 @@ fn a_burst_of_first_connections_grows_the_pool_which_then_returns_to_its_size() 
         Some(SMALL_GOLDEN),
         Some("[pool]\nsize = 1\nmax_size = 3\ndemand_half_life = \"20s\"\n"),
     );
-    assert!(
-        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
-            == 1.0),
-        "pool did not fill"
-    );
+    wait_ready(&g, 1.0, "pool did not fill");
     assert_eq!(gauge(&g, "sandpit_pool_target"), 1.0);
 
     // Six first connections at once: the demand (6) is above the standing size.
-    let tokens: Vec<_> = (0..6)
-        .map(|i| g.issue(&format!("burst-{i}"), 600))
-        .collect();
-    let clients: Vec<_> = tokens
-        .iter()
-        .map(|t| {
-            let dsn = t["dsn"].as_str().expect("dsn").to_string();
-            std::thread::spawn(move || psql(&dsn, &["-c", "select 1"]))
-        })
-        .collect();
-    for c in clients {
-        let (ok, _, err) = c.join().expect("client thread");
-        assert!(ok, "{err}");
-    }
+    let tokens = issue_all(&g, "burst", 6);
+    first_queries_at_once(&tokens, "select 1");
     assert_eq!(
         gauge(&g, "sandpit_pool_target"),
         3.0,
@@ -291,25 +313,10 @@ fn first_connections_that_find_the_pool_empty_take_the_fillers_next_members() {
     // nothing ready wait for the members the filler forks next (named `pool-…`), rather
     // than each forking a backend of its own (named by its token) beside the filler's.
     let mut g = Gateway::start(Some(SMALL_GOLDEN), Some("[pool]\nsize = 1\nmax_size = 1\n"));
-    assert!(
-        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
-            == 1.0),
-        "pool did not fill"
-    );
-    let tokens: Vec<_> = (0..4)
-        .map(|i| g.issue(&format!("empty-{i}"), 600))
-        .collect();
-    let clients: Vec<_> = tokens
-        .iter()
-        .map(|t| {
-            let dsn = t["dsn"].as_str().expect("dsn").to_string();
-            std::thread::spawn(move || psql(&dsn, &["-c", "select count(*) from items"]))
-        })
-        .collect();
-    for c in clients {
-        let (ok, out, err) = c.join().expect("client thread");
-        assert!(ok, "{err}");
-        assert_eq!(out.trim(), "1000");
+    wait_ready(&g, 1.0, "pool did not fill");
+    let tokens = issue_all(&g, "empty", 4);
+    for out in first_queries_at_once(&tokens, "select count(*) from items") {
+        assert_eq!(out, "1000");
     }
     for t in &tokens {
         let id = t["id"].as_str().expect("id");
@@ -323,11 +330,7 @@ fn first_connections_that_find_the_pool_empty_take_the_fillers_next_members() {
         assert_eq!(g.show(id)["fork_count"], 1);
     }
     // The pool is back to its one member, and nothing else was forked.
-    assert!(
-        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
-            == 1.0),
-        "pool did not refill"
-    );
+    wait_ready(&g, 1.0, "pool did not refill");
     assert_eq!(tags(&g).len(), 5, "{:?}", tags(&g));
     for t in &tokens {
         g.revoke(t["id"].as_str().expect("id"));
@@ -345,25 +348,15 @@ fn new_tokens_grow_the_pool_before_their_first_connection() {
         Some(SMALL_GOLDEN),
         Some("[pool]\nsize = 1\nmax_size = 6\ndemand_half_life = \"10m\"\n"),
     );
-    assert!(
-        wait_until(Duration::from_secs(60), || gauge(&g, "sandpit_pool_ready")
-            == 1.0),
-        "pool did not fill"
-    );
-    let tokens: Vec<_> = (0..3)
-        .map(|i| g.issue(&format!("ahead-{i}"), 600))
-        .collect();
+    wait_ready(&g, 1.0, "pool did not fill");
+    let tokens = issue_all(&g, "ahead", 3);
     assert_eq!(gauge(&g, "sandpit_pool_target"), 3.0);
-    assert!(
-        wait_until(Duration::from_secs(120), || gauge(&g, "sandpit_pool_ready")
-            == 3.0),
-        "the pool did not grow ahead of the first connections: ready {}",
-        gauge(&g, "sandpit_pool_ready")
+    wait_ready(
+        &g,
+        3.0,
+        "the pool did not grow ahead of the first connections",
     );
-    for t in &tokens {
-        let (ok, _, err) = psql(t["dsn"].as_str().expect("dsn"), &["-c", "select 1"]);
-        assert!(ok, "{err}");
-    }
+    first_queries_at_once(&tokens, "select 1");
     assert_eq!(gauge(&g, "sandpit_pool_target"), 3.0);
     for t in &tokens {
         let id = t["id"].as_str().expect("id");

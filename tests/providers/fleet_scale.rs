@@ -26,11 +26,6 @@ fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-/// A token's DSN pointed at front `g` (any front serves any token).
-fn dsn_on(t: &Value, g: &Gateway) -> String {
-    harness::redial(t, g)
-}
-
 /// Runs `sql` as token `t` through front `g`; the first row's first column, if any.
 fn run(
     rt: &tokio::runtime::Runtime,
@@ -38,7 +33,7 @@ fn run(
     g: &Gateway,
     sql: &str,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    rt.block_on(harness::query_one(&dsn_on(t, g), sql))
+    rt.block_on(harness::query_one(&harness::redial(t, g), sql))
 }
 
 /// The token's statement texts as front `g` reads its one log.
@@ -91,14 +86,7 @@ fn two_fronts_three_workers_300_tokens_kills_and_a_rolling_restart_lose_nothing(
     let tmp = tempdir();
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let pg = rt.block_on(SharedPg::start());
-    rt.block_on(async {
-        pg.admin("postgres")
-            .await
-            .batch_execute("CREATE DATABASE sandpit_registry")
-            .await
-            .expect("registry database");
-    });
-    let registry_url = pg.admin_dsn().replace("/postgres", "/sandpit_registry");
+    let registry_url = rt.block_on(pg.registry_database());
     let listens: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
@@ -194,7 +182,7 @@ fn two_fronts_three_workers_300_tokens_kills_and_a_rolling_restart_lose_nothing(
     // goes on through B, and B's log of the token holds A's statement.
     let t1 = &tokens[1];
     let session = rt
-        .block_on(connect(&dsn_on(t1, &fronts[0])))
+        .block_on(connect(&harness::redial(t1, &fronts[0])))
         .expect("session on A");
     rt.block_on(session.batch_execute("insert into mine values (2000)"))
         .expect("acknowledged on A");

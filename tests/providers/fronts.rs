@@ -16,13 +16,6 @@ use std::time::Duration;
 use crate::support::harness::{connect, Gateway, SMALL_GOLDEN};
 use serde_json::Value;
 
-fn dsn_on(t: &Value, g: &Gateway) -> String {
-    let dsn = t["dsn"].as_str().expect("dsn");
-    let (head, tail) = dsn.rsplit_once(':').expect("port in dsn");
-    let db = tail.split_once('/').map(|(_, d)| d).unwrap_or("sandpit");
-    format!("{head}:{}/{db}", g.pg_port)
-}
-
 fn front_id(g: &Gateway) -> String {
     std::fs::read_to_string(g.data_dir.join("gateway.id"))
         .expect("gateway.id")
@@ -74,29 +67,6 @@ fn origins(log: &[Value]) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// Waits until a statement with exactly this text runs (seen by `watcher`).
-async fn wait_running(watcher: &tokio_postgres::Client, text: &str) {
-    let seen = async {
-        loop {
-            let n: i64 = watcher
-                .query_one(
-                    "select count(*) from pg_stat_activity where state = 'active' and query = $1",
-                    &[&text],
-                )
-                .await
-                .expect("pg_stat_activity")
-                .get(0);
-            if n > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), seen)
-        .await
-        .expect("statement seen running");
-}
-
 fn front_files(shared: &Path, task: &str, id: &str) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(shared.join("logs").join(task).join(id))
         .expect("the token's log directory in the shared dir")
@@ -112,15 +82,8 @@ fn setup(
     extra: &str,
 ) -> (shared_pg::SharedPg, tempfile::TempDir, String) {
     let pg = rt.block_on(shared_pg::SharedPg::start());
-    rt.block_on(async {
-        pg.admin("postgres")
-            .await
-            .batch_execute("CREATE DATABASE sandpit_registry")
-            .await
-            .expect("registry database");
-    });
+    let registry_url = rt.block_on(pg.registry_database());
     let shared = harness::tempdir();
-    let registry_url = pg.admin_dsn().replace("/postgres", "/sandpit_registry");
     let cfg = format!(
         "provider = \"template\"\n\
          [template]\nadmin_dsn = \"{}\"\ngolden = \"sandpit_golden\"\nsslmode = \"require\"\n\
@@ -155,8 +118,12 @@ fn two_fronts_keep_one_log_one_review_and_lose_nothing_to_a_kill() {
         ("a", "select 1/0 as failed_on_a"),
     ];
     rt.block_on(async {
-        let ca = connect(&dsn_on(&t, &a)).await.expect("session on A");
-        let cb = connect(&dsn_on(&t, &b)).await.expect("session on B");
+        let ca = connect(&harness::redial(&t, &a))
+            .await
+            .expect("session on A");
+        let cb = connect(&harness::redial(&t, &b))
+            .await
+            .expect("session on B");
         for (front, sql) in ran {
             let c = if front == "a" { &ca } else { &cb };
             let r = c.batch_execute(sql).await;
@@ -195,18 +162,24 @@ fn two_fronts_keep_one_log_one_review_and_lose_nothing_to_a_kill() {
         .collect();
     let sleeping = "select pg_sleep(60) as killed_mid_statement";
     rt.block_on(async {
-        let watcher = connect(&dsn_on(&t, &a)).await.expect("watcher on A");
-        let cb = connect(&dsn_on(&t, &b)).await.expect("session on B");
+        let watcher = connect(&harness::redial(&t, &a))
+            .await
+            .expect("watcher on A");
+        let cb = connect(&harness::redial(&t, &b))
+            .await
+            .expect("session on B");
         for sql in &acked {
             cb.batch_execute(sql).await.expect("acknowledged through B");
         }
         let running = tokio::spawn(async move { cb.simple_query(sleeping).await });
-        wait_running(&watcher, sleeping).await;
+        harness::wait_running(&watcher, sleeping).await;
         b.kill();
         let e = running.await.expect("join").expect_err("B died under it");
         assert!(e.is_closed() || e.code().is_none(), "{e:?}");
         // The client reconnects through A and finds everything B acknowledged.
-        let again = connect(&dsn_on(&t, &a)).await.expect("reconnect through A");
+        let again = connect(&harness::redial(&t, &a))
+            .await
+            .expect("reconnect through A");
         let n: i64 = again
             .query_one("select count(*) from notes where body like 'acked-%'", &[])
             .await
@@ -237,7 +210,9 @@ fn two_fronts_keep_one_log_one_review_and_lose_nothing_to_a_kill() {
     let b2 = Gateway::start_in(&b.data_dir, Some(SMALL_GOLDEN), Some(&cfg));
     assert_eq!(front_id(&b2), fb);
     rt.block_on(async {
-        let c = connect(&dsn_on(&t, &b2)).await.expect("session on B again");
+        let c = connect(&harness::redial(&t, &b2))
+            .await
+            .expect("session on B again");
         c.batch_execute("insert into notes values (100, 'after restart')")
             .await
             .expect("write through the restarted B");
@@ -304,12 +279,14 @@ fn max_connections_holds_across_fronts_and_a_dead_fronts_sessions_expire() {
         serde_json::json!({"task": "fronts-limit", "ttl_seconds": 600, "max_connections": 2}),
     );
     rt.block_on(async {
-        let on_a = connect(&dsn_on(&t, &a)).await.expect("first session, on A");
-        let on_b = connect(&dsn_on(&t, &b))
+        let on_a = connect(&harness::redial(&t, &a))
+            .await
+            .expect("first session, on A");
+        let on_b = connect(&harness::redial(&t, &b))
             .await
             .expect("second session, on B");
         for (g, name) in [(&a, "A"), (&b, "B")] {
-            let e = connect(&dsn_on(&t, g))
+            let e = connect(&harness::redial(&t, g))
                 .await
                 .expect_err("a third session on either front");
             assert_eq!(harness::sqlstate(&e), "53300", "on {name}: {e:?}");
@@ -318,7 +295,7 @@ fn max_connections_holds_across_fronts_and_a_dead_fronts_sessions_expire() {
         drop(on_b);
         let again = async {
             loop {
-                match connect(&dsn_on(&t, &a)).await {
+                match connect(&harness::redial(&t, &a)).await {
                     Ok(c) => return c,
                     Err(e) => assert_eq!(harness::sqlstate(&e), "53300", "{e:?}"),
                 }
@@ -328,7 +305,7 @@ fn max_connections_holds_across_fronts_and_a_dead_fronts_sessions_expire() {
         let second_on_a = tokio::time::timeout(Duration::from_secs(60), again)
             .await
             .expect("B's ended session frees its place");
-        let e = connect(&dsn_on(&t, &b))
+        let e = connect(&harness::redial(&t, &b))
             .await
             .expect_err("A holds both places");
         assert_eq!(harness::sqlstate(&e), "53300", "{e:?}");
@@ -338,7 +315,7 @@ fn max_connections_holds_across_fronts_and_a_dead_fronts_sessions_expire() {
         drop((on_a, second_on_a));
         let freed = async {
             loop {
-                match connect(&dsn_on(&t, &b)).await {
+                match connect(&harness::redial(&t, &b)).await {
                     Ok(c) => return c,
                     Err(e) => assert_eq!(harness::sqlstate(&e), "53300", "{e:?}"),
                 }
@@ -348,8 +325,10 @@ fn max_connections_holds_across_fronts_and_a_dead_fronts_sessions_expire() {
         let c = tokio::time::timeout(Duration::from_secs(120), freed)
             .await
             .expect("the dead front's sessions stop counting");
-        let _second = connect(&dsn_on(&t, &b)).await.expect("both places free");
-        let e = connect(&dsn_on(&t, &b))
+        let _second = connect(&harness::redial(&t, &b))
+            .await
+            .expect("both places free");
+        let e = connect(&harness::redial(&t, &b))
             .await
             .expect_err("and the limit still holds");
         assert_eq!(harness::sqlstate(&e), "53300", "{e:?}");

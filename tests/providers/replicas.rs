@@ -13,13 +13,6 @@ use std::time::Duration;
 use crate::support::harness::{connect, metrics, sqlstate, Gateway, SMALL_GOLDEN};
 use serde_json::Value;
 
-fn dsn_on(t: &Value, g: &Gateway) -> String {
-    let dsn = t["dsn"].as_str().expect("dsn");
-    let (head, tail) = dsn.rsplit_once(':').expect("port in dsn");
-    let db = tail.split_once('/').map(|(_, d)| d).unwrap_or("sandpit");
-    format!("{head}:{}/{db}", g.pg_port)
-}
-
 fn id(v: &Value) -> String {
     v["id"].as_str().expect("id").to_string()
 }
@@ -50,42 +43,11 @@ async fn scratch_exists(pg: &shared_pg::SharedPg, name: &str) -> bool {
     n > 0
 }
 
-/// Waits until a statement with exactly this text runs in a session of the token that
-/// `watcher` belongs to (so a cancel or revoke meets it running, however slow the machine).
-async fn wait_running(watcher: &tokio_postgres::Client, text: &str) {
-    let seen = async {
-        loop {
-            let n: i64 = watcher
-                .query_one(
-                    "select count(*) from pg_stat_activity where state = 'active' and query = $1",
-                    &[&text],
-                )
-                .await
-                .expect("pg_stat_activity")
-                .get(0);
-            if n > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), seen)
-        .await
-        .expect("statement seen running");
-}
-
 #[test]
 fn two_replicas_share_tokens_backends_cancel_and_revoke() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let pg = rt.block_on(shared_pg::SharedPg::start());
-    rt.block_on(async {
-        pg.admin("postgres")
-            .await
-            .batch_execute("CREATE DATABASE sandpit_registry")
-            .await
-            .expect("registry database");
-    });
-    let registry_url = pg.admin_dsn().replace("/postgres", "/sandpit_registry");
+    let registry_url = rt.block_on(pg.registry_database());
     let cfg = format!(
         "provider = \"template\"\n\
          [template]\nadmin_dsn = \"{}\"\ngolden = \"sandpit_golden\"\nsslmode = \"require\"\n\
@@ -102,8 +64,8 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         // Issued on A, used first through B (a token B has never seen): B reads it from the
         // shared registry, forks, and records the backend; A then adopts the same database.
         let t = a.issue("replica-one", 600);
-        let on_a = dsn_on(&t, &a);
-        let on_b = dsn_on(&t, &b);
+        let on_a = harness::redial(&t, &a);
+        let on_b = harness::redial(&t, &b);
         let cb = connect(&on_b).await.expect("token issued on A works on B");
         cb.batch_execute(
             "create table notes(id int primary key, body text); insert into notes values (1, 'from b')",
@@ -137,9 +99,9 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         let mut joins = Vec::new();
         for i in 0..8 {
             let d = if i % 2 == 0 {
-                dsn_on(&race, &a)
+                harness::redial(&race, &a)
             } else {
-                dsn_on(&race, &b)
+                harness::redial(&race, &b)
             };
             joins.push(tokio::spawn(async move { database_of(&d).await }));
         }
@@ -153,7 +115,7 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         // Printed, not asserted: connect + one query through each replica (each session
         // start records a cancel key in the shared registry).
         for (name, g) in [("A", &a), ("B", &b)] {
-            let d = dsn_on(&race, g);
+            let d = harness::redial(&race, g);
             let mut ms = Vec::new();
             for _ in 0..15 {
                 let t0 = std::time::Instant::now();
@@ -173,7 +135,7 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         let cancel = victim.cancel_token();
         let running =
             tokio::spawn(async move { victim.simple_query("select pg_sleep(30)").await });
-        wait_running(&ca, "select pg_sleep(30)").await;
+        harness::wait_running(&ca, "select pg_sleep(30)").await;
         let to_b = tokio::net::TcpStream::connect(("127.0.0.1", b.pg_port))
             .await
             .expect("tcp to B");
@@ -205,7 +167,7 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         let sleeper = connect(&on_a).await.expect("session on A");
         let running =
             tokio::spawn(async move { sleeper.simple_query("select pg_sleep(30)").await });
-        wait_running(&ca, "select pg_sleep(30)").await;
+        harness::wait_running(&ca, "select pg_sleep(30)").await;
         let (status, v) = b.revoke(&id(&t));
         assert_eq!(status, 200, "{v}");
         let e = running.await.expect("join").expect_err("ended by revoke");
@@ -237,12 +199,12 @@ fn two_replicas_share_tokens_backends_cancel_and_revoke() {
         assert_eq!(metric(&b, "sandpit_destroys_total"), 1.0);
         assert_eq!(metric(&a, "sandpit_destroys_total"), 0.0);
         // The race token is still served by both.
-        assert_eq!(database_of(&dsn_on(&race, &b)).await, id(&race));
+        assert_eq!(database_of(&harness::redial(&race, &b)).await, id(&race));
 
         // Expiry: a token issued on B with a short TTL ends a session on A.
         // Long enough for the fork and connect on a loaded machine; the sleep outlives it.
         let short = b.issue("replica-short", 10);
-        let s = connect(&dsn_on(&short, &a)).await.expect("short on A");
+        let s = connect(&harness::redial(&short, &a)).await.expect("short on A");
         let e = s
             .simple_query("select pg_sleep(60)")
             .await

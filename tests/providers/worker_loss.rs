@@ -88,14 +88,7 @@ fn fronts_place_from_the_registry_and_a_lost_workers_tokens_end() {
     let tmp = tempdir();
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let pg = rt.block_on(SharedPg::start());
-    rt.block_on(async {
-        pg.admin("postgres")
-            .await
-            .batch_execute("CREATE DATABASE sandpit_registry")
-            .await
-            .expect("registry database");
-    });
-    let registry_url = pg.admin_dsn().replace("/postgres", "/sandpit_registry");
+    let registry_url = rt.block_on(pg.registry_database());
     let (l0, l1) = (
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),

@@ -430,6 +430,31 @@ pub fn processes_in(dir: &Path) -> Vec<i32> {
     out
 }
 
+/// Waits (up to a minute) until a statement with exactly this text runs, as seen by
+/// `watcher`'s `pg_stat_activity` (so a cancel, revoke or kill meets it running, however
+/// slow the machine).
+pub async fn wait_running(watcher: &tokio_postgres::Client, text: &str) {
+    let seen = async {
+        loop {
+            let n: i64 = watcher
+                .query_one(
+                    "select count(*) from pg_stat_activity where state = 'active' and query = $1",
+                    &[&text],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), seen)
+        .await
+        .expect("statement seen running");
+}
+
 /// The DSN of a token pointed at a (restarted) gateway's port.
 pub fn redial(t: &Value, g: &Gateway) -> String {
     let dsn = t["dsn"].as_str().expect("dsn").to_string();

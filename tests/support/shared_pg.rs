@@ -149,6 +149,18 @@ impl SharedPg {
         )
     }
 
+    /// Creates the database `sandpit_registry` and returns the URL a gateway's
+    /// `[registry] url` gets (with `sslmode = "verify-full"` and `ca_file` this server's CA).
+    #[allow(dead_code)]
+    pub async fn registry_database(&self) -> String {
+        self.admin("postgres")
+            .await
+            .batch_execute("CREATE DATABASE sandpit_registry")
+            .await
+            .expect("registry database");
+        self.admin_dsn().replace("/postgres", "/sandpit_registry")
+    }
+
     /// The server's log file (stderr of the postmaster).
     #[allow(dead_code)]
     pub fn log_path(&self) -> PathBuf {
