@@ -19,6 +19,7 @@ pub mod promotable;
 pub mod rebase;
 pub mod resolve;
 pub mod safety;
+mod schema_steps;
 pub mod target;
 pub mod target_catalog;
 pub mod validators;

@@ -8,10 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::kinds;
 use super::names::{self, Part};
+use super::schema_steps::{masked_in, SchemaSteps};
 use crate::review::model::{Action, Review, TableDiff};
-use crate::review::sql::order;
 
 pub use super::plan_model::{Counts, Plan, Row, SchemaGuard, TableChange, Want};
+pub use super::schema_steps::Masked;
 
 /// A query giving a hash of the values of `col` of `table` (a multiset: the row count and
 /// an md5 of the sorted text values), the same in the golden and in a target that did not
@@ -24,245 +25,16 @@ pub fn column_hash_sql(table: &str, col: &str) -> String {
     )
 }
 
-/// Whether `owner` (`OWNED BY schema.table.column`) goes with a table or column the
-/// review drops (or is an identity column's, dropped with it).
-fn owned_by_dropped(owner: &str, review: &Review) -> bool {
-    let Some(col) = owner.strip_prefix("OWNED BY ") else {
-        return false;
-    };
-    if col == "an identity column" {
-        return true;
-    }
-    let table = names::parent_and_last(col).map(|(t, _)| t);
-    review.schema.iter().any(|c| {
-        c.action == Action::Dropped
-            && ((c.kind == "column" && c.object == col)
-                || (c.kind == "table" && Some(&c.object) == table.as_ref()))
-    })
-}
-
-/// Masked columns of the golden, as plain `schema.table.column`.
-pub type Masked = BTreeSet<String>;
-
-fn masked_in(masked: &Masked, table: &str) -> BTreeSet<String> {
-    let t = names::plain(table);
-    masked
-        .iter()
-        .filter_map(|m| {
-            let (tab, col) = m.rsplit_once('.')?;
-            (tab == t).then(|| col.to_string())
-        })
-        .collect()
-}
-
 /// Work out the plan of `review` (which must hold every changed row: see
 /// [`crate::promote::change`]).
 pub fn build(review: &Review, masked: &Masked) -> Plan {
     let mut plan = Plan::default();
-    let mut before: Vec<(u32, String)> = Vec::new();
-    let mut after: Vec<(u32, String)> = Vec::new();
-    let mut renames: Vec<(u32, String)> = Vec::new();
-    // Columns the task added, per table (their values have no golden to guard against).
-    let mut added_cols: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut steps = SchemaSteps::default();
     for c in &review.schema {
-        let refuse = |plan: &mut Plan, why: &str| {
-            plan.refusals.push(format!(
-                "{} {} {}: {why}",
-                c.kind,
-                c.object,
-                c.action.word()
-            ))
-        };
-        let guard = |plan: &mut Plan, want: Want| {
-            plan.schema_guards.push(SchemaGuard {
-                kind: c.kind.clone(),
-                object: c.object.clone(),
-                want,
-            })
-        };
-        match (c.kind.as_str(), c.action) {
-            ("table", Action::Added) => {
-                let Some(sql) = c.after.clone() else {
-                    refuse(&mut plan, "no definition in the review");
-                    continue;
-                };
-                guard(&mut plan, Want::Absent);
-                if sql.contains(" AS IDENTITY") {
-                    plan.identity_tables.push(sql);
-                } else {
-                    before.push((order::CREATE_TABLE, sql));
-                }
-            }
-            ("table", Action::Dropped) => {
-                if !masked_in(masked, &c.object).is_empty() {
-                    refuse(
-                        &mut plan,
-                        "the table has masked columns: its real values were never reviewed",
-                    );
-                    continue;
-                }
-                let Some(def) = c.before.clone() else {
-                    refuse(&mut plan, "no golden definition in the review");
-                    continue;
-                };
-                guard(&mut plan, Want::Def(def));
-                before.push((order::DROP_TABLE, format!("DROP TABLE {};", c.object)));
-            }
-            ("column", Action::Added) => {
-                let (Some((table, col)), Some(def)) =
-                    (names::parent_and_last(&c.object), c.after.clone())
-                else {
-                    refuse(&mut plan, "no definition in the review");
-                    continue;
-                };
-                guard(&mut plan, Want::Absent);
-                added_cols
-                    .entry(names::plain(&table))
-                    .or_default()
-                    .insert(col.plain.clone());
-                match def.strip_suffix(" NOT NULL") {
-                    Some(nullable) => {
-                        before.push((
-                            order::ADD_COLUMN,
-                            format!("ALTER TABLE {table} ADD COLUMN {nullable};"),
-                        ));
-                        after.push((
-                            order::SET_NOT_NULL,
-                            format!(
-                                "ALTER TABLE {table} ALTER COLUMN {} SET NOT NULL;",
-                                col.quoted
-                            ),
-                        ));
-                    }
-                    None => before.push((
-                        order::ADD_COLUMN,
-                        format!("ALTER TABLE {table} ADD COLUMN {def};"),
-                    )),
-                }
-            }
-            ("column", Action::Dropped) => {
-                let (Some((table, col)), Some(def)) =
-                    (names::parent_and_last(&c.object), c.before.clone())
-                else {
-                    refuse(&mut plan, "no golden definition in the review");
-                    continue;
-                };
-                if masked.contains(&names::plain(&c.object)) {
-                    refuse(
-                        &mut plan,
-                        "the column is masked: its real values were never reviewed",
-                    );
-                    continue;
-                }
-                guard(&mut plan, Want::Def(def));
-                before.push((
-                    order::DROP_COLUMN,
-                    format!("ALTER TABLE {table} DROP COLUMN {};", col.quoted),
-                ));
-            }
-            ("index", Action::Added) => {
-                let Some(def) = c.after.clone() else {
-                    refuse(&mut plan, "no definition in the review");
-                    continue;
-                };
-                guard(&mut plan, Want::Absent);
-                after.push((order::CREATE_INDEX, format!("{def};")));
-            }
-            ("index", Action::Dropped) => {
-                let Some(def) = c.before.clone() else {
-                    refuse(&mut plan, "no golden definition in the review");
-                    continue;
-                };
-                guard(&mut plan, Want::Def(def));
-                before.push((order::DROP_INDEX, format!("DROP INDEX {};", c.object)));
-            }
-            ("constraint", Action::Added) => {
-                let (Some((table, name)), Some(def)) =
-                    (names::parent_and_last(&c.object), c.after.clone())
-                else {
-                    refuse(&mut plan, "no definition in the review");
-                    continue;
-                };
-                guard(&mut plan, Want::Absent);
-                let rank = if def.starts_with("FOREIGN KEY") {
-                    order::ADD_FK
-                } else {
-                    order::ADD_CONSTRAINT
-                };
-                after.push((
-                    rank,
-                    format!("ALTER TABLE {table} ADD CONSTRAINT {} {def};", name.quoted),
-                ));
-            }
-            ("constraint", Action::Dropped) => {
-                let (Some((table, name)), Some(def)) =
-                    (names::parent_and_last(&c.object), c.before.clone())
-                else {
-                    refuse(&mut plan, "no golden definition in the review");
-                    continue;
-                };
-                let rank = if def.starts_with("FOREIGN KEY") {
-                    order::DROP_FK
-                } else {
-                    order::DROP_CONSTRAINT
-                };
-                guard(&mut plan, Want::Def(def));
-                before.push((
-                    rank,
-                    format!("ALTER TABLE {table} DROP CONSTRAINT {};", name.quoted),
-                ));
-            }
-            ("sequence", Action::Added) => match &c.after {
-                // Before the tables whose defaults call it; OWNED BY once they exist.
-                Some(made) => {
-                    guard(&mut plan, Want::Absent);
-                    for (i, stmt) in made.lines().enumerate() {
-                        if i == 0 {
-                            before.push((order::CREATE_SEQUENCE, stmt.to_string()));
-                        } else {
-                            after.push((order::OWNED_BY, stmt.to_string()));
-                        }
-                    }
-                }
-                // An identity column's own (or a review from before `after` was kept).
-                None => plan
-                    .create_sequences
-                    .push((c.object.clone(), c.detail.clone())),
-            },
-            ("sequence", Action::Dropped) => match c.before.as_deref() {
-                None => before.push((order::DROP_SEQUENCE, format!("DROP SEQUENCE {};", c.object))),
-                Some(owner) if owned_by_dropped(owner, review) => {}
-                Some(owner) => refuse(
-                    &mut plan,
-                    &format!("it was {owner}, which the change keeps: not promoted"),
-                ),
-            },
-            _ => match kinds::place(c) {
-                kinds::Placed::Refused(why) => refuse(&mut plan, &why),
-                kinds::Placed::Renames => {
-                    kinds::guards(c, &mut plan);
-                    renames.extend(c.sql.iter().cloned());
-                }
-                kinds::Placed::Stmts(stmts) => {
-                    kinds::guards(c, &mut plan);
-                    for (o, s) in stmts {
-                        if kinds::after_data(o) {
-                            after.push((o, s));
-                        } else {
-                            before.push((o, s));
-                        }
-                    }
-                }
-            },
-        }
+        steps.place(&mut plan, c, review, masked);
     }
-    // Stable sorts: within one place, the review's patch order.
-    for v in [&mut before, &mut after, &mut renames] {
-        v.sort_by_key(|(r, _)| *r);
-    }
-    plan.before_data = before.into_iter().map(|(_, s)| s).collect();
-    plan.after_data = after.into_iter().map(|(_, s)| s).collect();
-    plan.renames = renames.into_iter().map(|(_, s)| s).collect();
+    let added_cols = std::mem::take(&mut steps.added_cols);
+    steps.finish(&mut plan);
 
     let dropped: BTreeSet<&str> = review
         .schema
@@ -364,21 +136,49 @@ fn table_change(
             }
         }
     }
-    let before = refusals.len();
+    let is_masked = |i: usize| masked_cols.contains(&plain[i]);
+    let masked_uses = masked_refusals(&tc, &plain, &masked_cols);
+    if !masked_uses.is_empty() {
+        refusals.extend(
+            masked_uses
+                .into_iter()
+                .map(|why| format!("table {name}: {why}")),
+        );
+        return None;
+    }
+    tc.guard = (0..t.columns.len())
+        .filter(|&i| !is_masked(i) && !added.is_some_and(|a| a.contains(&plain[i])))
+        .collect();
+    Some(tc)
+}
+
+/// Why the rows of a keyed table cannot be promoted for its masked columns: rows found by
+/// a masked key, inserts carrying masked values, updates writing masked columns (masked
+/// values are the golden's stand-ins, never the real ones).
+fn masked_refusals(
+    tc: &TableChange,
+    plain: &[String],
+    masked_cols: &BTreeSet<String>,
+) -> Vec<String> {
+    let mut why = Vec::new();
     let is_masked = |i: usize| masked_cols.contains(&plain[i]);
     if !(tc.deletes.is_empty() && tc.updates.is_empty()) {
         if let Some(&k) = tc.key.iter().find(|&&k| is_masked(k)) {
-            refusals.push(format!(
-                "table {name}: rows are found by key column {}, which is masked (the golden's key is not the real one)",
-                t.columns[k]
+            why.push(format!(
+                "rows are found by key column {}, which is masked (the golden's key is not the real one)",
+                tc.columns[k]
             ));
         }
     }
     if !tc.inserts.is_empty() && !masked_cols.is_empty() {
-        let cols: Vec<&String> = plain.iter().filter(|c| masked_cols.contains(*c)).collect();
-        refusals.push(format!(
-            "table {name}: inserted rows carry values for masked columns ({}), which are never written back",
-            cols.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
+        let cols: Vec<&str> = plain
+            .iter()
+            .filter(|c| masked_cols.contains(*c))
+            .map(|c| c.as_str())
+            .collect();
+        why.push(format!(
+            "inserted rows carry values for masked columns ({}), which are never written back",
+            cols.join(", ")
         ));
     }
     let mut written: BTreeSet<usize> = BTreeSet::new();
@@ -386,22 +186,13 @@ fn table_change(
         written.extend(changed.iter().copied().filter(|&i| is_masked(i)));
     }
     if !written.is_empty() {
-        refusals.push(format!(
-            "table {name}: updates write masked columns ({}), whose values are never written back",
-            written
-                .iter()
-                .map(|&i| plain[i].as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+        let cols: Vec<&str> = written.iter().map(|&i| plain[i].as_str()).collect();
+        why.push(format!(
+            "updates write masked columns ({}), whose values are never written back",
+            cols.join(", ")
         ));
     }
-    if refusals.len() > before {
-        return None;
-    }
-    tc.guard = (0..t.columns.len())
-        .filter(|&i| !is_masked(i) && !added.is_some_and(|a| a.contains(&plain[i])))
-        .collect();
-    Some(tc)
+    why
 }
 
 #[cfg(test)]
