@@ -302,7 +302,8 @@ impl Gateway {
     pub async fn pace_session(&self, id: &str, max_wait: Duration) -> pace::Turn {
         let limits = &self.config.limits;
         if let (Some(store), true) = (self.registry.shared(), limits.sessions_per_second > 0) {
-            let (interval, tolerance) = pace::params(limits.sessions_per_second, limits.session_burst);
+            let (interval, tolerance) =
+                pace::params(limits.sessions_per_second, limits.session_burst);
             match store.pace_admit(id, interval, tolerance, max_wait).await {
                 Ok(turn) => return turn,
                 Err(e) => {

@@ -77,7 +77,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("sandpit-others-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let own = dir.join("aa.jsonl");
-        for (name, len) in [("aa.jsonl", 100), ("bb.jsonl", 30), ("cc.jsonl", 12), ("x.tmp", 999)] {
+        for (name, len) in [
+            ("aa.jsonl", 100),
+            ("bb.jsonl", 30),
+            ("cc.jsonl", 12),
+            ("x.tmp", 999),
+        ] {
             std::fs::write(dir.join(name), vec![b'x'; len]).expect("write");
         }
         assert_eq!(sum_others(&dir, &own).expect("sum"), 42);
