@@ -11,6 +11,7 @@ mod support;
 mod providers {
     mod fleet_scale;
     mod fronts;
+    mod fronts_limits;
     mod golden_build;
     mod instance_provider;
     mod microvm;

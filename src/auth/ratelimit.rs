@@ -14,6 +14,10 @@
 //!
 //! Each key has a sliding one-minute window (the previous minute's count weighted by how much
 //! of it still overlaps, plus the current minute's count).
+//!
+//! This limiter is one process's. Fronts sharing a registry count failures there as well
+//! (`registry::limits`, the same window in SQL), so failures spread over fronts are limited
+//! as one; this one still counts each front's and decides when the registry cannot answer.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -49,6 +53,14 @@ impl Key {
                 }
             },
             v4 => Key::Addr(v4),
+        }
+    }
+
+    /// The key's spelling in the shared registry (`registry::limits`): kinds never collide.
+    pub fn spelling(&self) -> String {
+        match self {
+            Key::Addr(a) => format!("addr:{a}"),
+            Key::Token(t) => format!("token:{t}"),
         }
     }
 }
@@ -129,6 +141,11 @@ impl AuthLimiter {
         let over = w.estimate(now) >= self.per_minute as f64;
         w.current = w.current.saturating_add(1);
         over
+    }
+
+    /// The failures allowed per key and minute (0: off).
+    pub fn per_minute(&self) -> u32 {
+        self.per_minute
     }
 
     /// Keys tracked now (for tests and metrics).

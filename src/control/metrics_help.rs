@@ -297,6 +297,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[("outcome", "waited")], &[("outcome", "refused")]],
     ),
     (
+        "sandpit_registry_limit_errors_total",
+        Counter,
+        "Fleet-wide limit checks the shared registry could not answer (this front's own limit decided), by limit.",
+        &[&[("limit", "pace")], &[("limit", "auth")]],
+    ),
+    (
         "sandpit_api_auth_failures_total",
         Counter,
         "Control API calls without the right admin key.",

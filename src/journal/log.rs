@@ -26,6 +26,7 @@ mod intern;
 mod line;
 mod mapped;
 mod merge;
+mod others;
 mod place;
 mod read;
 mod record;
@@ -102,6 +103,10 @@ struct Writer {
     /// Writes so far, and the count at the last tick (see [`TokenLog::adapt`]).
     writes: u64,
     writes_at_tick: u64,
+    /// Bytes of the other fronts' files of this token (shared directory only) when last
+    /// summed, and the length of this file at which they are summed again (see `others`).
+    others: u64,
+    resum_at: u64,
 }
 
 /// An open, append-only log of one token. Each record is one `write(2)` of one line on an
@@ -115,6 +120,9 @@ pub struct TokenLog {
     seq: AtomicU64,
     dirty: AtomicBool,
     max_bytes: u64,
+    /// Under a shared directory: the token's directory of front files, whose other files
+    /// count towards the quota too (see `others`).
+    siblings: Option<PathBuf>,
     /// The highest warning level reached (see [`FILL_WARNINGS`]; 0: none): a session tells
     /// its client when it sees a level it has not told yet.
     fill: std::sync::atomic::AtomicU8,
@@ -146,7 +154,17 @@ impl TokenLog {
     ) -> Result<TokenLog, LogError> {
         let path = place::front_path(shared, task, token, front);
         let rel = Path::new(task).join(token);
-        TokenLog::open_file(&shared.join("logs"), &rel, path, task, token, max_bytes)
+        let mut log =
+            TokenLog::open_file(&shared.join("logs"), &rel, path, task, token, max_bytes)?;
+        if max_bytes > 0 {
+            log.siblings = Some(place::fronts_dir(shared, task, token));
+            let w = log.writer.get_mut().unwrap_or_else(|p| p.into_inner());
+            // Summed at open (a front joining late starts from what the others wrote).
+            others::resum(w, log.siblings.as_deref(), &log.path, max_bytes);
+            let total = w.others + w.len;
+            log.fill = std::sync::atomic::AtomicU8::new(fill_level(total, max_bytes).unwrap_or(0));
+        }
+        Ok(log)
     }
 
     /// Open (create) the log file at `path`, which lies in `base/rel` (made private).
@@ -213,11 +231,14 @@ impl TokenLog {
                 tail: None,
                 writes: 0,
                 writes_at_tick: 0,
+                others: 0,
+                resum_at: 0,
             }),
             turns: Condvar::new(),
             seq: AtomicU64::new(last),
             dirty: AtomicBool::new(false),
             max_bytes,
+            siblings: None,
             // A log reopened past a level warns its new sessions too.
             fill: std::sync::atomic::AtomicU8::new(if max_bytes > 0 {
                 fill_level(len, max_bytes).unwrap_or(0)
@@ -268,7 +289,11 @@ impl TokenLog {
         if !compact {
             line::statement_line(&mut w_.line, s, &mut w_.escaped);
         }
-        let result = if self.max_bytes > 0 && w_.len + w_.line.len() as u64 > self.max_bytes {
+        if w_.len >= w_.resum_at {
+            others::resum(w_, self.siblings.as_deref(), &self.path, self.max_bytes);
+        }
+        let total = w_.others + w_.len;
+        let result = if self.max_bytes > 0 && total + w_.line.len() as u64 > self.max_bytes {
             metrics::counter!("sandpit_log_quota_exceeded_total").increment(1);
             // The deferred outcomes are written all the same (outcomes are never refused).
             w_.line.truncate(outcomes);
@@ -411,7 +436,7 @@ impl TokenLog {
         w.writes += 1;
         self.dirty.store(true, Ordering::Release);
         if self.max_bytes > 0 {
-            self.note_fill(w.len);
+            self.note_fill(w.others + w.len);
         }
     }
 

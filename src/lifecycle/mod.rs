@@ -296,12 +296,50 @@ impl Gateway {
 
     /// When a new session of a token that authenticated may start its backend login
     /// (`limits.sessions_per_second` after `limits.session_burst`), waiting at most `max_wait`.
-    pub fn pace_session(&self, id: &str, max_wait: Duration) -> pace::Turn {
+    /// With a shared registry the pace is the fleet's (one statement there per login); if the
+    /// registry fails, this front's own pace decides (a login is not refused for it, nor let
+    /// through unpaced).
+    pub async fn pace_session(&self, id: &str, max_wait: Duration) -> pace::Turn {
         let limits = &self.config.limits;
+        if let (Some(store), true) = (self.registry.shared(), limits.sessions_per_second > 0) {
+            let (interval, tolerance) =
+                pace::params(limits.sessions_per_second, limits.session_burst);
+            match store.pace_admit(id, interval, tolerance, max_wait).await {
+                Ok(turn) => return turn,
+                Err(e) => {
+                    metrics::counter!("sandpit_registry_limit_errors_total", "limit" => "pace")
+                        .increment(1);
+                    tracing::warn!(token = %id, error = %e, "fleet pace unavailable: this front's pace decides");
+                }
+            }
+        }
         let rt = self.runtime(id);
         let mut p = rt.pace.lock().unwrap_or_else(|p| p.into_inner());
         p.get_or_insert_with(|| pace::Pace::new(limits.sessions_per_second, limits.session_burst))
             .admit(std::time::Instant::now(), max_wait)
+    }
+
+    /// Count one failed authentication against `key`; true when the key was already over
+    /// `limits.auth_failures_per_minute`. With a shared registry the fleet's count decides
+    /// (one statement there per failure); this front's count is kept as well and decides
+    /// when the registry fails, so a registry outage never lifts the limit (each front
+    /// then limits on its own), and never refuses a correct secret either (only failures
+    /// come here).
+    pub async fn auth_failed(&self, key: &crate::auth::ratelimit::Key) -> bool {
+        let local = self.auth_limiter.failed(key);
+        let per_minute = self.auth_limiter.per_minute();
+        let Some(store) = self.registry.shared().filter(|_| per_minute > 0) else {
+            return local;
+        };
+        match store.auth_failed(&key.spelling(), per_minute).await {
+            Ok(over) => over,
+            Err(e) => {
+                metrics::counter!("sandpit_registry_limit_errors_total", "limit" => "auth")
+                    .increment(1);
+                tracing::warn!(error = %e, "fleet auth-failure count unavailable: this front's count decides");
+                local
+            }
+        }
     }
 
     /// Check a token may open one more session now; returns the slot.

@@ -6,7 +6,8 @@
 //! refused only when its turn is further away than the caller will wait.
 //!
 //! One instant per token (GCRA: the theoretical arrival time), O(1) per login, no I/O: the
-//! caller passes the clock.
+//! caller passes the clock. With a shared registry the instant is a row there instead, so
+//! every front paces a token as one (`registry::limits`).
 
 use std::time::{Duration, Instant};
 
@@ -21,50 +22,77 @@ pub enum Turn {
     Refused,
 }
 
-/// One token's pace.
+/// The pace's parameters for `rate` sessions a second after a `burst`: the interval between
+/// sessions (zero: no pace) and how far ahead of the sustained rate a burst may run.
+pub fn params(rate: u32, burst: u32) -> (Duration, Duration) {
+    let interval = if rate == 0 {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(1) / rate
+    };
+    (interval, interval * burst.saturating_sub(1))
+}
+
+/// The GCRA step, the one place its arithmetic lives (the shared registry's statement,
+/// `registry::limits`, mirrors it in SQL, and a test checks both agree). Times are offsets
+/// from any common origin: `tat` the token's theoretical arrival time (None: never used),
+/// `now` the clock. Returns what the session is told and the new `tat` (unchanged when
+/// refused: nothing is reserved).
+pub fn step(
+    tat: Option<Duration>,
+    now: Duration,
+    interval: Duration,
+    tolerance: Duration,
+    max_wait: Duration,
+) -> (Turn, Option<Duration>) {
+    if interval.is_zero() {
+        return (Turn::Now, tat);
+    }
+    let tat_now = tat.map_or(now, |t| t.max(now));
+    // The earliest start the burst allows for this session.
+    let start = tat_now.saturating_sub(tolerance).max(now);
+    let wait = start - now;
+    if wait > max_wait {
+        return (Turn::Refused, tat);
+    }
+    let turn = if wait.is_zero() {
+        Turn::Now
+    } else {
+        Turn::After(wait)
+    };
+    (turn, Some(tat_now + interval))
+}
+
+/// One token's pace in this process (one gateway; with a shared registry the registry
+/// keeps it, see `registry::limits`).
 #[derive(Debug)]
 pub struct Pace {
-    /// Time between sessions at the sustained rate; zero: no pace.
     interval: Duration,
-    /// How far ahead of the sustained rate a burst may run.
     tolerance: Duration,
-    /// When the next session would start at the sustained rate (None: never used).
-    tat: Option<Instant>,
+    /// Times are offsets from this instant.
+    origin: Instant,
+    tat: Option<Duration>,
 }
 
 impl Pace {
     /// `rate` sessions a second after a `burst`; a rate of 0 turns pacing off.
     pub fn new(rate: u32, burst: u32) -> Self {
-        let interval = if rate == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs(1) / rate
-        };
+        let (interval, tolerance) = params(rate, burst);
         Pace {
             interval,
-            tolerance: interval * burst.saturating_sub(1),
+            tolerance,
+            origin: Instant::now(),
             tat: None,
         }
     }
 
     /// A new session at `now`, which will wait at most `max_wait` for its turn.
     pub fn admit(&mut self, now: Instant, max_wait: Duration) -> Turn {
-        if self.interval.is_zero() {
-            return Turn::Now;
-        }
-        let tat = self.tat.map_or(now, |t| t.max(now));
-        // The earliest start the burst allows for this session.
-        let start = tat.checked_sub(self.tolerance).unwrap_or(now).max(now);
-        let wait = start - now;
-        if wait > max_wait {
-            return Turn::Refused;
-        }
-        self.tat = Some(tat + self.interval);
-        if wait.is_zero() {
-            Turn::Now
-        } else {
-            Turn::After(wait)
-        }
+        // An instant before the origin (a caller's clock read earlier) counts as the origin.
+        let at = now.saturating_duration_since(self.origin);
+        let (turn, tat) = step(self.tat, at, self.interval, self.tolerance, max_wait);
+        self.tat = tat;
+        turn
     }
 }
 

@@ -116,7 +116,7 @@ pub async fn over_limit(gw: &Gateway, e: &AuthError, peer: Option<std::net::IpAd
     }) else {
         return false;
     };
-    if !gw.auth_limiter.failed(&key) {
+    if !gw.auth_failed(&key).await {
         return false;
     }
     metrics::counter!("sandpit_auth_rate_limited_total").increment(1);

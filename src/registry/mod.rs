@@ -7,6 +7,7 @@
 pub mod claims;
 pub mod end;
 pub mod file;
+pub mod limits;
 pub mod postgres;
 pub mod sessions;
 pub mod workers;

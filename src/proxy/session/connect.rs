@@ -22,7 +22,7 @@ const RESERVED_PARAMS: &[&str] = &["user", "database", "replication"];
 /// timeout away.
 pub(super) async fn pace(proxy: &Proxy, rec: &TokenRecord) -> Result<(), SessionError> {
     let limits = &proxy.gw.config.limits;
-    match proxy.gw.pace_session(&rec.id, limits.startup_timeout) {
+    match proxy.gw.pace_session(&rec.id, limits.startup_timeout).await {
         Turn::Now => Ok(()),
         Turn::After(wait) => {
             metrics::counter!("sandpit_sessions_paced_total", "outcome" => "waited").increment(1);
