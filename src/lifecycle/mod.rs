@@ -305,7 +305,7 @@ impl Gateway {
             let (interval, tolerance) =
                 pace::params(limits.sessions_per_second, limits.session_burst);
             match store.pace_admit(id, interval, tolerance, max_wait).await {
-                Ok(turn) => return turn,
+                Ok(wait) => return pace::Turn::from_wait(wait),
                 Err(e) => {
                     metrics::counter!("sandpit_registry_limit_errors_total", "limit" => "pace")
                         .increment(1);

@@ -22,6 +22,17 @@ pub enum Turn {
     Refused,
 }
 
+impl Turn {
+    /// From a wait before the start (zero: now), `None` when refused (the registry's answer).
+    pub fn from_wait(wait: Option<Duration>) -> Turn {
+        match wait {
+            None => Turn::Refused,
+            Some(w) if w.is_zero() => Turn::Now,
+            Some(w) => Turn::After(w),
+        }
+    }
+}
+
 /// The pace's parameters for `rate` sessions a second after a `burst`: the interval between
 /// sessions (zero: no pace) and how far ahead of the sustained rate a burst may run.
 pub fn params(rate: u32, burst: u32) -> (Duration, Duration) {

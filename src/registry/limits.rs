@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use super::postgres::{db, PgStore};
 use super::RegistryError;
-use crate::lifecycle::pace::Turn;
 
 /// Tables, created by [`PgStore::limits_schema`] when a front starts.
 const SCHEMA: &str = "
@@ -75,13 +74,15 @@ impl PgStore {
 
     /// A new session of `token` under the fleet's pace (see `lifecycle::pace::step`):
     /// `interval` and `tolerance` from `lifecycle::pace::params`, waiting at most `max_wait`.
+    /// The wait before it may start (zero: now), or `None` when its turn is further away
+    /// than `max_wait` (nothing reserved).
     pub async fn pace_admit(
         &self,
         token: &str,
         interval: Duration,
         tolerance: Duration,
         max_wait: Duration,
-    ) -> Result<Turn, RegistryError> {
+    ) -> Result<Option<Duration>, RegistryError> {
         self.pace_admit_at(token, interval, tolerance, max_wait, None)
             .await
     }
@@ -95,7 +96,7 @@ impl PgStore {
         tolerance: Duration,
         max_wait: Duration,
         now: Option<time::OffsetDateTime>,
-    ) -> Result<Turn, RegistryError> {
+    ) -> Result<Option<Duration>, RegistryError> {
         let (i, t, w) = (micros(interval), micros(tolerance), micros(max_wait));
         let c = self.client().await?;
         let rows = match now {
@@ -110,13 +111,12 @@ impl PgStore {
         }
         .map_err(|e| db("pacing a session", e))?;
         let Some(row) = rows.first() else {
-            return Ok(Turn::Refused);
+            return Ok(None);
         };
         let wait: i64 = row.try_get(0).map_err(|e| db("pacing a session", e))?;
-        Ok(match u64::try_from(wait).unwrap_or(0) {
-            0 => Turn::Now,
-            n => Turn::After(Duration::from_micros(n)),
-        })
+        Ok(Some(Duration::from_micros(
+            u64::try_from(wait).unwrap_or(0),
+        )))
     }
 
     /// Count one authentication failure against `key` fleet-wide; true when the key was

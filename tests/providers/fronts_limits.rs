@@ -276,7 +276,7 @@ fn the_registry_pace_statement_agrees_with_the_pure_step() {
                     .pace_admit_at(&token, interval, tolerance, ms(max_wait), Some(t0 + now))
                     .await
                     .expect("pace statement");
-                assert_eq!(got, want, "{token} at {at} ms");
+                assert_eq!(Turn::from_wait(got), want, "{token} at {at} ms");
             }
         }
         // Failures of one key: the 4th (limit 3) onwards is over, within one minute.
