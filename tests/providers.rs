@@ -22,6 +22,7 @@ mod providers {
     mod template_noise;
     mod template_seatbelt;
     mod worker;
+    mod worker_goldens;
     mod worker_loss;
     mod worker_placement;
 }

@@ -38,6 +38,8 @@ fn provider_error(e: ProviderError) -> Response {
         ProviderError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
         e @ ProviderError::InvalidMask(_) => error(StatusCode::BAD_REQUEST, e.to_string()),
         ProviderError::NotFound(m) => error(StatusCode::NOT_FOUND, format!("unknown {m}")),
+        ProviderError::Unsupported(m) => error(StatusCode::NOT_IMPLEMENTED, m),
+        ProviderError::Refused(m) => error(StatusCode::CONFLICT, m),
         other => {
             tracing::error!(error = %other, "golden request failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())
@@ -52,7 +54,7 @@ fn unsupported(s: &ApiState) -> Response {
     error(
         StatusCode::NOT_IMPLEMENTED,
         format!(
-            "golden versions and golden build are supported with the instance and microvm providers, not {}",
+            "golden versions and golden build are supported with the instance and microvm providers and on remote fronts over sandpit workers (remote.urls), not {}",
             s.gw.provider.name()
         ),
     )
@@ -100,6 +102,8 @@ pub async fn build(
         schemas: b.schemas,
         exclude_tables: b.exclude_tables,
         mask,
+        id: None,
+        mask_text: b.mask,
     };
     let Some(versions) = s.gw.provider.versions() else {
         return unsupported(&s);

@@ -139,11 +139,10 @@ impl Gateway {
         let now = OffsetDateTime::now_utc();
         // A golden switched to after this is for tokens issued after it.
         let golden = match self.provider.versions() {
-            Some(v) => Some(
-                v.pin_golden(&id, &rfc3339(now + ttl))
-                    .await
-                    .map_err(LifecycleError::Provider)?,
-            ),
+            Some(v) => v
+                .pin_golden(&id, &rfc3339(now + ttl))
+                .await
+                .map_err(LifecycleError::Provider)?,
             None => None,
         };
         // PBKDF2 (4096 HMACs) off the async workers: a burst of issues must not hold the

@@ -57,6 +57,13 @@ pub enum ProviderError {
     },
     #[error("backend {0} not found")]
     NotFound(String),
+    /// The service does not offer what was asked (a sandbox service without the golden
+    /// versions extension).
+    #[error("{0}")]
+    Unsupported(String),
+    /// Refused as things are (a golden version missing on some worker).
+    #[error("{0}")]
+    Refused(String),
     /// The shared registry's view of the workers' room (`sandpit_workers`) failed.
     #[error("worker room in the shared registry: {0}")]
     RoomBook(String),

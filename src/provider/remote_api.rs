@@ -85,6 +85,9 @@ pub struct Sandbox {
     /// Present when `state` is failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Golden version it was copied from, once forked (sandpit workers; optional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// `GET /v1/sandboxes?label=key=value`.
@@ -135,4 +138,41 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         && id != "."
         && id != ".."
+}
+
+/// `POST /v1/goldens` (sandpit workers; optional for other services, which answer 404):
+/// build a golden version from a live database. The DSN carries the source's password: it
+/// travels only in this body, over the API's TLS, and is never logged.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildGolden {
+    /// Version id, chosen by the front so that it names the same content on every worker.
+    pub id: String,
+    /// DSN of the source database.
+    pub from_dsn: String,
+    /// Only these schemas (all when empty).
+    #[serde(default)]
+    pub schemas: Vec<String>,
+    /// Tables left out (`pg_dump --exclude-table` patterns).
+    #[serde(default)]
+    pub exclude_tables: Vec<String>,
+    /// Masking rules, the text of a TOML rules file.
+    #[serde(default)]
+    pub mask: Option<String>,
+}
+
+impl std::fmt::Debug for BuildGolden {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the DSN: it holds the source's password.
+        f.debug_struct("BuildGolden")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `GET /v1/goldens` (sandpit workers; optional): the worker's golden versions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GoldenList {
+    /// Oldest first, the configured SQL file's golden first.
+    pub goldens: Vec<crate::provider::golden::store::GoldenInfo>,
 }

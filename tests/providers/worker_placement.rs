@@ -43,7 +43,7 @@ fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
-fn front_over(workers: &[&Worker], ca: &Path) -> Gateway {
+pub(super) fn front_over(workers: &[&Worker], ca: &Path) -> Gateway {
     let urls: Vec<String> = workers.iter().map(|w| format!("\"{}\"", w.url)).collect();
     let cfg = format!(
         "provider = \"remote\"\n[remote]\nurls = [{}]\napi_key = \"{KEY}\"\n\

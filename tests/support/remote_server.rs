@@ -239,6 +239,7 @@ async fn create(
         expires_at: None,
         connection: None,
         error: None,
+        version: None,
     };
     lock(&st.sandboxes).insert(
         id.clone(),

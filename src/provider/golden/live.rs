@@ -37,6 +37,16 @@ impl std::fmt::Debug for SourceDsn {
 }
 
 impl SourceDsn {
+    /// The DSN again, password included: only for passing it on to a worker over its TLS
+    /// API (never for a log or an answer).
+    pub fn to_dsn(&self) -> String {
+        let mut all = self.params.clone();
+        if let Some(p) = &self.password {
+            all.push(("password".to_string(), p.clone()));
+        }
+        conninfo::render(&all)
+    }
+
     /// Parses a libpq-style DSN.
     pub fn parse(dsn: &str) -> Result<SourceDsn, ProviderError> {
         let all = conninfo::parse(dsn).map_err(|e| {
@@ -125,6 +135,11 @@ pub struct LiveSpec {
     pub exclude_tables: Vec<String>,
     /// Masking and sampling rules.
     pub mask: MaskRules,
+    /// The version id to build under (a front chooses one for all its workers, so that an
+    /// id names the same content everywhere); None: a new one.
+    pub id: Option<String>,
+    /// The rules' text as given, for a front to pass on to its workers.
+    pub mask_text: Option<String>,
 }
 
 /// What a build from a live database did.

@@ -25,8 +25,8 @@ pub const META_FILE: &str = "golden.json";
 /// Directory of pins (one file per issued, not yet forked token), under the root.
 const PINS_DIR: &str = "pins";
 
-/// A golden version as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+/// A golden version as the API shows it (and as a worker answers it to its fronts).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GoldenInfo {
     /// Version id.
     pub id: String,
@@ -41,14 +41,31 @@ pub struct GoldenInfo {
     /// Forks (token backends and warm-pool members) made from it that exist now.
     pub forks: u64,
     /// Schemas copied (live builds).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schemas: Vec<String>,
     /// Tables left out (live builds).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude_tables: Vec<String>,
     /// What masking and sampling did (live builds).
-    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub report: serde_json::Value,
+    /// On a front over workers: the workers that have it ready (`active` and `forks` are
+    /// then of the whole fleet: active everywhere, forks summed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workers: Vec<WorkerVersion>,
+}
+
+/// A golden version on one worker of a front (`remote.urls`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WorkerVersion {
+    /// Position in `remote.urls`.
+    pub worker: usize,
+    /// Its URL.
+    pub url: String,
+    /// Whether the worker's new forks copy it.
+    pub active: bool,
+    /// Its forks there now.
+    pub forks: u64,
 }
 
 impl GoldenInfo {
@@ -64,6 +81,7 @@ impl GoldenInfo {
             schemas: Vec::new(),
             exclude_tables: Vec::new(),
             report: serde_json::Value::Null,
+            workers: Vec::new(),
         }
     }
 
@@ -79,6 +97,7 @@ impl GoldenInfo {
             schemas: meta.schemas,
             exclude_tables: meta.exclude_tables,
             report: meta.report,
+            workers: Vec::new(),
         }
     }
 }

@@ -30,12 +30,13 @@ pub trait GoldenVersions: Send + Sync {
     fn active_golden(&self) -> String;
     /// Pin the active version for a token being issued, so that its fork copies that version
     /// even if another is put in use before it first connects; the pin keeps the version on
-    /// disk until the fork is made or the token ends. Returns the version.
+    /// disk until the fork is made or the token ends. Returns the version (None: the
+    /// version is known only once forked, as on a front over workers).
     fn pin_golden<'a>(
         &'a self,
         token: &'a str,
         expires_at: &'a str,
-    ) -> BoxFuture<'a, Result<String, ProviderError>>;
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>>;
     /// Drop a token's pin (it ended, forked or not). Idempotent.
     fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
 }
@@ -234,7 +235,20 @@ async fn build<K: Keeper>(keeper: &K, spec: &LiveSpec) -> Result<GoldenInfo, Pro
     let state = keeper.version_state();
     let _one = state.build_lock.lock().await;
     let vdir = store::make_versions_dir(state.root())?;
-    let id = store::new_id();
+    let id = match &spec.id {
+        None => store::new_id(),
+        Some(id) if !store::valid_id(id) => {
+            return Err(ProviderError::Invalid(format!(
+                "invalid golden version id {id:?}"
+            )))
+        }
+        Some(id) if id == state.base().id() || vdir.join(id).exists() => {
+            return Err(ProviderError::Invalid(format!(
+                "golden version {id} exists already"
+            )))
+        }
+        Some(id) => id.clone(),
+    };
     let tmp = store::building_dir(&vdir, &id);
     let started = Instant::now();
     tracing::info!(golden = %id, source = %spec.source.describe(), "building a {} from a live database", K::KIND);
@@ -350,8 +364,8 @@ impl<K: Keeper> GoldenVersions for K {
         &'a self,
         token: &'a str,
         expires_at: &'a str,
-    ) -> BoxFuture<'a, Result<String, ProviderError>> {
-        Box::pin(pin(self, token, expires_at))
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
+        Box::pin(async move { pin(self, token, expires_at).await.map(Some) })
     }
 
     fn unpin_golden<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {

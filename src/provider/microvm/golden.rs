@@ -153,6 +153,8 @@ async fn build_masked(
             schemas: Vec::new(),
             exclude_tables: Vec::new(),
             mask: Default::default(),
+            id: None,
+            mask_text: None,
         };
         build_or_explain(cfg, image, tmp, snap, bins, Load::Live(&staged)).await?;
         drop(bridge);

@@ -175,11 +175,17 @@ impl WarmPool {
             golden: None,
         };
         let forked = self.inner.fork(&tag).await;
+        // An empty active version is unknown here (a front: its workers know theirs).
+        let active = self
+            .inner
+            .versions()
+            .map(|v| v.active_golden())
+            .filter(|a| !a.is_empty());
         // The handle stays in `filling` until the member is offered or destroyed, so
         // drain() waits for it (a member warming up was in neither list before).
         let unwanted = match forked {
             Ok(b) if self.is_draining() => Some(b), // shutting down: nobody will claim it
-            Ok(b) if b.golden != self.inner.versions().map(|v| v.active_golden()) => {
+            Ok(b) if active.is_some() && b.golden != active => {
                 Some(b) // the golden changed meanwhile
             }
             Ok(b) => {

@@ -490,7 +490,7 @@ impl GoldenVersions for WarmPool {
         &'a self,
         token: &'a str,
         expires_at: &'a str,
-    ) -> BoxFuture<'a, Result<String, ProviderError>> {
+    ) -> BoxFuture<'a, Result<Option<String>, ProviderError>> {
         Box::pin(async move { self.inner_versions()?.pin_golden(token, expires_at).await })
     }
 

@@ -242,7 +242,7 @@ impl RemoteProvider {
             },
             method: method.to_string(),
             netns: false,
-            golden: None,
+            golden: sb.version.clone(),
         })
     }
 
@@ -458,6 +458,7 @@ impl Provider for RemoteProvider {
 }
 
 pub mod book;
+mod goldens;
 mod http;
 mod place;
 mod rooms;

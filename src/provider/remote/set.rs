@@ -71,8 +71,13 @@ impl RemoteSet {
         Ok((n, p, id))
     }
 
+    /// The services, in `remote.urls` order.
+    pub(super) fn members(&self) -> &[(String, RemoteProvider)] {
+        &self.members
+    }
+
     /// A member's error, naming the member (a gateway log line says which worker failed).
-    fn named(&self, n: usize, e: ProviderError) -> ProviderError {
+    pub(super) fn named(&self, n: usize, e: ProviderError) -> ProviderError {
         let worker = format!("worker {n} ({})", self.members[n].0);
         match e {
             ProviderError::Remote(m) => ProviderError::Remote(format!("{worker}: {m}")),
@@ -252,6 +257,11 @@ impl Provider for RemoteSet {
             }
             Ok(())
         })
+    }
+
+    fn versions(&self) -> Option<&dyn crate::provider::GoldenVersions> {
+        // Over sandpit workers; a service without the extension answers 501 (goldens.rs).
+        Some(self)
     }
 
     fn fleet(&self) -> Option<&dyn Fleet> {

@@ -30,14 +30,19 @@ pub(super) fn router(w: Arc<Worker>) -> Router {
         .route("/v1/sandboxes/{id}/ttl", put(set_ttl))
         .route("/v1/capacity", get(capacity))
         .route("/v1/drain", post(drain))
+        .route(
+            "/v1/goldens",
+            get(super::goldens::list).post(super::goldens::build),
+        )
+        .route("/v1/goldens/{id}/use", post(super::goldens::use_version))
         .with_state(w)
 }
 
-fn err(status: StatusCode, msg: &str) -> Response {
+pub(super) fn err(status: StatusCode, msg: &str) -> Response {
     (status, Json(ApiError { error: msg.into() })).into_response()
 }
 
-fn authorized(w: &Worker, h: &HeaderMap) -> bool {
+pub(super) fn authorized(w: &Worker, h: &HeaderMap) -> bool {
     let Some(given) = h
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -48,6 +53,7 @@ fn authorized(w: &Worker, h: &HeaderMap) -> bool {
     bool::from(given.as_bytes().ct_eq(w.key.as_bytes()))
 }
 
+/// Answers 401 unless the request bears the worker's key.
 macro_rules! authorize {
     ($w:expr, $h:expr) => {
         if !authorized(&$w, &$h) {
@@ -86,6 +92,7 @@ async fn create(
         expires_at: None,
         connection: None,
         error: None,
+        version: None,
     };
     {
         // Counted and inserted under one lock: two creates cannot both take the last room.
@@ -191,7 +198,7 @@ async fn fork(w: Arc<Worker>, id: String) {
         }
         let opened = open_door(&w, &b).await;
         match opened {
-            Ok((task, conn)) => Ok((b.handle, task, conn)),
+            Ok((task, conn)) => Ok((b.handle, task, (conn, b.golden))),
             Err(e) => {
                 let _ = w.provider.destroy(&b.handle).await;
                 Err(e)
@@ -208,9 +215,11 @@ async fn fork(w: Arc<Worker>, id: String) {
                 (Some(handle), None)
             }
             (None, Err(_)) => (None, None),
-            (Some(e), Ok((handle, task, conn))) => {
+            (Some(e), Ok((handle, task, (conn, version)))) => {
                 e.sb.state = SandboxState::Ready;
                 e.sb.connection = Some(conn);
+                // The front records it with the token (reviews, promotion's masking).
+                e.sb.version = version;
                 e.handle = Some(handle.clone());
                 e.door = Some(task);
                 (None, Some((e.sb.clone(), handle)))

@@ -183,6 +183,7 @@ mod tests {
                 sslmode: None,
             }),
             error: None,
+            version: None,
         };
         k.save(&sb, "inst-1").expect("save");
         let file = dir.path().join("worker/sandboxes/sbx-1.json");

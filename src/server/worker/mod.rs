@@ -7,6 +7,7 @@
 
 mod adopt;
 mod api;
+mod goldens;
 mod keep;
 mod relay;
 
