@@ -128,6 +128,7 @@ async fn create(State(w): State<Arc<SimWorker>>, Json(req): Json<CreateSandbox>)
             sslmode: None,
         }),
         error: None,
+        version: None,
     };
     let Ok(mut all) = w.sandboxes.lock() else {
         return StatusCode::INTERNAL_SERVER_ERROR.into_response();

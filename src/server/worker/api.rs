@@ -10,15 +10,15 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use subtle::ConstantTimeEq;
 use time::OffsetDateTime;
 use tokio::net::TcpListener;
 
+use super::answer::{authorized, err};
 use super::relay::{self, Door};
 use super::{lock, Entry, Worker};
 use crate::provider::remote_api::{
-    self as api, ApiError, Capacity, Connection, CreateSandbox, Drain, Sandbox, SandboxList,
-    SandboxState, SetTtl,
+    self as api, Capacity, Connection, CreateSandbox, Drain, Sandbox, SandboxList, SandboxState,
+    SetTtl,
 };
 use crate::provider::BackendTag;
 
@@ -36,21 +36,6 @@ pub(super) fn router(w: Arc<Worker>) -> Router {
         )
         .route("/v1/goldens/{id}/use", post(super::goldens::use_version))
         .with_state(w)
-}
-
-pub(super) fn err(status: StatusCode, msg: &str) -> Response {
-    (status, Json(ApiError { error: msg.into() })).into_response()
-}
-
-pub(super) fn authorized(w: &Worker, h: &HeaderMap) -> bool {
-    let Some(given) = h
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    bool::from(given.as_bytes().ct_eq(w.key.as_bytes()))
 }
 
 /// Answers 401 unless the request bears the worker's key.

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::api::{authorized, err};
+use super::answer::{authorized, err};
 use super::Worker;
 use crate::provider::golden::live::{LiveSpec, SourceDsn};
 use crate::provider::mask::MaskRules;
@@ -18,16 +18,16 @@ use crate::provider::remote_api::{BuildGolden, GoldenList};
 use crate::provider::{GoldenVersions, ProviderError};
 
 /// The node's versions, or the answer that says why there are none (401, 501).
-fn versions<'w>(w: &'w Worker, h: &HeaderMap) -> Result<&'w dyn GoldenVersions, Response> {
+fn versions<'w>(w: &'w Worker, h: &HeaderMap) -> Result<&'w dyn GoldenVersions, Box<Response>> {
     if !authorized(w, h) {
         tracing::warn!("worker API: request without the right bearer key");
-        return Err(err(StatusCode::UNAUTHORIZED, "bad api key"));
+        return Err(Box::new(err(StatusCode::UNAUTHORIZED, "bad api key")));
     }
     w.provider.versions().ok_or_else(|| {
-        err(
+        Box::new(err(
             StatusCode::NOT_IMPLEMENTED,
             "this worker's provider keeps no golden versions",
-        )
+        ))
     })
 }
 
@@ -47,7 +47,7 @@ fn failed(e: ProviderError) -> Response {
 pub(super) async fn list(State(w): State<Arc<Worker>>, h: HeaderMap) -> Response {
     let v = match versions(&w, &h) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match v.goldens().await {
         Ok(goldens) => Json(GoldenList { goldens }).into_response(),
@@ -63,7 +63,7 @@ pub(super) async fn build(
 ) -> Response {
     let v = match versions(&w, &h) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     // The rejection text may quote the body (and so the DSN): only its status is said.
     let Json(b) = match body {
@@ -108,7 +108,7 @@ pub(super) async fn use_version(
 ) -> Response {
     let v = match versions(&w, &h) {
         Ok(v) => v,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match v.use_golden(&id).await {
         Ok(g) => Json(g).into_response(),

@@ -6,6 +6,7 @@
 //! the fronts hold the tokens, logs and reviews (docs/workers.md).
 
 mod adopt;
+mod answer;
 mod api;
 mod goldens;
 mod keep;
