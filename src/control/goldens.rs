@@ -9,8 +9,7 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::{error, ApiState};
-use crate::provider::golden::live::{LiveSpec, SourceDsn};
-use crate::provider::mask::MaskRules;
+use crate::provider::golden::live::LiveSpec;
 use crate::provider::ProviderError;
 
 /// Body of `POST /v1/goldens`.
@@ -89,21 +88,10 @@ pub async fn build(
         }
         Ok(b) => b,
     };
-    let source = match SourceDsn::parse(&b.from_dsn) {
-        Ok(s) => s,
+    let spec = match LiveSpec::from_request(&b.from_dsn, b.schemas, b.exclude_tables, b.mask, None)
+    {
+        Ok(spec) => spec,
         Err(e) => return provider_error(e),
-    };
-    let mask = match b.mask.as_deref().map(MaskRules::parse).transpose() {
-        Ok(m) => m.unwrap_or_default(),
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
-    };
-    let spec = LiveSpec {
-        source,
-        schemas: b.schemas,
-        exclude_tables: b.exclude_tables,
-        mask,
-        id: None,
-        mask_text: b.mask,
     };
     let Some(versions) = s.gw.provider.versions() else {
         return unsupported(&s);

@@ -56,28 +56,7 @@ fn secret(v: &Value) -> String {
 /// Log in from 127.0.0.1 as `user` with `password`; Ok(value of `SELECT 1`) or the SQLSTATE
 /// and message.
 async fn login(user: &str, password: &str) -> Result<i32, (String, String)> {
-    login_at(gw().pg_port, user, password).await
-}
-
-/// `login` on the gateway listening on `port`.
-async fn login_at(port: u16, user: &str, password: &str) -> Result<i32, (String, String)> {
-    let mut cfg = tokio_postgres::Config::new();
-    cfg.host("127.0.0.1")
-        .port(port)
-        .user(user)
-        .password(password)
-        .dbname("sandpit");
-    let fail = |e: tokio_postgres::Error| {
-        let msg = e
-            .as_db_error()
-            .map(|d| d.message().to_string())
-            .unwrap_or_else(|| e.to_string());
-        (harness::sqlstate(&e), msg)
-    };
-    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.map_err(fail)?;
-    tokio::spawn(conn);
-    let row = c.query_one("SELECT 1", &[]).await.map_err(fail)?;
-    Ok(row.get(0))
+    harness::login_at(gw().pg_port, user, password).await
 }
 
 /// A token id that does not exist (well-formed, so it reaches the registry lookup).
@@ -315,21 +294,21 @@ fn a_token_logging_in_in_a_loop_is_paced_and_another_token_is_not() {
     let port = g.pg_port;
     let (first, results, other_login) = rt.block_on(async {
         // The burst: straight in.
-        let first = login_at(port, "agent", &whole(&flood)).await;
+        let first = harness::login_at(port, "agent", &whole(&flood)).await;
         // Eight at once: turns one second apart. Unless they arrive more than six seconds
         // apart, some turn is more than 2 s away.
         let mut tasks = Vec::new();
         for _ in 0..8 {
             let pw = whole(&flood);
-            tasks.push(tokio::spawn(
-                async move { login_at(port, "agent", &pw).await },
-            ));
+            tasks.push(tokio::spawn(async move {
+                harness::login_at(port, "agent", &pw).await
+            }));
         }
         let mut results = Vec::new();
         for t in tasks {
             results.push(t.await.expect("login task"));
         }
-        let other_login = login_at(port, "agent", &whole(&other)).await;
+        let other_login = harness::login_at(port, "agent", &whole(&other)).await;
         (first, results, other_login)
     });
     assert_eq!(first, Ok(1), "the first session is within the burst");

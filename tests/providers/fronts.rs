@@ -77,7 +77,7 @@ fn front_files(shared: &Path, task: &str, id: &str) -> Vec<String> {
 }
 
 /// The registry server, a shared directory, and the config every front gets.
-fn setup(
+pub(super) fn setup(
     rt: &tokio::runtime::Runtime,
     extra: &str,
 ) -> (shared_pg::SharedPg, tempfile::TempDir, String) {

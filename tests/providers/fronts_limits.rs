@@ -4,6 +4,7 @@
 //! front's. Also: the registry's pace statement agrees with the pure GCRA step, and a
 //! registry that cannot count failures leaves each front limiting on its own.
 
+use super::fronts::setup;
 use crate::support::harness;
 use crate::support::shared_pg;
 
@@ -14,26 +15,6 @@ use sandpit::lifecycle::pace::{self, Turn};
 use sandpit::pgconn::tls::SslMode;
 use sandpit::registry::postgres::{PgRegistryConfig, PgStore};
 use serde_json::Value;
-
-/// The registry server, a shared directory, and the config every front gets.
-fn setup(
-    rt: &tokio::runtime::Runtime,
-    extra: &str,
-) -> (shared_pg::SharedPg, tempfile::TempDir, String, String) {
-    let pg = rt.block_on(shared_pg::SharedPg::start());
-    let registry_url = rt.block_on(pg.registry_database());
-    let shared = harness::tempdir();
-    let cfg = format!(
-        "provider = \"template\"\n\
-         [template]\nadmin_dsn = \"{}\"\ngolden = \"sandpit_golden\"\nsslmode = \"require\"\n\
-         [registry]\nurl = \"{registry_url}\"\nsslmode = \"verify-full\"\nca_file = \"{}\"\n\
-         refresh_interval = \"1s\"\nshared_dir = \"{}\"\n{extra}",
-        pg.admin_dsn(),
-        pg.ca_file.display(),
-        shared.path().display()
-    );
-    (pg, shared, cfg, registry_url)
-}
 
 fn whole(t: &Value) -> String {
     let id = t["id"].as_str().expect("id");
@@ -47,36 +28,15 @@ fn whole(t: &Value) -> String {
     format!("{id}.{secret}")
 }
 
-/// A login as `user`/`password` on `port` and one query: Ok, or (SQLSTATE, message).
-async fn login_at(port: u16, user: &str, password: &str) -> Result<i32, (String, String)> {
-    let mut cfg = tokio_postgres::Config::new();
-    cfg.host("127.0.0.1")
-        .port(port)
-        .user(user)
-        .password(password)
-        .dbname("sandpit");
-    let fail = |e: tokio_postgres::Error| {
-        let msg = e
-            .as_db_error()
-            .map(|d| d.message().to_string())
-            .unwrap_or_else(|| e.to_string());
-        (harness::sqlstate(&e), msg)
-    };
-    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.map_err(fail)?;
-    tokio::spawn(conn);
-    let row = c.query_one("SELECT 1", &[]).await.map_err(fail)?;
-    Ok(row.get(0))
-}
-
 /// Logins of `pw`, `per_front` through each of the ports at once: (admitted, refused
 /// with 53300). Anything else fails the test.
 async fn flood(ports: [u16; 2], pw: &str, per_front: usize) -> (usize, usize) {
     let mut tasks = Vec::new();
     for i in 0..per_front * 2 {
         let (port, pw) = (ports[i % 2], pw.to_string());
-        tasks.push(tokio::spawn(
-            async move { login_at(port, "agent", &pw).await },
-        ));
+        tasks.push(tokio::spawn(async move {
+            harness::login_at(port, "agent", &pw).await
+        }));
     }
     let (mut admitted, mut refused) = (0, 0);
     for t in tasks {
@@ -101,7 +61,7 @@ async fn flood(ports: [u16; 2], pw: &str, per_front: usize) -> (usize, usize) {
 fn a_token_is_paced_as_one_across_fronts_and_another_token_is_not() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let limits = "[limits]\nsessions_per_second = 1\nsession_burst = 3\nstartup_timeout = \"2s\"\n";
-    let (_pg, _shared, cfg, _) = setup(&rt, limits);
+    let (_pg, _shared, cfg) = setup(&rt, limits);
     let a = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     let b = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     // Room for every login at once: only the pace refuses.
@@ -111,7 +71,10 @@ fn a_token_is_paced_as_one_across_fronts_and_another_token_is_not() {
     let quiet = a.issue("fronts-pace-quiet", 600);
     let ports = [a.pg_port, b.pg_port];
     rt.block_on(async {
-        assert_eq!(login_at(a.pg_port, "agent", &whole(&busy)).await, Ok(1));
+        assert_eq!(
+            harness::login_at(a.pg_port, "agent", &whole(&busy)).await,
+            Ok(1)
+        );
         let (admitted, refused) = flood(ports, &whole(&busy), 8).await;
         assert_eq!(admitted + refused, 16);
         assert!(admitted >= 1, "a login over the pace waits its turn");
@@ -122,7 +85,10 @@ fn a_token_is_paced_as_one_across_fronts_and_another_token_is_not() {
         // The other token: its burst of 3, through both fronts, all straight in.
         let (admitted, refused) = flood(ports, &whole(&quiet), 1).await;
         assert_eq!((admitted, refused), (2, 0));
-        assert_eq!(login_at(b.pg_port, "agent", &whole(&quiet)).await, Ok(1));
+        assert_eq!(
+            harness::login_at(b.pg_port, "agent", &whole(&quiet)).await,
+            Ok(1)
+        );
     });
 }
 
@@ -137,7 +103,7 @@ fn limited(r: &Result<i32, (String, String)>) -> bool {
 #[test]
 fn auth_failures_are_counted_across_fronts_and_a_registry_failure_falls_back() {
     let rt = tokio::runtime::Runtime::new().expect("rt");
-    let (pg, _shared, cfg, _) = setup(&rt, "[limits]\nauth_failures_per_minute = 5\n");
+    let (pg, _shared, cfg) = setup(&rt, "[limits]\nauth_failures_per_minute = 5\n");
     let a = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     let b = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     let t = a.issue("fronts-auth", 600);
@@ -148,7 +114,7 @@ fn auth_failures_are_counted_across_fronts_and_a_registry_failure_falls_back() {
         let mut seen = Vec::new();
         for i in 0..8 {
             let port = if i % 2 == 0 { a.pg_port } else { b.pg_port };
-            let r = login_at(port, &id, &wrong).await;
+            let r = harness::login_at(port, &id, &wrong).await;
             assert!(r.is_err(), "attempt {i}: {r:?}");
             seen.push(limited(&r));
         }
@@ -157,7 +123,10 @@ fn auth_failures_are_counted_across_fronts_and_a_registry_failure_falls_back() {
             [false, false, false, false, false, true, true, true],
             "limited from the fleet's 6th failure"
         );
-        assert_eq!(login_at(b.pg_port, "agent", &whole(&t)).await, Ok(1));
+        assert_eq!(
+            harness::login_at(b.pg_port, "agent", &whole(&t)).await,
+            Ok(1)
+        );
 
         // The registry can no longer count: each front's own count decides.
         pg.admin("sandpit_registry")
@@ -168,7 +137,7 @@ fn auth_failures_are_counted_across_fronts_and_a_registry_failure_falls_back() {
         let oid = other["id"].as_str().expect("id").to_string();
         let mut seen = Vec::new();
         for i in 0..6 {
-            seen.push(limited(&login_at(a.pg_port, &oid, &wrong).await));
+            seen.push(limited(&harness::login_at(a.pg_port, &oid, &wrong).await));
             assert!(i < 5 || seen[i], "attempt {i} on one front: {seen:?}");
         }
         assert_eq!(seen, [false, false, false, false, false, true]);
@@ -189,7 +158,7 @@ fn the_log_quota_counts_every_fronts_file() {
     const QUOTA: u64 = 64 * 1024;
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let extra = format!("[log]\nmax_bytes_per_token = {QUOTA}\n");
-    let (_pg, shared, cfg, _) = setup(&rt, &extra);
+    let (_pg, shared, cfg) = setup(&rt, &extra);
     let a = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     let b = Gateway::start(Some(SMALL_GOLDEN), Some(&cfg));
     let task = "fronts-quota";

@@ -357,6 +357,28 @@ pub fn sqlstate(e: &tokio_postgres::Error) -> String {
         .unwrap_or_else(|| format!("(no code: {e})"))
 }
 
+/// A login as `user`/`password` on the gateway listening on `port` and one `SELECT 1`:
+/// its value, or the refusal as (SQLSTATE, message).
+pub async fn login_at(port: u16, user: &str, password: &str) -> Result<i32, (String, String)> {
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host("127.0.0.1")
+        .port(port)
+        .user(user)
+        .password(password)
+        .dbname("sandpit");
+    let fail = |e: tokio_postgres::Error| {
+        let msg = e
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_else(|| e.to_string());
+        (sqlstate(&e), msg)
+    };
+    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.map_err(fail)?;
+    tokio::spawn(conn);
+    let row = c.query_one("SELECT 1", &[]).await.map_err(fail)?;
+    Ok(row.get(0))
+}
+
 /// Run psql with a DSN; returns (success, stdout, stderr).
 pub fn psql(dsn: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new("psql")

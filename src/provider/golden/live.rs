@@ -142,6 +142,32 @@ pub struct LiveSpec {
     pub mask_text: Option<String>,
 }
 
+impl LiveSpec {
+    /// A build as an API body asks for it (the gateway's own API, or a front's to a worker):
+    /// the DSN and the rules' text parsed, the text kept for passing on.
+    pub fn from_request(
+        from_dsn: &str,
+        schemas: Vec<String>,
+        exclude_tables: Vec<String>,
+        mask_text: Option<String>,
+        id: Option<String>,
+    ) -> Result<LiveSpec, ProviderError> {
+        let source = SourceDsn::parse(from_dsn)?;
+        let mask = match mask_text.as_deref().map(MaskRules::parse).transpose() {
+            Ok(m) => m.unwrap_or_default(),
+            Err(e) => return Err(ProviderError::InvalidMask(e)),
+        };
+        Ok(LiveSpec {
+            source,
+            schemas,
+            exclude_tables,
+            mask,
+            id,
+            mask_text,
+        })
+    }
+}
+
 /// What a build from a live database did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BuildReport {

@@ -12,8 +12,7 @@ use axum::Json;
 
 use super::answer::{authorized, err};
 use super::Worker;
-use crate::provider::golden::live::{LiveSpec, SourceDsn};
-use crate::provider::mask::MaskRules;
+use crate::provider::golden::live::LiveSpec;
 use crate::provider::remote_api::{BuildGolden, GoldenList};
 use crate::provider::{GoldenVersions, ProviderError};
 
@@ -78,21 +77,15 @@ pub(super) async fn build(
             )
         }
     };
-    let source = match SourceDsn::parse(&b.from_dsn) {
-        Ok(s) => s,
+    let spec = match LiveSpec::from_request(
+        &b.from_dsn,
+        b.schemas,
+        b.exclude_tables,
+        b.mask,
+        Some(b.id),
+    ) {
+        Ok(spec) => spec,
         Err(e) => return failed(e),
-    };
-    let mask = match b.mask.as_deref().map(MaskRules::parse).transpose() {
-        Ok(m) => m.unwrap_or_default(),
-        Err(e) => return err(StatusCode::BAD_REQUEST, &e.to_string()),
-    };
-    let spec = LiveSpec {
-        source,
-        schemas: b.schemas,
-        exclude_tables: b.exclude_tables,
-        mask,
-        id: Some(b.id),
-        mask_text: None,
     };
     match v.build_golden(&spec).await {
         Ok(g) => (StatusCode::CREATED, Json(g)).into_response(),
