@@ -73,6 +73,17 @@ const TOKEN = [
 ] as const;
 const _token: Exact<keyof Token, (typeof TOKEN)[number]> = true;
 
+/** One worker's copy of a golden version (a front over sandpit workers). */
+export interface GoldenWorker {
+  /** Position in the front's `remote.urls`. */
+  worker: number;
+  url: string;
+  active: boolean;
+  forks: number;
+}
+const GOLDEN_WORKER = ["worker", "url", "active", "forks"] as const;
+const _goldenWorker: Exact<keyof GoldenWorker, (typeof GOLDEN_WORKER)[number]> = true;
+
 /** A golden version. */
 export interface Golden {
   id: string;
@@ -84,8 +95,12 @@ export interface Golden {
   schemas?: string[];
   exclude_tables?: string[];
   report?: Record<string, unknown>;
+  /** A front over sandpit workers: the workers that have this version ready. */
+  workers?: GoldenWorker[];
 }
-const GOLDEN = ["id", "kind", "created_at", "source", "active", "forks", "schemas", "exclude_tables", "report"] as const;
+const GOLDEN = [
+  "id", "kind", "created_at", "source", "active", "forks", "schemas", "exclude_tables", "report", "workers",
+] as const;
 const _golden: Exact<keyof Golden, (typeof GOLDEN)[number]> = true;
 
 /** Body of POST /v1/goldens. */
@@ -271,7 +286,7 @@ const _summary: Exact<keyof ReviewSummary, (typeof SUMMARY)[number]> = true;
 
 // The compile-time checks above are values only so that the compiler evaluates them.
 void [
-  _issueRequest, _token, _golden, _goldenBuild, _outcome, _statement, _reap, _reaped, _skipped,
+  _issueRequest, _token, _goldenWorker, _golden, _goldenBuild, _outcome, _statement, _reap, _reaped, _skipped,
   _promoteRequest, _counts, _promoteReport, _event, _record, _summary,
 ];
 
@@ -282,7 +297,7 @@ const event = model<ReviewEvent>(EVENT);
 export const MODELS = {
   IssueRequest: model<IssueRequest>(ISSUE_REQUEST),
   Token: model<Token>(TOKEN),
-  Golden: model<Golden>(GOLDEN),
+  Golden: model<Golden>(GOLDEN, { workers: model<GoldenWorker>(GOLDEN_WORKER) }),
   GoldenBuild: model<GoldenBuild>(GOLDEN_BUILD),
   Statement: model<Statement>(STATEMENT, { outcome: model<StatementOutcome>(OUTCOME) }),
   ReapReport: model<ReapReport>(REAP, { reaped: { fields: REAPED }, skipped: { fields: SKIPPED } }),

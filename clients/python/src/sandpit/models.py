@@ -113,8 +113,21 @@ class Token(Model):
 
 
 @dataclass
+class GoldenWorker(Model):
+    """One worker's copy of a golden version (a front over sandpit workers)."""
+
+    worker: Optional[int] = _opt()
+    url: Optional[str] = _opt()
+    active: Optional[bool] = _opt()
+    forks: Optional[int] = _opt()
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass
 class Golden(Model):
     """A golden version."""
+
+    NESTED: ClassVar[Dict[str, Type[Model]]] = {"workers": GoldenWorker}
 
     id: str = ""
     kind: Optional[str] = _opt()
@@ -125,6 +138,7 @@ class Golden(Model):
     schemas: Optional[List[str]] = _opt()
     exclude_tables: Optional[List[str]] = _opt()
     report: Optional[Dict[str, Any]] = _opt()
+    workers: Optional[List[GoldenWorker]] = _opt()
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
 
