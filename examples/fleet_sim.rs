@@ -44,6 +44,7 @@ use sandpit::provider::remote_api::{
     Capacity, Connection, CreateSandbox, Sandbox, SandboxList, SandboxState,
 };
 use sandpit::provider::{BackendTag, Provider};
+use sandpit::registry::pool::PoolLimits;
 use sandpit::registry::postgres::PgRegistryConfig;
 use sandpit::registry::workers::WorkerBook;
 use sandpit::registry::{Caps, Registry, TokenRecord, TokenState};
@@ -375,6 +376,7 @@ async fn main() -> Result<()> {
         url: pg.admin_dsn().replace("/postgres", "/sandpit_registry"),
         sslmode: Some(SslMode::VerifyFull),
         ca_file: Some(pg.ca_file.clone()),
+        pool: PoolLimits::default(),
     };
     let mut urls = Vec::new();
     let mut workers = Vec::new();

@@ -15,6 +15,7 @@ mod providers {
     mod golden_build;
     mod instance_provider;
     mod microvm;
+    mod registry_pool;
     mod replicas;
     mod spines;
     mod template_attacks;

@@ -31,6 +31,13 @@ pub struct RegistrySection {
     /// fronts after the front was last heard of (renewed every third of it).
     #[serde(deserialize_with = "de_duration")]
     pub session_lease: Duration,
+    /// Registry connections this gateway runs queries on at once (locks and the change
+    /// listener take their own); more queries wait for one.
+    pub max_connections: usize,
+    /// The longest a query waits for a registry connection before failing (the API answers
+    /// 503, a login is refused).
+    #[serde(deserialize_with = "de_duration")]
+    pub acquire_timeout: Duration,
 }
 
 impl Default for RegistrySection {
@@ -42,6 +49,8 @@ impl Default for RegistrySection {
             refresh_interval: Duration::from_secs(5),
             shared_dir: None,
             session_lease: Duration::from_secs(30),
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -102,6 +111,18 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "pool.size",
                 message: "the warm pool is per gateway and not supported with a shared registry; set it (and pool.max_size) to 0".into(),
+            });
+        }
+        if self.registry.max_connections == 0 {
+            return Err(ConfigError::Invalid {
+                key: "registry.max_connections",
+                message: "must be at least 1".into(),
+            });
+        }
+        if self.registry.acquire_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "registry.acquire_timeout",
+                message: "must be more than 0".into(),
             });
         }
         if self.registry.session_lease < Duration::from_secs(1) {

@@ -333,6 +333,12 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         &[&[]],
     ),
     (
+        "sandpit_registry_busy_total",
+        Counter,
+        "Registry queries refused because all of registry.max_connections stayed busy past registry.acquire_timeout.",
+        &[&[]],
+    ),
+    (
         "sandpit_registry_reconnects_total",
         Counter,
         "Times the shared registry's change feed was lost and re-established.",

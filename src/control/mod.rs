@@ -18,6 +18,7 @@ use subtle::ConstantTimeEq;
 
 use crate::lifecycle::{janitor, EndReason, Gateway, IssueRequest, LifecycleError};
 use crate::mcp::http::McpState;
+use crate::registry::RegistryError;
 
 mod goldens;
 mod metrics_help;
@@ -139,6 +140,15 @@ fn lifecycle_error(e: LifecycleError) -> Response {
         LifecycleError::Unknown(id) => error(StatusCode::NOT_FOUND, format!("unknown token {id}")),
         LifecycleError::Invalid(m) => error(StatusCode::BAD_REQUEST, m),
         LifecycleError::End(e) => error(StatusCode::CONFLICT, e.to_string()),
+        LifecycleError::Registry(e @ RegistryError::Busy { .. }) => {
+            tracing::warn!(error = %e, "api request refused");
+            let mut r = error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+            r
+        }
         other => {
             tracing::error!(error = %other, "api request failed");
             error(StatusCode::INTERNAL_SERVER_ERROR, other.to_string())

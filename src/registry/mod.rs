@@ -8,6 +8,7 @@ pub mod claims;
 pub mod end;
 pub mod file;
 pub mod limits;
+pub mod pool;
 pub mod postgres;
 pub mod sessions;
 pub mod workers;
@@ -41,6 +42,14 @@ pub enum RegistryError {
     /// The shared registry's database failed or refused.
     #[error("token registry database: {0}")]
     Database(String),
+    /// Every registry connection this front may use was busy for the whole wait.
+    #[error("the token registry is busy: all {max} of this gateway's registry connections stayed in use for {waited:?} (registry.max_connections, registry.acquire_timeout)")]
+    Busy {
+        /// `registry.max_connections`.
+        max: usize,
+        /// `registry.acquire_timeout`.
+        waited: Duration,
+    },
 }
 
 /// Where a token is in its life.

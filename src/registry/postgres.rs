@@ -5,8 +5,6 @@
 //! per token, one janitor pass at a time) is a session advisory lock held on a connection of
 //! its own, released when that connection closes — also when the holder dies.
 
-use std::sync::Mutex;
-
 use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
@@ -14,13 +12,12 @@ use tokio_postgres::config::Host;
 use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls};
 
+use super::pool::{Idle, Pool, PoolLimits};
 use super::{RegistryError, TokenRecord};
 use crate::pgconn::stream::{self as backend_stream, BackendStream};
 use crate::pgconn::tls::{self as btls, SslMode};
 use crate::pgconn::{BackendAddr, Endpoint};
 
-/// Idle connections kept for reuse.
-const MAX_IDLE: usize = 8;
 /// NOTIFY channel of token changes.
 pub const CHANNEL: &str = "sandpit_tokens";
 
@@ -58,6 +55,8 @@ pub struct PgRegistryConfig {
     pub sslmode: Option<SslMode>,
     /// CA to verify the server with.
     pub ca_file: Option<std::path::PathBuf>,
+    /// Connections running queries at once, and how long a query waits for one.
+    pub pool: PoolLimits,
 }
 
 /// Where a CancelRequest for a minted key goes: the token (whose backend any replica can
@@ -72,17 +71,18 @@ pub struct SharedCancel {
     pub secret: i32,
 }
 
-/// Connection settings and a small pool of idle connections.
+/// Connection settings and the bounded pool of connections.
 pub struct PgStore {
     cfg: tokio_postgres::Config,
     endpoint: Endpoint,
-    idle: Mutex<Vec<Client>>,
+    pool: Pool,
 }
 
-/// A pooled connection, given back on drop unless it broke.
+/// A pooled connection and its query slot, given back on drop unless it broke.
 pub struct Pooled<'a> {
     store: &'a PgStore,
     client: Option<Client>,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl std::ops::Deref for Pooled<'_> {
@@ -101,19 +101,37 @@ impl std::ops::DerefMut for Pooled<'_> {
 impl Drop for Pooled<'_> {
     fn drop(&mut self) {
         if let Some(c) = self.client.take() {
-            if !c.is_closed() {
-                let mut idle = self.store.idle.lock().unwrap_or_else(|p| p.into_inner());
-                if idle.len() < MAX_IDLE {
-                    idle.push(c);
-                }
-            }
+            self.store.pool.idle().give_back(c);
         }
     }
 }
 
-/// A cross-replica lock; released when dropped (its connection closes).
+/// A cross-replica lock, released when dropped: unlocked and its connection given back to
+/// the pool, or (no runtime, or the unlock failed) its connection closed, which releases it.
 pub struct HeldLock {
-    _client: Client,
+    client: Option<Client>,
+    key: i64,
+    idle: Idle,
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        let Some(c) = self.client.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (key, idle) = (self.key, self.idle.clone());
+        rt.spawn(async move {
+            // Given back only once the server says it no longer holds the lock.
+            if let Ok(row) = c.query_one("SELECT pg_advisory_unlock($1)", &[&key]).await {
+                if row.try_get::<_, bool>(0).unwrap_or(false) {
+                    idle.give_back(c);
+                }
+            }
+        });
+    }
 }
 
 pub(super) fn db(what: &str, e: tokio_postgres::Error) -> RegistryError {
@@ -173,7 +191,7 @@ impl PgStore {
         let store = PgStore {
             cfg,
             endpoint,
-            idle: Mutex::new(Vec::new()),
+            pool: Pool::new(c.pool),
         };
         store
             .create_tables(SCHEMA, "creating the registry tables")
@@ -218,37 +236,50 @@ impl PgStore {
         Ok(client)
     }
 
-    /// A pooled connection.
+    /// A pooled connection, once a query slot is free (`Busy` past `registry.acquire_timeout`).
     pub async fn client(&self) -> Result<Pooled<'_>, RegistryError> {
-        let reused = {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            let mut found = None;
-            while let Some(c) = idle.pop() {
-                if !c.is_closed() {
-                    found = Some(c);
-                    break;
-                }
-            }
-            found
-        };
-        let client = match reused {
+        let slot = self.pool.slot().await?;
+        let client = match self.pool.idle().take() {
             Some(c) => c,
             None => self.spawned().await?,
         };
         Ok(Pooled {
             store: self,
             client: Some(client),
+            _slot: slot,
         })
     }
 
-    /// Wait for the cross-replica lock called `name`.
+    /// Query slots in use now.
+    pub fn busy(&self) -> usize {
+        self.pool.busy()
+    }
+
+    /// Wait for the cross-replica lock called `name`, on an idle connection when there is
+    /// one (a fresh one if that one turns out to be dead).
     pub async fn lock(&self, name: &str) -> Result<HeldLock, RegistryError> {
-        let client = self.spawned().await?;
-        client
-            .execute("SELECT pg_advisory_lock($1)", &[&lock_key(name)])
+        let key = lock_key(name);
+        let sql = "SELECT pg_advisory_lock($1)";
+        if let Some(c) = self.pool.idle().take() {
+            match c.execute(sql, &[&key]).await {
+                Ok(_) => return Ok(self.held(c, key)),
+                Err(e) if e.as_db_error().is_some() => return Err(db("taking a registry lock", e)),
+                Err(_) => {} // the idle connection had died: take a new one
+            }
+        }
+        let c = self.spawned().await?;
+        c.execute(sql, &[&key])
             .await
             .map_err(|e| db("taking a registry lock", e))?;
-        Ok(HeldLock { _client: client })
+        Ok(self.held(c, key))
+    }
+
+    fn held(&self, client: Client, key: i64) -> HeldLock {
+        HeldLock {
+            client: Some(client),
+            key,
+            idle: self.pool.idle().clone(),
+        }
     }
 
     /// The value of a setting, set to `init` first if no replica has set it yet.

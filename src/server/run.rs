@@ -17,6 +17,7 @@ use crate::pgconn::tls::SslMode;
 use crate::provider::pool::WarmPool;
 use crate::provider::{BoxFuture, Provider};
 use crate::proxy::{tls, Proxy};
+use crate::registry::pool::PoolLimits;
 use crate::registry::postgres::PgRegistryConfig;
 use crate::registry::{Registry, TokenRecord};
 use crate::review::reviewer::Reviewer;
@@ -280,6 +281,10 @@ async fn open_registry(cfg: &Config, data_dir: &Path) -> Result<Registry, ServeE
                     url: url.clone(),
                     sslmode: cfg.registry.sslmode.as_deref().map(mode),
                     ca_file: cfg.registry.ca_file.clone(),
+                    pool: PoolLimits {
+                        max: cfg.registry.max_connections,
+                        wait: cfg.registry.acquire_timeout,
+                    },
                 },
                 cfg.registry.refresh_interval,
             )

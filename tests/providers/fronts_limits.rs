@@ -13,6 +13,7 @@ use std::time::Duration;
 use crate::support::harness::{connect, Gateway, SMALL_GOLDEN};
 use sandpit::lifecycle::pace::{self, Turn};
 use sandpit::pgconn::tls::SslMode;
+use sandpit::registry::pool::PoolLimits;
 use sandpit::registry::postgres::{PgRegistryConfig, PgStore};
 use serde_json::Value;
 
@@ -210,6 +211,7 @@ fn store_config(pg: &shared_pg::SharedPg, url: &str) -> PgRegistryConfig {
         url: url.to_string(),
         sslmode: Some(SslMode::VerifyFull),
         ca_file: Some(pg.ca_file.clone()),
+        pool: PoolLimits::default(),
     }
 }
 
