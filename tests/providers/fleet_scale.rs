@@ -5,7 +5,9 @@
 //! mid-session and its client goes on through the other; a worker is killed and adopts its
 //! sandboxes when it comes back; every node is restarted in turn. Nothing acknowledged is
 //! lost (every token reads its row at the end), and revoking every token leaves no scratch
-//! server behind on any worker.
+//! server behind on any worker. Where network namespaces can be made (root; CI must have
+//! them), each worker runs in one of its own, reached by the fronts over a veth link as if on
+//! another machine; elsewhere the workers listen on loopback.
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,6 +16,8 @@ use serde_json::Value;
 
 use super::worker::{client, id, tokens_on, Worker, KEY};
 use crate::support::harness::{self, connect, processes_in, tempdir, wait_until, Gateway};
+use crate::support::netns::Netns;
+use crate::support::require;
 use crate::support::shared_pg::SharedPg;
 
 /// Tokens spread over the workers.
@@ -68,11 +72,14 @@ struct Fleet {
     cfg: String,
     listens: Vec<String>,
     dirs: Vec<std::path::PathBuf>,
+    /// A namespace per worker, when they can be made here.
+    nets: Option<Vec<Netns>>,
 }
 
 impl Fleet {
     fn worker(&self, i: usize) -> Worker {
-        Worker::start_with(&self.dirs[i], &self.listens[i], "max_sandboxes = 130\n")
+        let ns = self.nets.as_ref().map(|n| &n[i]);
+        Worker::start_inside(ns, &self.dirs[i], &self.listens[i], "max_sandboxes = 130\n")
     }
 
     fn front(&self, dir: &Path) -> Gateway {
@@ -87,16 +94,41 @@ fn two_fronts_three_workers_300_tokens_kills_and_a_rolling_restart_lose_nothing(
     let rt = tokio::runtime::Runtime::new().expect("rt");
     let pg = rt.block_on(SharedPg::start());
     let registry_url = rt.block_on(pg.registry_database());
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
+    let nets = match (0..3).map(Netns::create).collect::<Result<Vec<_>, _>>() {
+        Ok(nets) => Some(nets),
+        Err(why) => {
+            // Panics under CI; elsewhere the fleet runs on loopback.
+            let _ = require::require(false, "network namespaces", &why);
+            None
+        }
+    };
+    let listens: Vec<String> = match &nets {
+        // A namespace of its own: any port is free there, and stays so across restarts.
+        Some(nets) => nets.iter().map(|n| format!("{}:7443", n.inside)).collect(),
+        None => (0..3)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect(),
+    };
     let dirs: Vec<_> = (0..3).map(|i| tmp.path().join(format!("w{i}"))).collect();
     let mut fleet = Fleet {
         cfg: String::new(),
         listens,
         dirs,
+        nets,
     };
     let mut workers: Vec<Worker> = (0..3).map(|i| fleet.worker(i)).collect();
+    if fleet.nets.is_some() {
+        // Each worker is in a network namespace other than the fronts' (this process's).
+        let here = std::fs::read_link("/proc/self/ns/net").expect("own netns");
+        for w in &workers {
+            let pid = w.pid().expect("running");
+            let there = std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("worker netns");
+            assert_ne!(
+                here, there,
+                "worker {pid} shares the fronts' network namespace"
+            );
+        }
+    }
     let ca = tmp.path().join("workers-ca.pem");
     let mut bundle = Vec::new();
     for d in &fleet.dirs {

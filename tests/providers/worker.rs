@@ -6,6 +6,7 @@
 //! error while the other's keep working; and no scratch server outlives the workers.
 
 use crate::support::harness;
+use crate::support::netns::Netns;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
@@ -32,6 +33,16 @@ impl Worker {
 
     /// A worker on `listen`, with `extra` lines in its `[worker]` section.
     pub(super) fn start_with(dir: &Path, listen: &str, extra: &str) -> Worker {
+        Worker::start_inside(None, dir, listen, extra)
+    }
+
+    /// [`Worker::start_with`], inside network namespace `ns` when given.
+    pub(super) fn start_inside(
+        ns: Option<&Netns>,
+        dir: &Path,
+        listen: &str,
+        extra: &str,
+    ) -> Worker {
         std::fs::create_dir_all(dir).expect("dir");
         let sql = dir.join("golden.sql");
         std::fs::write(&sql, SMALL_GOLDEN).expect("golden");
@@ -48,7 +59,8 @@ impl Worker {
             .create(true)
             .open(dir.join("worker.log"))
             .expect("log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandpit"));
+        let bin = env!("CARGO_BIN_EXE_sandpit");
+        let mut cmd = ns.map_or_else(|| Command::new(bin), |n| n.command(bin));
         cmd.arg("serve")
             .arg("--data-dir")
             .arg(dir)
@@ -87,6 +99,11 @@ impl Worker {
             dir: dir.to_path_buf(),
             url,
         }
+    }
+
+    /// The worker's process id, while it runs.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub(super) fn log(&self) -> String {

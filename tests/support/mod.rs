@@ -3,6 +3,7 @@
 
 pub mod harness;
 pub mod microvm_checks;
+pub mod netns;
 pub mod remote_server;
 pub mod require;
 pub mod shared_pg;
