@@ -66,11 +66,13 @@ pub struct Context<'a> {
     pub span: &'a tracing::Span,
 }
 
-/// Relay until either side leaves or the token ends.
+/// Relay until either side leaves or the token ends. The pipeline comes boxed because an
+/// async fn keeps its arguments in its state for its whole life: moved into the relay, it
+/// would otherwise be held twice by every session.
 pub async fn run(
     client: FrameReader<ClientStream>,
     backend: FrameReader<BackendStream>,
-    pl: Pipeline,
+    pl: Box<Pipeline>,
     cx: Context<'_>,
 ) {
     let Context {
@@ -85,7 +87,7 @@ pub async fn run(
     };
     let mut relay = Relay {
         sides,
-        flow: Flow::new(pl, secrets, watchdog.as_ref().map(|w| w.limit)),
+        flow: Flow::new(*pl, secrets, watchdog.as_ref().map(|w| w.limit)),
         turn: Turn::new(slot),
         alarm: Alarm::new(),
         watchdog,
@@ -97,7 +99,9 @@ pub async fn run(
     // Said here, in the span (see `Relay::span`); `close` itself logs nothing.
     let last = ending.last_word(relay.flow.backend_said_fatal);
     drop(_in);
-    relay.close(ending, last).await;
+    // Closing's state (a last write each way, the log's end) is larger than the pump's; on
+    // the heap, it does not size every idle session's task.
+    Box::pin(relay.close(ending, last)).await;
 }
 
 /// Both connections, each split into its framed read half and its write half.

@@ -43,7 +43,11 @@ pub async fn handle(proxy: Arc<Proxy>, sock: TcpStream, peer: SocketAddr) {
     // The steps up to the relay run inside the session's span; the relay enters it only
     // around its own events: a span entered and left at every poll cost about 0.6 k
     // instructions per round trip (the subscriber's span stack and filter, twice).
-    if let Some((client, session)) = run(&proxy, sock, peer).instrument(span.clone()).await {
+    // The set-up steps' state (TLS handshake, SCRAM, the backend's login) is several KiB the
+    // relay never needs: on the heap, freed before the relay, so an idle session's task holds
+    // the relay's state only (see the memory figure in docs/BENCHMARKS.md).
+    let set_up = Box::pin(run(&proxy, sock, peer).instrument(span.clone())).await;
+    if let Some((client, session)) = set_up {
         relay_step(&proxy, client, session, span).await
     }
 }
@@ -55,7 +59,7 @@ async fn run(
     proxy: &Proxy,
     sock: TcpStream,
     peer: SocketAddr,
-) -> Option<(FrameReader<ClientStream>, Attached)> {
+) -> Option<(FrameReader<ClientStream>, Box<Attached>)> {
     let (mut client, startup) = match negotiate_step(proxy, sock).await {
         Ok(Some(opened)) => opened,
         Ok(None) => return None,
@@ -74,7 +78,9 @@ async fn run(
     }
     .await;
     match attached {
-        Ok(session) => Some((client, session)),
+        // Boxed: an async fn's arguments stay in its state for its whole life, so the relay
+        // step would otherwise hold this twice.
+        Ok(session) => Some((client, Box::new(session))),
         Err(e) => {
             e.report(client.get_mut()).await;
             None
@@ -340,15 +346,16 @@ fn open_log(proxy: &Proxy, rec: &TokenRecord) -> Result<Option<Arc<TokenLog>>, S
 async fn relay_step(
     proxy: &Proxy,
     client: FrameReader<ClientStream>,
-    s: Attached,
+    s: Box<Attached>,
     span: tracing::Span,
 ) {
+    let s = *s;
     let rec = &s.authed.rec;
     let session_no = proxy
         .sessions
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    let pipeline = Pipeline::new(SessionIdentity {
+    let pipeline = Box::new(Pipeline::new(SessionIdentity {
         token: rec.id.clone(),
         task: rec.task.clone(),
         session: session_no,
@@ -360,7 +367,7 @@ async fn relay_step(
         },
         allow: rec.caps.allow.clone(),
     })
-    .in_span(span.clone());
+    .in_span(span.clone()));
     let cx = relay::Context {
         ended: s.authed.ended,
         secrets: proxy.gw.secrets(),
