@@ -184,12 +184,12 @@ class Gateway:
         self.stop()
         self.start(config)
 
-    def http(self, method, path, body=None):
+    def http(self, method, path, body=None, timeout=60):
         req = urllib.request.Request(self.api + path, method=method,
                                      data=json.dumps(body).encode() if body is not None else None,
                                      headers={"Authorization": f"Bearer {self.key}",
                                               "content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             data = r.read()
             return json.loads(data) if data and r.headers.get("content-type", "").startswith("application/json") else data
 
@@ -198,9 +198,12 @@ class Gateway:
         t["dsn_plain"] = t["dsn"] + ("&" if "?" in t["dsn"] else "?") + "sslmode=disable"
         return t
 
-    def revoke(self, tid):
+    def revoke(self, tid, timeout=60):
+        """Ends a token and waits for its end (its review is stored before the answer): a
+        big change takes longer, and a revoke left running would be measured by the next
+        section."""
         try:
-            self.http("DELETE", f"/v1/tokens/{tid}")
+            self.http("DELETE", f"/v1/tokens/{tid}", timeout=timeout)
         except Exception as e:  # already expired is fine
             log(f"revoke {tid}: {e}")
 

@@ -303,7 +303,9 @@ def caps(env, sz):
             t0 = time.perf_counter()
             subprocess.run(env.client_cmd([psql, dsn, "-XAtq", "-c", q]), check=True, capture_output=True)
             acc.append((time.perf_counter() - t0) * 1000)
-    g.revoke(t["id"])
+    # The end reviews a 10 M-row new table (its rows hashed for the patch check): minutes,
+    # not the default minute, or the next section measures this review's memory and CPU.
+    g.revoke(t["id"], timeout=900)
     ratio = pct(via, 50) / pct(lim, 50)
     return [Row(f"capped `select *` over {n:,} rows through sandpit (psql wall time)", med_p99(via), "", ""),
             Row("`select * … limit 200` direct to the scratch server", med_p99(lim), "", ""),
@@ -339,8 +341,14 @@ def rss(env, sz):
         for t in tokens:
             g.revoke(t["id"])
     per = (after - before) / n
-    return [Row(f"gateway RSS per idle relayed session ({n:,} sessions over {k} tokens, SCRAM, no TLS)",
-                f"{per:.1f} KiB ({before / 1024:.0f} → {after / 1024:.0f} MiB)", "≤ 24 KiB", verdict(per <= 24))]
+    label = f"gateway RSS per idle relayed session ({n:,} sessions over {k} tokens, SCRAM, no TLS)"
+    value = f"{per:.1f} KiB ({before / 1024:.0f} → {after / 1024:.0f} MiB)"
+    if per < 4:
+        # A session holds at least its two sockets' buffers and its task: less than that
+        # means the sessions reused memory something else had freed (work still running in
+        # the gateway at `before`), not that they cost nothing.
+        return [Row(label, value, "≤ 24 KiB", "**not measured**: the gateway's RSS did not grow with its sessions")]
+    return [Row(label, value, "≤ 24 KiB", verdict(per <= 24))]
 
 
 def _burst_once(g, n, label, after=None):
