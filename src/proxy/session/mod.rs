@@ -355,19 +355,21 @@ async fn relay_step(
         .sessions
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
-    let pipeline = Box::new(Pipeline::new(SessionIdentity {
-        token: rec.id.clone(),
-        task: rec.task.clone(),
-        session: session_no,
-        log: s.log,
-        caps: CapPolicy {
-            max_rows: rec.caps.max_rows,
-            max_bytes: rec.caps.max_bytes,
-            mode: rec.caps.cap_mode,
-        },
-        allow: rec.caps.allow.clone(),
-    })
-    .in_span(span.clone()));
+    let pipeline = Box::new(
+        Pipeline::new(SessionIdentity {
+            token: rec.id.clone(),
+            task: rec.task.clone(),
+            session: session_no,
+            log: s.log,
+            caps: CapPolicy {
+                max_rows: rec.caps.max_rows,
+                max_bytes: rec.caps.max_bytes,
+                mode: rec.caps.cap_mode,
+            },
+            allow: rec.caps.allow.clone(),
+        })
+        .in_span(span.clone()),
+    );
     let cx = relay::Context {
         ended: s.authed.ended,
         secrets: proxy.gw.secrets(),
