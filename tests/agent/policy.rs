@@ -2,6 +2,7 @@
 //! scratch database.
 
 use crate::support::harness::{connect, psql, sqlstate, Gateway, SMALL_GOLDEN};
+use crate::support::wire::{self, Raw};
 
 #[test]
 fn a_read_only_token_reads_and_is_refused_everything_else() {
@@ -89,4 +90,100 @@ fn a_read_only_token_reads_and_is_refused_everything_else() {
         Some(serde_json::json!({"task": "x", "allow": ["unparsed"]})),
     );
     assert_eq!(s, 400, "{v}");
+}
+
+/// The errors of a response up to its ReadyForQuery, as "SQLSTATE message".
+fn errors(raw: &mut Raw) -> Vec<String> {
+    raw.until_ready()
+        .iter()
+        .filter(|(t, _)| *t == b'E')
+        .map(|(_, b)| format!("{} {}", wire::field(b, b'C'), wire::field(b, b'M')))
+        .collect()
+}
+
+/// A hostile agent on a read-only token hides a write from the gateway's lexer: with
+/// `standard_conforming_strings` off (set from a SELECT), in a client-only encoding, or
+/// behind nested comments. Each is refused by the gateway's policy itself (not only by the
+/// backend role, whose refusal says "permission denied"), and nothing is deleted.
+#[test]
+fn texts_read_otherwise_by_the_server_are_refused_by_the_policy() {
+    let g = Gateway::start(Some(SMALL_GOLDEN), None);
+    let t =
+        g.issue_with(serde_json::json!({"task": "lexer", "ttl_seconds": 600, "allow": ["read"]}));
+    let dsn = t["dsn"].as_str().expect("dsn");
+    let creds = dsn
+        .split("://")
+        .nth(1)
+        .and_then(|s| s.split('@').next())
+        .expect("creds");
+    let mut raw = Raw::login(g.pg_port, &creds.replacen(':', ".", 1));
+    let refused = |errs: &[String], what: &str| {
+        assert!(
+            errs.len() == 1 && errs[0].starts_with("42501 sandpit policy"),
+            "{what}: {errs:?}"
+        );
+    };
+
+    raw.send(&wire::query(
+        "select set_config('standard_conforming_strings', 'off', false)",
+    ));
+    assert_eq!(errors(&mut raw), Vec::<String>::new());
+    raw.send(&wire::query("select '\\' , ' ; delete from items; --'"));
+    refused(
+        &errors(&mut raw),
+        "a write after a string the server ends later",
+    );
+    // Extended protocol: one statement, a data-modifying WITH only the server sees.
+    let cte =
+        "with a as (select '\\', ' ), d as (delete from items returning 1) select 1 --' ) select 1";
+    for m in [
+        wire::parse("", cte),
+        wire::bind("", ""),
+        wire::execute("", 0),
+        wire::sync(),
+    ] {
+        raw.send(&m);
+    }
+    refused(&errors(&mut raw), "a CTE hidden in a string");
+    raw.send(&wire::query(
+        "select set_config('standard_conforming_strings', 'on', false)",
+    ));
+    assert_eq!(errors(&mut raw), Vec::<String>::new());
+
+    // Shift-JIS 0x81 0x5C is one character whose second byte is a backslash.
+    raw.send(&wire::query(
+        "select set_config('client_encoding', 'SJIS', false)",
+    ));
+    assert_eq!(errors(&mut raw), Vec::<String>::new());
+    let q: Vec<u8> = [
+        &b"select E'"[..],
+        &[0x81, 0x5c],
+        b"' ; delete from items; --'\0",
+    ]
+    .concat();
+    raw.send(&wire::msg(b'Q', &q));
+    refused(&errors(&mut raw), "a backslash that is half of a character");
+    raw.send(&wire::query(
+        "select set_config('client_encoding', 'UTF8', false)",
+    ));
+    assert_eq!(errors(&mut raw), Vec::<String>::new());
+
+    raw.send(&wire::query(
+        "/* /* */ select */ delete from items * where true",
+    ));
+    refused(&errors(&mut raw), "a write behind nested comments");
+    raw.send(&wire::query("-- select\rdelete from items * where true"));
+    refused(
+        &errors(&mut raw),
+        "a write after a line comment ended by CR",
+    );
+
+    raw.send(&wire::query("select count(*) from items"));
+    let rows: Vec<String> = raw
+        .until_ready()
+        .iter()
+        .filter(|(t, _)| *t == b'D')
+        .filter_map(|(_, b)| wire::first_column(b))
+        .collect();
+    assert_eq!(rows, ["1000"]);
 }

@@ -10,6 +10,7 @@ use sqlparser::ast::{SetExpr, Statement};
 use sqlparser::dialect::PostgreSqlDialect;
 use sqlparser::parser::Parser;
 
+mod reading;
 mod words;
 #[cfg(test)]
 use words::{first_word_is, first_word_upper, leading_words};
@@ -55,8 +56,12 @@ const CACHE_MAX: usize = 10_000;
 const PARSE_MAX: usize = 64 * 1024;
 
 /// Classify one statement (cached by its text with literal values blanked, so statements
-/// that differ only in their constants parse once).
+/// that differ only in their constants parse once). A text the server may read otherwise
+/// ([`reading`]) is `Unparsed`.
 pub fn classify(text: &str) -> Kind {
+    if reading::ambiguous(text) {
+        return Kind::Unparsed;
+    }
     static CACHE: OnceLock<DashMap<String, Kind>> = OnceLock::new();
     thread_local! {
         /// The shape buffer (reused: no allocation per statement) and the last shape looked
@@ -350,9 +355,31 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
 }
 
 /// [`split`] into a reused list of byte ranges of `text` (no allocation per query once the
-/// list has grown): false where `split` gives None (`out` then holds nothing useful).
+/// list has grown): false where `split` gives None (`out` then holds nothing useful), and
+/// for a text the server may read otherwise than the gateway ([`reading::ambiguous`]).
 pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
+    if reading::ambiguous(text) {
+        out.clear();
+        return false;
+    }
+    scan(text, false, out, None)
+}
+
+/// The lexer behind [`split_ranges`]: `plain_escapes` reads a backslash in a plain `'…'`
+/// string as an escape (the server's `standard_conforming_strings = off`); `marks`, when
+/// given, gets the end of every quoted token and comment, so two readings can be compared.
+fn scan(
+    text: &str,
+    plain_escapes: bool,
+    out: &mut Vec<std::ops::Range<usize>>,
+    mut marks: Option<&mut Vec<usize>>,
+) -> bool {
     out.clear();
+    let mut mark = |at: usize| {
+        if let Some(m) = marks.as_deref_mut() {
+            m.push(at);
+        }
+    };
     // A trimmed piece's range within `text` (trimming only moves the ends inward).
     let range_of = |piece: &str| {
         let at = piece.as_ptr() as usize - text.as_ptr() as usize;
@@ -376,9 +403,10 @@ pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
             b'\'' => {
                 // E'…' only where the E starts a token (`abcE'x'` is identifier `abce`
                 // followed by a standard string), as in PostgreSQL's scanner.
-                let escapes = i > 0
-                    && (b[i - 1] == b'E' || b[i - 1] == b'e')
-                    && !(i > 1 && ident_byte(b[i - 2]));
+                let escapes = plain_escapes
+                    || (i > 0
+                        && (b[i - 1] == b'E' || b[i - 1] == b'e')
+                        && !(i > 1 && ident_byte(b[i - 2])));
                 i += 1;
                 loop {
                     match b.get(i) {
@@ -389,6 +417,7 @@ pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
                         Some(_) => i += 1,
                     }
                 }
+                mark(i);
             }
             b'"' => {
                 i += 1;
@@ -400,12 +429,14 @@ pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
                         Some(_) => i += 1,
                     }
                 }
+                mark(i);
             }
             b'-' if b.get(i + 1) == Some(&b'-') => {
                 // A comment ends at a newline: \n or \r, as PostgreSQL's scanner has it.
                 while i < b.len() && b[i] != b'\n' && b[i] != b'\r' {
                     i += 1;
                 }
+                mark(i);
             }
             b'/' if b.get(i + 1) == Some(&b'*') => {
                 let mut depth = 1;
@@ -424,6 +455,7 @@ pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
                         _ => i += 1,
                     }
                 }
+                mark(i);
                 continue;
             }
             b'$' => {
@@ -448,6 +480,7 @@ pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
                             return false;
                         };
                         i = body_start + close + tag.len();
+                        mark(i);
                         continue;
                     }
                 }

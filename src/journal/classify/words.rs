@@ -15,29 +15,29 @@ pub(super) fn leading_words(text: &str, n: usize) -> Vec<String> {
             break;
         }
         if c == '-' && bytes.get(i + 1) == Some(&b'-') {
+            // A line comment ends at \n or \r, as in PostgreSQL's scanner.
             for (_, c) in chars.by_ref() {
-                if c == '\n' {
+                if c == '\n' || c == '\r' {
                     break;
                 }
             }
         } else if c == '/' && bytes.get(i + 1) == Some(&b'*') {
-            let mut depth = 0usize;
-            let mut prev = '\0';
-            for (_, c) in chars.by_ref() {
-                if prev == '/' && c == '*' {
-                    depth += 1;
-                    prev = '\0';
-                    continue;
-                }
-                if prev == '*' && c == '/' {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        break;
+            // Block comments nest: the opener just seen is depth 1.
+            chars.next();
+            let mut depth = 1usize;
+            while depth > 0 {
+                match chars.next() {
+                    None => break,
+                    Some((j, '/')) if bytes.get(j + 1) == Some(&b'*') => {
+                        chars.next();
+                        depth += 1;
                     }
-                    prev = '\0';
-                    continue;
+                    Some((j, '*')) if bytes.get(j + 1) == Some(&b'/') => {
+                        chars.next();
+                        depth -= 1;
+                    }
+                    Some(_) => {}
                 }
-                prev = c;
             }
         } else if c.is_alphabetic() || c == '_' {
             let mut w = String::new();
