@@ -348,7 +348,11 @@ pub const METRICS: &[(&str, MetricKind, &str, &[&[(&str, &str)]])] = &[
         "sandpit_protocol_violations_total",
         Counter,
         "Connections closed for protocol abuse, by kind.",
-        &[&[("kind", "client_frame")], &[("kind", "ssl_early_bytes")]],
+        &[
+            &[("kind", "client_frame")],
+            &[("kind", "ssl_early_bytes")],
+            &[("kind", "direct_tls_without_tls")],
+        ],
     ),
     (
         "sandpit_review_seconds",

@@ -32,6 +32,9 @@ pub struct ServerTls {
     pub binding: Option<Vec<u8>>,
 }
 
+/// The ALPN protocol name PostgreSQL 17 registered for its wire protocol over TLS.
+pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
+
 /// Build the TLS setup the config asks for (None when TLS is off).
 pub fn acceptor(
     cfg: &TlsConfig,
@@ -77,12 +80,15 @@ pub fn acceptor(
         ),
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Invalid(e.to_string()))?
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| TlsError::Invalid(e.to_string()))?;
+    // A client that offers ALPN must offer `postgresql` (libpq 17+ always does); one that
+    // offers none is served as before (older clients, SSLRequest only).
+    config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     // No 0-RTT: early data would be readable before the handshake authenticates anything.
     debug_assert_eq!(config.max_early_data_size, 0);
     Ok(Some(ServerTls {

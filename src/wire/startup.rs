@@ -20,6 +20,8 @@ pub enum StartupError {
     Malformed(&'static str),
     #[error("unsupported frontend protocol {major}.{minor}: server supports 3.0")]
     UnsupportedProtocol { major: u16, minor: u16 },
+    #[error("direct TLS connection without the ALPN protocol \"postgresql\"")]
+    DirectTlsWithoutAlpn,
     #[error("connection closed during startup")]
     Closed,
     #[error("i/o error: {0}")]

@@ -203,6 +203,7 @@ fn psycopg_client(caps: bool) {
         ok,
         &[
             "pipeline",
+            "direct_tls",
             "notify_backend_pid",
             "terminate_self",
             "two_phase",

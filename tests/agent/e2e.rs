@@ -456,6 +456,76 @@ fn tls_and_cleartext_rules() {
     assert!(ok, "{err}");
 }
 
+/// A TLS client that trusts the gateway's generated certificate and offers `alpn`.
+fn direct_tls_client(g: &Gateway, alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
+    let pem = std::fs::read(g.data_dir.join("tls/cert.pem")).expect("cert.pem");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut &pem[..]) {
+        roots.add(c.expect("cert")).expect("root");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+}
+
+/// PostgreSQL 17's direct TLS (`sslnegotiation=direct`): the ClientHello is the connection's
+/// first bytes, with ALPN `postgresql`; a session then runs as over an SSLRequest. Without
+/// ALPN the gateway refuses (as PostgreSQL does); a client offering another protocol fails
+/// the handshake.
+#[test]
+fn direct_tls_sessions_as_postgresql_17_clients_open_them() {
+    let g = Gateway::start(Some(SMALL_GOLDEN), None);
+    let t = g.issue("direct-tls", 600);
+    let mut cfg: tokio_postgres::Config = dsn(&t).parse().expect("dsn");
+    cfg.ssl_mode(tokio_postgres::config::SslMode::Disable); // the TLS is ours, below it
+    let port = g.pg_port;
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let open = |alpn: &'static [&'static [u8]]| {
+            let connector = direct_tls_client(&g, alpn);
+            async move {
+                let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .expect("tcp");
+                let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+                connector.connect(name, tcp).await
+            }
+        };
+        let tls = open(&[b"postgresql"]).await.expect("handshake");
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"postgresql"[..]));
+        let (c, conn) = cfg
+            .connect_raw(tls, tokio_postgres::NoTls)
+            .await
+            .expect("login");
+        tokio::spawn(conn);
+        let n: i64 = c
+            .query_one("select count(*) from items", &[])
+            .await
+            .expect("query")
+            .get(0);
+        assert_eq!(n, 1000);
+
+        let tls = open(&[]).await.expect("handshake without ALPN");
+        let e = cfg
+            .connect_raw(tls, tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("refused without ALPN");
+        let msg = e.as_db_error().map(|d| d.message().to_string());
+        assert!(msg.as_deref().is_some_and(|m| m.contains("ALPN")), "{e:?}");
+
+        assert!(open(&[b"h2"]).await.is_err(), "another protocol is refused");
+    });
+    // A plain session still works beside them.
+    let (ok, out, err) = psql(&dsn(&t), &["-c", "select 1"]);
+    assert!(ok && out.trim() == "1", "{err}");
+}
+
 #[test]
 fn restarted_gateway_serves_issued_tokens() {
     let tmp = harness::tempdir();

@@ -70,6 +70,17 @@ def _():
     return "channel_binding=require"
 
 
+@step("direct_tls")
+def _():
+    # libpq 17+ opens with the TLS ClientHello (ALPN "postgresql"), no SSLRequest first.
+    if psycopg.pq.version() < 170000:
+        raise AssertionError(f"libpq {psycopg.pq.version()} has no sslnegotiation=direct")
+    with connect(CLEAR + "&sslnegotiation=direct") as c:
+        want("ssl", c.pgconn.ssl_in_use, True)
+        want("select", c.execute("select 'direct'").fetchone()[0], "direct")
+    return "sslnegotiation=direct"
+
+
 @step("create_table")
 def _():
     with connect() as c:

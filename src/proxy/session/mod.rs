@@ -384,9 +384,24 @@ async fn relay_step(
 type NegotiateResult =
     Result<Option<(ClientStream, StartupMessage)>, (Option<ClientStream>, StartupError)>;
 
-/// SSLRequest / GSSENCRequest / CancelRequest handling, up to the StartupMessage.
+/// The first byte of a TLS handshake record: a client using direct TLS (PostgreSQL 17's
+/// `sslnegotiation=direct`) opens with its ClientHello instead of an SSLRequest.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// SSLRequest / GSSENCRequest / CancelRequest / direct TLS handling, up to the StartupMessage.
 async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
     let max = proxy.gw.config.limits.max_startup_packet;
+    // Only the connection's first bytes may be a ClientHello (as in PostgreSQL). A startup
+    // packet's first byte is its length's high byte, never 0x16 under any sane limit.
+    let mut first = [0u8; 1];
+    if matches!(sock.peek(&mut first).await, Ok(1)) && first[0] == TLS_HANDSHAKE {
+        let Some(acceptor) = proxy.tls.clone() else {
+            tracing::debug!("direct TLS asked of a gateway without TLS; closing");
+            metrics::counter!("sandpit_protocol_violations_total", "kind" => "direct_tls_without_tls").increment(1);
+            return Ok(None);
+        };
+        return encrypted(proxy, acceptor, sock, max, true).await;
+    }
     // Plain phase: read straight from the socket, unbuffered, so no byte sent before the
     // TLS handshake can ever be taken as part of the encrypted stream.
     loop {
@@ -415,29 +430,7 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
                 if sock.write_all(b"S").await.is_err() {
                     return Ok(None);
                 }
-                let mut tls = match acceptor.accept(sock).await {
-                    Ok(t) => ClientStream::Tls(Box::new(t)),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return Ok(None);
-                    }
-                };
-                // After TLS only a StartupMessage (or a cancel) is valid.
-                return match read_startup(&mut tls, max).await {
-                    Ok(StartupPacket::Startup(m)) => Ok(Some((tls, m))),
-                    Ok(StartupPacket::CancelRequest { pid, secret }) => {
-                        proxy.cancel.cancel(&proxy.gw, pid, secret).await;
-                        // End with close_notify, as PostgreSQL does: libpq 17+'s cancel API
-                        // waits for the close and calls a bare EOF over TLS an error.
-                        let _ = tls.shutdown().await;
-                        Ok(None)
-                    }
-                    Ok(_) => Err((
-                        Some(tls),
-                        StartupError::Malformed("encryption requested twice"),
-                    )),
-                    Err(e) => Err((Some(tls), e)),
-                };
+                return encrypted(proxy, acceptor, sock, max, false).await;
             }
             StartupPacket::GssEncRequest => {
                 if sock.write_all(b"N").await.is_err() {
@@ -450,6 +443,46 @@ async fn negotiate(proxy: &Proxy, mut sock: TcpStream) -> NegotiateResult {
             }
             StartupPacket::Startup(m) => return Ok(Some((ClientStream::Plain(sock), m))),
         }
+    }
+}
+
+/// The TLS handshake, then the StartupMessage (or a cancel) over it. A direct-TLS client
+/// must have agreed on ALPN `postgresql`, as PostgreSQL asks: that is what tells a Postgres
+/// client from any other TLS client sent to this port.
+async fn encrypted(
+    proxy: &Proxy,
+    acceptor: tokio_rustls::TlsAcceptor,
+    sock: TcpStream,
+    max: u32,
+    direct: bool,
+) -> NegotiateResult {
+    let tls = match acceptor.accept(sock).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!(error = %e, direct, "TLS handshake failed");
+            return Ok(None);
+        }
+    };
+    let alpn_ok = tls.get_ref().1.alpn_protocol() == Some(super::tls::ALPN_POSTGRESQL);
+    let mut tls = ClientStream::Tls(Box::new(tls));
+    if direct && !alpn_ok {
+        return Err((Some(tls), StartupError::DirectTlsWithoutAlpn));
+    }
+    // After TLS only a StartupMessage (or a cancel) is valid.
+    match read_startup(&mut tls, max).await {
+        Ok(StartupPacket::Startup(m)) => Ok(Some((tls, m))),
+        Ok(StartupPacket::CancelRequest { pid, secret }) => {
+            proxy.cancel.cancel(&proxy.gw, pid, secret).await;
+            // End with close_notify, as PostgreSQL does: libpq 17+'s cancel API
+            // waits for the close and calls a bare EOF over TLS an error.
+            let _ = tls.shutdown().await;
+            Ok(None)
+        }
+        Ok(_) => Err((
+            Some(tls),
+            StartupError::Malformed("encryption requested twice"),
+        )),
+        Err(e) => Err((Some(tls), e)),
     }
 }
 

@@ -52,6 +52,10 @@ pub const EXTRAS: &[(&str, &str)] = &[
     ),
     ("pipeline", "psycopg pipeline mode"),
     (
+        "direct_tls",
+        "direct TLS (`sslnegotiation=direct`, ALPN `postgresql`; libpq 17+)",
+    ),
+    (
         "notify_backend_pid",
         "LISTEN/NOTIFY on one connection: the notification's pid is the driver's backend pid",
     ),
