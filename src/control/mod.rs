@@ -101,6 +101,24 @@ pub fn router(state: ApiState) -> Router {
         .route("/review/{id}/promote", post(review_page::promote))
         .with_state(state.clone())
         .merge(crate::mcp::http::router(McpState { gw: state.gw }))
+        .layer(middleware::from_fn(to_completion))
+}
+
+/// Runs every request's handler on a task of its own, to its end. The HTTP server drops a
+/// handler when its client goes away (a harness's HTTP timeout), and a revoke, promote or
+/// decision cut there would stop between two of its steps: a revoked token would then wait
+/// for the janitor for its review and its backend's destroy.
+async fn to_completion(req: Request, next: Next) -> Response {
+    match tokio::spawn(next.run(req)).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "an API request's handler failed");
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the request failed inside the gateway (see its log)",
+            )
+        }
+    }
 }
 
 pub(crate) fn error(status: StatusCode, msg: impl Into<String>) -> Response {

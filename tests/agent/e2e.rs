@@ -526,6 +526,48 @@ fn direct_tls_sessions_as_postgresql_17_clients_open_them() {
     assert!(ok && out.trim() == "1", "{err}");
 }
 
+/// A harness whose HTTP client goes away mid-revoke (its timeout, its crash) does not cut the
+/// revoke short: the review is stored and the backend destroyed by the request itself, not
+/// by a later janitor pass (the janitor is off here).
+#[test]
+fn a_revoke_runs_to_its_end_when_the_client_goes_away() {
+    let g = Gateway::start(Some(SMALL_GOLDEN), Some("[janitor]\ninterval = \"0s\"\n"));
+    let t = g.issue("walk-away", 600);
+    let id = id(&t);
+    // A change whose review takes a while (its new table is hashed for the patch check).
+    let (ok, _, err) = psql(
+        &dsn(&t),
+        &[
+            "-c",
+            "create table big as select g, md5(g::text) m from generate_series(1, 1000000) g",
+        ],
+    );
+    assert!(ok, "{err}");
+    let addr = g.api.trim_start_matches("http://").to_string();
+    let mut s = std::net::TcpStream::connect(&addr).expect("api");
+    write!(
+        s,
+        "DELETE /v1/tokens/{id} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nContent-Length: 0\r\n\r\n",
+        g.admin_key
+    )
+    .expect("send");
+    // Once the revoke has begun, the client leaves without reading the answer.
+    assert!(wait_until(Duration::from_secs(60), || g.show(&id)["state"]
+        == "revoked"));
+    drop(s);
+    assert!(
+        wait_until(Duration::from_secs(300), || {
+            let v = g.show(&id);
+            v["end"] == "destroyed" && v["backend"] == false
+        }),
+        "the revoke stopped when its client left: {}",
+        g.show(&id)
+    );
+    let (status, review) = g.raw_call("GET", &format!("/v1/tokens/{id}/review"), None);
+    assert_eq!(status, 200, "{review}");
+    assert!(!review["capture"].is_null(), "{review}");
+}
+
 #[test]
 fn restarted_gateway_serves_issued_tokens() {
     let tmp = harness::tempdir();
