@@ -604,3 +604,68 @@ fn p_config(srv: &remote_server::RemoteServer) -> RemoteConfig {
         ca_file: None,
     }
 }
+
+/// A warm pool over `remote`: the service cannot change a sandbox's metadata, so a claimed
+/// member keeps its `pool-…` tag. The registry names its owner: a gateway restart (which
+/// removes stale pool members) and a janitor pass keep it and its data, and the token's
+/// revoke deletes it.
+#[test]
+fn warm_pool_on_remote_keeps_claimed_members_across_a_restart() {
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    let srv = rt.block_on(remote_server::RemoteServer::start(SMALL_GOLDEN));
+    let cfg = format!(
+        "provider = \"remote\"\n[remote]\nurl = \"{}\"\napi_key = \"{}\"\ngolden = \"small\"\n\
+         sslmode = \"require\"\nfork_timeout = \"30s\"\nrequest_timeout = \"15s\"\nretries = 2\n\
+         [pool]\nsize = 1\n[janitor]\ninterval = \"0s\"\n",
+        srv.url, srv.api_key
+    );
+    let tmp = harness::tempdir();
+    let mut g = Gateway::start_in(tmp.path(), None, Some(&cfg));
+    let pool_tagged = |srv: &remote_server::RemoteServer| {
+        srv.sandboxes()
+            .into_iter()
+            .filter(|sb| {
+                sb.metadata
+                    .get("sandpit.token")
+                    .is_some_and(|t| t.starts_with("pool-"))
+            })
+            .count()
+    };
+    assert!(
+        harness::wait_until(Duration::from_secs(60), || pool_tagged(&srv) >= 1),
+        "pool did not fill\n{}",
+        g.log()
+    );
+    let t = g.issue("remote-pooled", 600);
+    let (ok, _, err) = psql(&dsn(&t), &["-c", "create table kept as select 42 as x"]);
+    assert!(ok, "{err}\n{}", g.log());
+    assert!(g.log().contains("method=pool("), "{}", g.log());
+
+    g.stop();
+    let old_port = format!(":{}/", g.pg_port);
+    let g = Gateway::start_in(tmp.path(), None, Some(&cfg));
+    let (s, report) = g.raw_call("POST", "/v1/reap", None);
+    assert_eq!(s, 200, "{report}");
+    let d = dsn(&t).replace(&old_port, &format!(":{}/", g.pg_port));
+    let (ok, out, err) = psql(&d, &["-c", "select x from kept"]);
+    assert!(
+        ok,
+        "the claimed member was lost: {err}\n{report}\n{}",
+        g.log()
+    );
+    assert_eq!(out.trim(), "42");
+    assert_eq!(
+        g.show(&id(&t))["fork_count"],
+        1,
+        "served by the claimed member, not a new fork"
+    );
+
+    let (s, v) = g.raw_call("DELETE", &format!("/v1/tokens/{}", id(&t)), None);
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        harness::wait_until(Duration::from_secs(60), || g.show(&id(&t))["backend"]
+            == false),
+        "{}",
+        g.show(&id(&t))
+    );
+}
