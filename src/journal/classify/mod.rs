@@ -59,9 +59,6 @@ const PARSE_MAX: usize = 64 * 1024;
 /// that differ only in their constants parse once). A text the server may read otherwise
 /// ([`reading`]) is `Unparsed`.
 pub fn classify(text: &str) -> Kind {
-    if reading::ambiguous(text) {
-        return Kind::Unparsed;
-    }
     static CACHE: OnceLock<DashMap<String, Kind>> = OnceLock::new();
     thread_local! {
         /// The shape buffer (reused: no allocation per statement) and the last shape looked
@@ -72,6 +69,9 @@ pub fn classify(text: &str) -> Kind {
         };
     }
     if text.len() > 4096 {
+        if reading::ambiguous(text) {
+            return Kind::Unparsed;
+        }
         return classify_uncached(text);
     }
     let cache = CACHE.get_or_init(DashMap::new);
@@ -81,7 +81,10 @@ pub fn classify(text: &str) -> Kind {
         };
         let (shape, last_key, last_kind) = &mut *last;
         let key = if literal_shape_into(text, shape) {
+            // A shape means no backslash anywhere: one reading only.
             shape.as_str()
+        } else if reading::ambiguous(text) {
+            return Some(Kind::Unparsed);
         } else {
             text
         };
@@ -96,6 +99,9 @@ pub fn classify(text: &str) -> Kind {
     });
     if let Some(k) = found {
         return k;
+    }
+    if reading::ambiguous(text) {
+        return Kind::Unparsed; // the thread's entry was busy, or a cache miss
     }
     let shaped = literal_shape(text);
     let key = shaped.as_deref().unwrap_or(text);
@@ -358,21 +364,26 @@ pub fn split(text: &str) -> Option<Vec<&str>> {
 /// list has grown): false where `split` gives None (`out` then holds nothing useful), and
 /// for a text the server may read otherwise than the gateway ([`reading::ambiguous`]).
 pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
-    if reading::ambiguous(text) {
+    let mut quoted_backslash = false;
+    let split = scan(text, false, out, None, &mut quoted_backslash);
+    // Two readings part only at a backslash inside a string, so only such a text is checked.
+    if quoted_backslash && reading::ambiguous(text) {
         out.clear();
         return false;
     }
-    scan(text, false, out, None)
+    split
 }
 
 /// The lexer behind [`split_ranges`]: `plain_escapes` reads a backslash in a plain `'…'`
 /// string as an escape (the server's `standard_conforming_strings = off`); `marks`, when
-/// given, gets the end of every quoted token and comment, so two readings can be compared.
+/// given, gets the end of every quoted token and comment, so two readings can be compared;
+/// `quoted_backslash` is set when a `'…'` string holds a backslash.
 fn scan(
     text: &str,
     plain_escapes: bool,
     out: &mut Vec<std::ops::Range<usize>>,
     mut marks: Option<&mut Vec<usize>>,
+    quoted_backslash: &mut bool,
 ) -> bool {
     out.clear();
     let mut mark = |at: usize| {
@@ -411,7 +422,10 @@ fn scan(
                 loop {
                     match b.get(i) {
                         None => return false,
-                        Some(b'\\') if escapes => i += 2,
+                        Some(b'\\') => {
+                            *quoted_backslash = true;
+                            i += if escapes { 2 } else { 1 };
+                        }
                         Some(b'\'') if b.get(i + 1) == Some(&b'\'') => i += 2,
                         Some(b'\'') => break,
                         Some(_) => i += 1,

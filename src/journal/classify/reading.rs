@@ -21,8 +21,9 @@ pub(super) fn ambiguous(text: &str) -> bool {
     }
     let (mut on, mut off) = (Vec::new(), Vec::new());
     let (mut on_marks, mut off_marks) = (Vec::new(), Vec::new());
-    let on_ok = scan(text, false, &mut on, Some(&mut on_marks));
-    let off_ok = scan(text, true, &mut off, Some(&mut off_marks));
+    let mut quoted = false;
+    let on_ok = scan(text, false, &mut on, Some(&mut on_marks), &mut quoted);
+    let off_ok = scan(text, true, &mut off, Some(&mut off_marks), &mut quoted);
     // Same statement ends and the same end of every quoted token and comment: the code
     // between them is lexed alike, so the two readings are the same text.
     on_ok != off_ok || on != off || on_marks != off_marks

@@ -137,7 +137,8 @@ fn split_follows_the_postgres_scanner_where_it_was_fooled() {
 /// that the other reading agrees (the reference splitters know only this one).
 fn split_as_read(text: &str) -> Option<Vec<&str>> {
     let mut ranges = Vec::new();
-    scan(text, false, &mut ranges, None).then(|| ranges.into_iter().map(|r| &text[r]).collect())
+    scan(text, false, &mut ranges, None, &mut false)
+        .then(|| ranges.into_iter().map(|r| &text[r]).collect())
 }
 
 #[test]
