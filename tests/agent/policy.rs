@@ -178,6 +178,13 @@ fn texts_read_otherwise_by_the_server_are_refused_by_the_policy() {
         "a write after a line comment ended by CR",
     );
 
+    // Past the splitter's bound, or a body it cannot part: judged whole, not by its start.
+    let many = format!("{}delete from items", "select 1;".repeat(1000));
+    raw.send(&wire::query(&many));
+    refused(&errors(&mut raw), "a write after 1000 reads");
+    raw.send(&wire::query("prepare p as delete from items"));
+    refused(&errors(&mut raw), "a prepared write");
+
     raw.send(&wire::query("select count(*) from items"));
     let rows: Vec<String> = raw
         .until_ready()

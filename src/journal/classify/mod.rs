@@ -53,6 +53,9 @@ impl Kind {
 }
 
 const CACHE_MAX: usize = 10_000;
+/// Most statements a split gives: a text with more is unsplittable (judged as one, which a
+/// policy refuses) and its ranges never take more than this bound's memory.
+pub const MAX_STATEMENTS: usize = 1_000;
 const PARSE_MAX: usize = 64 * 1024;
 
 /// Classify one statement (cached by its text with literal values blanked, so statements
@@ -230,10 +233,19 @@ const SHAPE_STOP: [bool; 256] = {
 fn classify_uncached(text: &str) -> Kind {
     if text.len() <= PARSE_MAX {
         if let Ok(stmts) = Parser::parse_sql(&PostgreSqlDialect {}, text) {
-            if let Some(s) = stmts.first() {
-                return from_ast(s);
+            match stmts.as_slice() {
+                [s] => return from_ast(s),
+                // Several statements the splitter could not part (a `BEGIN ATOMIC` body,
+                // past MAX_STATEMENTS): the first one's kind would say nothing of the rest.
+                [_, _, ..] => return Kind::Unparsed,
+                [] => {}
             }
         }
+    }
+    // The first words say nothing of what may follow a semicolon (inside a quote or a
+    // `BEGIN ATOMIC` body it may be harmless, but this text did not parse).
+    if text.trim_end().trim_end_matches(';').contains(';') {
+        return Kind::Unparsed;
     }
     from_keywords(text)
 }
@@ -313,6 +325,13 @@ fn from_ast(s: &Statement) -> Kind {
             sqlparser::ast::Set::SetRole { .. } => Kind::Privilege,
             _ => from_keywords(&s.to_string()),
         },
+        // PREPARE runs nothing yet, but what it prepares is what EXECUTE will run.
+        S::Prepare { statement, .. } => match from_ast(statement) {
+            Kind::Read => Kind::Utility,
+            k => k,
+        },
+        // Runs a statement the server holds under that name: nothing in this text says what.
+        S::Execute { .. } => Kind::Unparsed,
         S::Grant { .. } | S::Revoke { .. } | S::CreateRole { .. } | S::AlterRole { .. } => {
             Kind::Privilege
         }
@@ -322,8 +341,6 @@ fn from_ast(s: &Statement) -> Kind {
         } => Kind::Privilege,
         S::Discard { .. }
         | S::Deallocate { .. }
-        | S::Prepare { .. }
-        | S::Execute { .. }
         | S::LISTEN { .. }
         | S::UNLISTEN { .. }
         | S::NOTIFY { .. }
@@ -376,19 +393,19 @@ pub fn split_ranges(text: &str, out: &mut Vec<std::ops::Range<usize>>) -> bool {
 
 /// The lexer behind [`split_ranges`]: `plain_escapes` reads a backslash in a plain `'…'`
 /// string as an escape (the server's `standard_conforming_strings = off`); `marks`, when
-/// given, gets the end of every quoted token and comment, so two readings can be compared;
+/// given, hashes the end of every quoted token and comment, so two readings can be compared;
 /// `quoted_backslash` is set when a `'…'` string holds a backslash.
 fn scan(
     text: &str,
     plain_escapes: bool,
     out: &mut Vec<std::ops::Range<usize>>,
-    mut marks: Option<&mut Vec<usize>>,
+    mut marks: Option<&mut std::collections::hash_map::DefaultHasher>,
     quoted_backslash: &mut bool,
 ) -> bool {
     out.clear();
     let mut mark = |at: usize| {
         if let Some(m) = marks.as_deref_mut() {
-            m.push(at);
+            std::hash::Hasher::write_usize(m, at);
         }
     };
     // A trimmed piece's range within `text` (trimming only moves the ends inward).
@@ -502,6 +519,9 @@ fn scan(
             b';' => {
                 let piece = text[start..i].trim();
                 if !piece.is_empty() {
+                    if out.len() >= MAX_STATEMENTS {
+                        return false; // one more would pass the bound: unsplittable
+                    }
                     out.push(range_of(piece));
                 }
                 start = i + 1;
@@ -512,6 +532,9 @@ fn scan(
     }
     let piece = text[start..].trim();
     if !piece.is_empty() {
+        if out.len() >= MAX_STATEMENTS {
+            return false;
+        }
         out.push(range_of(piece));
     }
     // Looked for without upper-casing a copy (this runs for every simple query).

@@ -7,6 +7,9 @@
 //! server will use when it reads a message: a text whose reading depends on them is "not
 //! understood" (unsplittable, kind `unparsed`), which a token's policy refuses.
 
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+
 use super::scan;
 
 /// Whether `text` may be read otherwise by the server than by the gateway's lexer.
@@ -20,13 +23,16 @@ pub(super) fn ambiguous(text: &str) -> bool {
         return true;
     }
     let (mut on, mut off) = (Vec::new(), Vec::new());
-    let (mut on_marks, mut off_marks) = (Vec::new(), Vec::new());
+    // The token ends are hashed, not kept: a text of millions of tiny strings costs no
+    // memory. The key is random per call, so no text can be made to collide on purpose.
+    let key = RandomState::new();
+    let (mut on_marks, mut off_marks) = (key.build_hasher(), key.build_hasher());
     let mut quoted = false;
     let on_ok = scan(text, false, &mut on, Some(&mut on_marks), &mut quoted);
     let off_ok = scan(text, true, &mut off, Some(&mut off_marks), &mut quoted);
     // Same statement ends and the same end of every quoted token and comment: the code
     // between them is lexed alike, so the two readings are the same text.
-    on_ok != off_ok || on != off || on_marks != off_marks
+    on_ok != off_ok || on != off || on_marks.finish() != off_marks.finish()
 }
 
 #[cfg(test)]

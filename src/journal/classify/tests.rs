@@ -658,3 +658,44 @@ fn texts_the_server_may_read_otherwise_are_not_understood() {
         Some(2)
     );
 }
+
+/// A text the splitter cannot part is judged whole: several statements in it, a WITH or
+/// EXPLAIN only the parser could read, or an EXECUTE of whatever the server holds are not
+/// understood (a policy refuses them); a PREPARE is as strong as what it prepares.
+#[test]
+fn whole_texts_are_judged_by_everything_in_them() {
+    let many = format!("{}delete from items", "select 1;".repeat(MAX_STATEMENTS));
+    assert_eq!(split(&many), None);
+    assert_eq!(classify(&many), Kind::Unparsed);
+    let atomic = "create function f() returns int language sql begin atomic select 1; end; \
+                  delete from items";
+    assert_eq!(split(atomic), None);
+    assert_eq!(classify(atomic), Kind::Unparsed);
+    let padded = format!(
+        "with d as (delete from items returning 1) select 1 /* {} */",
+        "x".repeat(PARSE_MAX)
+    );
+    assert_eq!(classify(&padded), Kind::Unparsed);
+    assert_eq!(
+        from_keywords("EXPLAIN ANALYZE DELETE FROM t"),
+        Kind::Unparsed
+    );
+    assert_eq!(classify("prepare p as delete from items"), Kind::Write);
+    assert_eq!(classify("prepare p as select 1"), Kind::Utility);
+    assert_eq!(classify("execute p"), Kind::Unparsed);
+    assert_eq!(classify("select 1; select 2"), Kind::Unparsed);
+    assert_eq!(classify("select 1;"), Kind::Read);
+}
+
+/// A split never holds more than MAX_STATEMENTS ranges, whatever the text: a 2 MB Query of
+/// empty-ish statements costs the bound, not 16 bytes per statement.
+#[test]
+fn a_split_is_bounded_in_statements() {
+    let text = "1;".repeat(1_000_000);
+    let mut out = Vec::new();
+    assert!(!split_ranges(&text, &mut out));
+    assert!(out.len() <= MAX_STATEMENTS, "{}", out.len());
+    let text = "'\\';".repeat(500_000);
+    assert!(!split_ranges(&text, &mut out));
+    assert!(out.len() <= MAX_STATEMENTS, "{}", out.len());
+}

@@ -157,7 +157,8 @@ pub fn from_keywords(text: &str) -> Kind {
         "SELECT" | "VALUES" | "TABLE" | "SHOW" | "FETCH" | "MOVE" | "DECLARE" | "CLOSE" => {
             Kind::Read
         }
-        "WITH" => Kind::Read,
+        // Only the parser tells a data-modifying WITH (or EXPLAIN ANALYZE) from a read.
+        "WITH" | "EXPLAIN" => Kind::Unparsed,
         "INSERT" | "UPDATE" | "DELETE" | "MERGE" | "TRUNCATE" | "COPY" => Kind::Write,
         "CREATE" | "ALTER" | "DROP" | "COMMENT" | "REINDEX" | "CLUSTER" | "REFRESH"
         | "SECURITY" | "IMPORT" => {
@@ -178,8 +179,9 @@ pub fn from_keywords(text: &str) -> Kind {
         "GRANT" | "REVOKE" | "REASSIGN" => Kind::Privilege,
         "SET" | "RESET" if matches!(second, "ROLE" | "SESSION") => Kind::Privilege,
         "SET" | "RESET" | "VACUUM" | "ANALYZE" | "ANALYSE" | "CHECKPOINT" | "LISTEN"
-        | "UNLISTEN" | "NOTIFY" | "DISCARD" | "DEALLOCATE" | "PREPARE" | "EXECUTE" | "LOAD"
-        | "LOCK" | "CALL" | "EXPLAIN" => Kind::Utility,
+        | "UNLISTEN" | "NOTIFY" | "DISCARD" | "DEALLOCATE" | "LOAD" | "LOCK" | "CALL" => {
+            Kind::Utility
+        }
         _ => Kind::Unparsed,
     }
 }

@@ -51,7 +51,7 @@ pub const MAX_PENDING: usize = 16_384;
 /// Most statements of one simple Query the gateway runs one by one (so the backend stops at
 /// the row cap); a longer Query is relayed whole, logged as one record, and still capped
 /// result by result from the backend's stream.
-pub const MAX_SPLIT_STATEMENTS: usize = 1_000;
+pub const MAX_SPLIT_STATEMENTS: usize = crate::journal::classify::MAX_STATEMENTS;
 /// What the backend is given instead of a refused Parse or Bind: it fails at parse time, so
 /// the backend's own error state (skip to Sync, aborted transaction) matches what the client
 /// is told.
