@@ -70,15 +70,57 @@ def _():
     return "channel_binding=require"
 
 
+def cancel_running(c, watcher, marker):
+    """Runs `pg_sleep(30) /* marker */` on `c` and cancels it with cancel_safe() once the
+    watcher sees it active; returns the QueryCanceled error (raises if anything else)."""
+    problems = []
+
+    def cancel_when_running():
+        try:
+            for _ in range(200):
+                n = watcher.execute(
+                    "select count(*) from pg_stat_activity where state = 'active' "
+                    f"and query like '%{marker}%' and pid <> pg_backend_pid()"
+                ).fetchone()[0]
+                if n:
+                    # libpq 17+'s PQcancelCreate path: waits for the server to close.
+                    c.cancel_safe(timeout=10)
+                    return
+                time.sleep(0.05)
+            problems.append("the statement never became active")
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            problems.append(f"{type(e).__name__}: {e}")
+
+    t = threading.Thread(target=cancel_when_running)
+    t.start()
+    start = time.monotonic()
+    cancelled = None
+    try:
+        c.execute(f"select pg_sleep(30) /* {marker} */")
+    except errors.QueryCanceled as e:
+        cancelled = e
+    finally:
+        t.join()
+    if problems:
+        raise AssertionError(f"cancel_safe(): {problems[0]}")
+    if cancelled is None:
+        raise AssertionError("pg_sleep(30) was not cancelled")
+    if time.monotonic() - start > 25:
+        raise AssertionError("cancel took too long")
+    return cancelled
+
+
 @step("direct_tls")
 def _():
     # libpq 17+ opens with the TLS ClientHello (ALPN "postgresql"), no SSLRequest first.
     if psycopg.pq.version() < 170000:
         raise AssertionError(f"libpq {psycopg.pq.version()} has no sslnegotiation=direct")
-    with connect(CLEAR + "&sslnegotiation=direct") as c:
+    with connect(CLEAR + "&sslnegotiation=direct") as c, connect(autocommit=True) as watcher:
         want("ssl", c.pgconn.ssl_in_use, True)
         want("select", c.execute("select 'direct'").fetchone()[0], "direct")
-    return "sslnegotiation=direct"
+        # The cancel request goes over direct TLS too.
+        want("sqlstate", cancel_running(c, watcher, "direct cancel").sqlstate, "57014")
+    return "sslnegotiation=direct, cancel_safe() over it"
 
 
 @step("create_table")
@@ -159,41 +201,9 @@ def _():
 
 @step("cancel")
 def _():
-    problems = []
     # The watcher is in autocommit: pg_stat_activity is a snapshot per transaction.
     with connect() as c, connect(autocommit=True) as watcher:
-        def cancel_when_running():
-            try:
-                for _ in range(200):
-                    n = watcher.execute(
-                        "select count(*) from pg_stat_activity where state = 'active' and query like '%to cancel%' and pid <> pg_backend_pid()"
-                    ).fetchone()[0]
-                    if n:
-                        # libpq 17+'s PQcancelCreate path: waits for the server to close.
-                        c.cancel_safe(timeout=10)
-                        return
-                    time.sleep(0.05)
-                problems.append("the statement never became active")
-            except Exception as e:  # noqa: BLE001 - reported by the main thread
-                problems.append(f"{type(e).__name__}: {e}")
-
-        t = threading.Thread(target=cancel_when_running)
-        t.start()
-        start = time.monotonic()
-        cancelled = None
-        try:
-            c.execute("select pg_sleep(30) /* to cancel */")
-        except errors.QueryCanceled as e:
-            cancelled = e
-        finally:
-            t.join()
-        if problems:
-            raise AssertionError(f"cancel_safe(): {problems[0]}")
-        if cancelled is None:
-            raise AssertionError("pg_sleep(30) was not cancelled")
-        want("sqlstate", cancelled.sqlstate, "57014")
-        if time.monotonic() - start > 25:
-            raise AssertionError("cancel took too long")
+        want("sqlstate", cancel_running(c, watcher, "to cancel").sqlstate, "57014")
     return "cancel_safe(), SQLSTATE 57014"
 
 
