@@ -174,17 +174,20 @@ fn a_read_token_cannot_write_by_any_route() {
         );
         assert_eq!(state(&pg, &h).await, before, "the read token changed something");
 
-        // `ALTER ROLE CURRENT_USER SET …`: the lexical check refuses it to this policy, but
-        // text it cannot split gets it to the server, which lets any ordinary role set its
-        // own defaults. They reach only this login's later sessions — the agent's own: the
-        // review logs in as the task role, with its timeouts as startup options (which
-        // outrank role settings), and no setting an ordinary role may set grants a write.
+        // `ALTER ROLE CURRENT_USER SET …`: the server lets any ordinary role set its own
+        // defaults (they would reach only this login's later sessions — the agent's own: the
+        // review logs in as the task role, with its timeouts as startup options, which
+        // outrank role settings — and no setting an ordinary role may set grants a write).
+        // The lexical check refuses it to this policy, also inside text it cannot split
+        // (judged whole: several statements are `unparsed`).
         refused(&c, "ALTER ROLE CURRENT_USER SET work_mem = '64kB'").await;
-        c.batch_execute("SELECT 'BEGIN ATOMIC'; ALTER ROLE CURRENT_USER SET work_mem = '64kB'")
-            .await
-            .expect("own role defaults, past the lexical check");
+        refused(
+            &c,
+            "SELECT 'BEGIN ATOMIC'; ALTER ROLE CURRENT_USER SET work_mem = '64kB'",
+        )
+        .await;
         let c2 = connect(&dsn).await.expect("connect again");
-        assert_eq!(one(&c2, "show work_mem").await.as_deref(), Some("64kB"));
+        assert_ne!(one(&c2, "show work_mem").await.as_deref(), Some("64kB"));
         refused(&c2, "SELECT 'BEGIN ATOMIC'; DELETE FROM items").await;
         assert_eq!(state(&pg, &h).await, before);
 
@@ -215,7 +218,17 @@ fn a_read_token_cannot_write_by_any_route() {
 
         // A password change on the read login opens nothing (every task login is expired at
         // rest) and locks nothing out (each gateway login sets its own).
-        c2.batch_execute("SELECT 'BEGIN ATOMIC'; alter role current_user password 'agent-chosen'")
+        // The policy refuses it to the agent (also in text it cannot split); the role does
+        // it here as any route that reached the server would, as itself.
+        refused(
+            &c2,
+            "SELECT 'BEGIN ATOMIC'; alter role current_user password 'agent-chosen'",
+        )
+        .await;
+        admin
+            .batch_execute(&format!(
+                "SET ROLE \"{h}_r\"; ALTER ROLE CURRENT_USER PASSWORD 'agent-chosen'; RESET ROLE"
+            ))
             .await
             .expect("a role may change its own password");
         let e = direct_from_gateway_address(&pg, &format!("{h}_r"), "agent-chosen")
