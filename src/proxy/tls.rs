@@ -35,11 +35,14 @@ pub struct ServerTls {
 /// The ALPN protocol name PostgreSQL 17 registered for its wire protocol over TLS.
 pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
 
-/// Build the TLS setup the config asks for (None when TLS is off).
+/// Build the TLS setup the config asks for (None when TLS is off). `alpn`: the one
+/// application protocol offered ([`ALPN_POSTGRESQL`] on the Postgres listener; None where
+/// HTTP clients connect, whose ALPN offer would find no match).
 pub fn acceptor(
     cfg: &TlsConfig,
     data_dir: &Path,
     hosts: &[String],
+    alpn: Option<&[u8]>,
 ) -> Result<Option<ServerTls>, TlsError> {
     let (cert_path, key_path) = match cfg.mode.as_str() {
         "off" => return Ok(None),
@@ -86,9 +89,9 @@ pub fn acceptor(
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .map_err(|e| TlsError::Invalid(e.to_string()))?;
-    // A client that offers ALPN must offer `postgresql` (libpq 17+ always does); one that
-    // offers none is served as before (older clients, SSLRequest only).
-    config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    // On the Postgres listener, a client that offers ALPN must offer `postgresql` (libpq 17+
+    // always does); one that offers none is served as before (older clients).
+    config.alpn_protocols = alpn.map(|a| vec![a.to_vec()]).unwrap_or_default();
     // No 0-RTT: early data would be readable before the handshake authenticates anything.
     debug_assert_eq!(config.max_early_data_size, 0);
     Ok(Some(ServerTls {

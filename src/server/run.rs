@@ -166,6 +166,7 @@ pub async fn run(
         &cfg.tls,
         data_dir,
         &cfg.public_host.iter().cloned().collect::<Vec<_>>(),
+        Some(tls::ALPN_POSTGRESQL),
     )?;
     let (replica_id, gateway_id) = gateway_ids(data_dir, &registry).await?;
     let lease = match registry.shared() {

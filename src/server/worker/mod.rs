@@ -202,7 +202,8 @@ pub async fn run(
         source,
     })?;
     let (to_adopt, old_ports) = adopt::sort_leftovers(provider.as_ref(), &keeper).await;
-    let tls = tls::acceptor(&cfg.tls, &data_dir, std::slice::from_ref(&host))?.map(|t| t.acceptor);
+    let tls =
+        tls::acceptor(&cfg.tls, &data_dir, std::slice::from_ref(&host), None)?.map(|t| t.acceptor);
     let pool = cfg.pool.enabled().then(|| {
         WarmPool::new(
             provider.clone(),
