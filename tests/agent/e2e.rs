@@ -524,6 +524,26 @@ fn direct_tls_sessions_as_postgresql_17_clients_open_them() {
     // A plain session still works beside them.
     let (ok, out, err) = psql(&dsn(&t), &["-c", "select 1"]);
     assert!(ok && out.trim() == "1", "{err}");
+
+    // With TLS off there is nothing to answer a ClientHello with: the connection is closed.
+    let off = Gateway::start(Some(SMALL_GOLDEN), Some("[tls]\nmode = \"off\"\n"));
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", off.pg_port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    // A TLS record header (handshake, TLS 1.0) and the start of a ClientHello.
+    s.write_all(&[0x16, 0x03, 0x01, 0x00, 0x40, 0x01, 0x00, 0x00, 0x3c])
+        .expect("send");
+    let mut buf = [0u8; 64];
+    assert!(
+        matches!(s.read(&mut buf), Ok(0) | Err(_)),
+        "closed without an answer"
+    );
+    let m = harness::metrics(&off.api);
+    let closed = m
+        .iter()
+        .find(|(k, _)| k.contains("protocol_violations") && k.contains("direct_tls_without_tls"))
+        .map(|(_, v)| *v);
+    assert_eq!(closed, Some(1.0), "{m:?}");
 }
 
 /// A harness whose HTTP client goes away mid-revoke (its timeout, its crash) does not cut the
