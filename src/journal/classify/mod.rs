@@ -242,9 +242,10 @@ fn classify_uncached(text: &str) -> Kind {
             }
         }
     }
-    // The first words say nothing of what may follow a semicolon (inside a quote or a
-    // `BEGIN ATOMIC` body it may be harmless, but this text did not parse).
-    if text.trim_end().trim_end_matches(';').contains(';') {
+    // The first words say nothing of a second statement: only a text the splitter reads as
+    // one statement (a `;` inside its strings is fine) is judged by them.
+    let mut ranges = Vec::new();
+    if !split_ranges(text, &mut ranges) || ranges.len() > 1 {
         return Kind::Unparsed;
     }
     from_keywords(text)

@@ -684,6 +684,9 @@ fn whole_texts_are_judged_by_everything_in_them() {
     assert_eq!(classify("prepare p as select 1"), Kind::Utility);
     assert_eq!(classify("execute p"), Kind::Unparsed);
     assert_eq!(classify("select 1; select 2"), Kind::Unparsed);
+    // Past the parser's bound, a semicolon in a string is still one statement.
+    let big = format!("insert into t values ('{};')", "x".repeat(PARSE_MAX));
+    assert_eq!(classify(&big), Kind::Write);
     assert_eq!(classify("select 1;"), Kind::Read);
 }
 
