@@ -25,13 +25,7 @@ fn gw() -> &'static Gateway {
 
 /// `<id>.<secret>`, the cleartext password.
 fn full_token(v: &Value) -> String {
-    let d = v["dsn"].as_str().expect("dsn");
-    let creds = d
-        .split("://")
-        .nth(1)
-        .and_then(|s| s.split('@').next())
-        .expect("creds");
-    creds.replacen(':', ".", 1)
+    wire::full_token(v["dsn"].as_str().expect("dsn"))
 }
 
 fn issue(task: &str) -> Value {

@@ -46,13 +46,7 @@ fn dsn(v: &Value) -> String {
 
 /// `<id>.<secret>`: the whole token, as the cleartext password.
 fn full_token(v: &Value) -> String {
-    let d = dsn(v);
-    let creds = d
-        .split("://")
-        .nth(1)
-        .and_then(|s| s.split('@').next())
-        .expect("creds");
-    creds.replacen(':', ".", 1)
+    crate::support::wire::full_token(&dsn(v))
 }
 
 /// A well-behaved session querying in a loop on its own thread for the whole test.

@@ -143,14 +143,7 @@ fn python_sdk_over_stdio() {
 }
 
 fn full_token(t: &Value) -> String {
-    // The DSN is postgresql://<id>:<secret>@host:port/db
-    let dsn = t["dsn"].as_str().expect("dsn");
-    let creds = dsn
-        .strip_prefix("postgresql://")
-        .and_then(|r| r.split('@').next())
-        .expect("creds");
-    let (id, secret) = creds.split_once(':').expect("id:secret");
-    format!("{id}.{secret}")
+    crate::support::wire::full_token(t["dsn"].as_str().expect("dsn"))
 }
 
 #[test]

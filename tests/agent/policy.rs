@@ -110,13 +110,10 @@ fn texts_read_otherwise_by_the_server_are_refused_by_the_policy() {
     let g = Gateway::start(Some(SMALL_GOLDEN), None);
     let t =
         g.issue_with(serde_json::json!({"task": "lexer", "ttl_seconds": 600, "allow": ["read"]}));
-    let dsn = t["dsn"].as_str().expect("dsn");
-    let creds = dsn
-        .split("://")
-        .nth(1)
-        .and_then(|s| s.split('@').next())
-        .expect("creds");
-    let mut raw = Raw::login(g.pg_port, &creds.replacen(':', ".", 1));
+    let mut raw = Raw::login(
+        g.pg_port,
+        &wire::full_token(t["dsn"].as_str().expect("dsn")),
+    );
     let refused = |errs: &[String], what: &str| {
         assert!(
             errs.len() == 1 && errs[0].starts_with("42501 sandpit policy"),

@@ -36,14 +36,7 @@ fn s(v: &Value, k: &str) -> String {
 
 /// `<id>.<secret>`, the cleartext password of a raw login.
 fn full_token(v: &Value) -> String {
-    let d = s(v, "dsn");
-    let creds = d
-        .split("://")
-        .nth(1)
-        .and_then(|s| s.split('@').next())
-        .expect("creds")
-        .to_string();
-    creds.replacen(':', ".", 1)
+    crate::support::wire::full_token(&s(v, "dsn"))
 }
 
 /// Runs one simple query on a raw session; panics on an error.

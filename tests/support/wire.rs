@@ -109,6 +109,17 @@ pub fn first_column(body: &[u8]) -> Option<String> {
     Some(String::from_utf8_lossy(body.get(6..6 + len as usize)?).into_owned())
 }
 
+/// `<id>.<secret>`, the whole token (the cleartext password of a raw login), from an issued
+/// token's DSN (`postgresql://<id>:<secret>@host:port/db`).
+pub fn full_token(dsn: &str) -> String {
+    let creds = dsn
+        .split("://")
+        .nth(1)
+        .and_then(|s| s.split('@').next())
+        .expect("creds in the DSN");
+    creds.replacen(':', ".", 1)
+}
+
 impl Raw {
     /// Connect to the gateway on 127.0.0.1:`port` and log in with the whole token
     /// (`<id>.<secret>`) as a cleartext password (allowed on loopback).
