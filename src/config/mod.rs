@@ -57,6 +57,9 @@ pub struct Config {
     /// are ended with 57P01.
     #[serde(deserialize_with = "de_duration")]
     pub shutdown_grace: Duration,
+    /// Threads that relay sessions, each running its own sessions start to end (0: one per
+    /// core). The control API, forks and reviews run on a separate pool.
+    pub relay_threads: usize,
     /// The janitor that reaps backends without a valid token.
     pub janitor: JanitorConfig,
     /// The statement log.
@@ -128,6 +131,7 @@ impl Default for Config {
             limits: LimitsConfig::default(),
             tokens: TokenDefaults::default(),
             shutdown_grace: Duration::from_secs(10),
+            relay_threads: 0,
             janitor: JanitorConfig::default(),
             log: LogConfig::default(),
             pool: PoolConfig::default(),
@@ -524,6 +528,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "shutdown_grace",
                 message: "must be at most 1h".into(),
+            });
+        }
+        if self.relay_threads > 1024 {
+            return Err(ConfigError::Invalid {
+                key: "relay_threads",
+                message: "must be at most 1024 (0: one per core)".into(),
             });
         }
         if !self.janitor.interval.is_zero() && self.janitor.interval < Duration::from_secs(1) {

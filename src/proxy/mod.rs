@@ -3,6 +3,7 @@
 pub mod auth_flow;
 pub mod cancel;
 pub mod caps;
+pub mod cores;
 pub mod front_sessions;
 pub mod gate;
 pub mod options;
@@ -13,14 +14,16 @@ pub mod stream;
 pub mod tls;
 pub mod turn;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use crate::lifecycle::Gateway;
 use cancel::CancelMap;
+use cores::RelayCores;
 
 /// Shared state of the Postgres listener.
 pub struct Proxy {
@@ -37,6 +40,8 @@ pub struct Proxy {
     /// With a shared registry: this front's sessions recorded there (`max_connections`
     /// across fronts).
     pub front_sessions: Option<front_sessions::FrontSessions>,
+    /// The relay threads sessions run on; None: they run on the caller's runtime.
+    pub cores: Option<RelayCores>,
 }
 
 impl Proxy {
@@ -55,7 +60,15 @@ impl Proxy {
             Some(store) => CancelMap::shared(store.clone(), replica),
             None => CancelMap::default(),
         };
+        let cores = match RelayCores::start(gw.config.relay_threads) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::error!(error = %e, "no relay threads; sessions run on the main pool");
+                None
+            }
+        };
         Arc::new(Proxy {
+            cores,
             gw,
             cancel,
             tls,
@@ -81,8 +94,7 @@ impl Proxy {
                     match accepted {
                         Ok((sock, peer)) => {
                             let _ = sock.set_nodelay(true);
-                            let this = self.clone();
-                            tokio::spawn(async move { session::handle(this, sock, peer).await });
+                            self.clone().start_session(sock, peer);
                         }
                         Err(e) => {
                             // EMFILE and friends: back off instead of spinning.
@@ -92,6 +104,42 @@ impl Proxy {
                     }
                 }
             }
+        }
+    }
+
+    /// Run one accepted connection to its end on a relay thread (or here, without them).
+    fn start_session(self: Arc<Self>, sock: TcpStream, peer: SocketAddr) {
+        let Some(cores) = &self.cores else {
+            tokio::spawn(async move { session::handle(self, sock, peer).await });
+            return;
+        };
+        // Moved to the relay thread's reactor: leaves this one, joins that one there.
+        let sock = match sock.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, %peer, "cannot hand an accepted connection over");
+                return;
+            }
+        };
+        let this = self.clone();
+        cores.spawn(move || async move {
+            match TcpStream::from_std(sock) {
+                Ok(sock) => session::handle(this, sock, peer).await,
+                Err(e) => tracing::warn!(error = %e, %peer, "cannot adopt an accepted connection"),
+            }
+        });
+    }
+
+    /// Run `work` on the main pool (forks, resumes: work that may take long or spawn tasks
+    /// of its own), never on a relay thread. None: it panicked or the pool is stopping.
+    pub async fn on_main<F, T>(&self, work: F) -> Option<T>
+    where
+        F: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        match &self.cores {
+            Some(c) => c.on_main(work).await,
+            None => Some(work.await),
         }
     }
 }

@@ -110,7 +110,10 @@ pub(super) async fn connect_with_retry(
             Err(e) if !retried => {
                 tracing::warn!(error = %e, "backend connect failed; checking the backend again");
                 metrics::counter!("sandpit_backend_reconnects_total").increment(1);
-                proxy.gw.backend_failed(&rec.id).await;
+                let (gw, id) = (proxy.gw.clone(), rec.id.clone());
+                proxy
+                    .on_main(async move { gw.backend_failed(&id).await })
+                    .await;
                 retried = true;
             }
             Err(e) => {
@@ -123,7 +126,16 @@ pub(super) async fn connect_with_retry(
 
 /// The token's backend (forked, resumed or running) and the login to reach it as.
 async fn login_target(proxy: &Proxy, rec: &TokenRecord) -> Result<BackendTarget, SessionError> {
-    let backend = match proxy.gw.backend_for(&rec.id).await {
+    // On the main pool: a fork or resume may take long and spawns work of its own.
+    let (gw, id) = (proxy.gw.clone(), rec.id.clone());
+    let Some(backend) = proxy
+        .on_main(async move { gw.backend_for(&id).await })
+        .await
+    else {
+        tracing::error!("backend unavailable: the fork's task failed");
+        return Err(SessionError::BackendUnavailable);
+    };
+    let backend = match backend {
         Ok(b) => b,
         Err(LifecycleError::NotUsable(id, state)) => {
             return Err(SessionError::NotUsable(id, state))
