@@ -9,12 +9,14 @@ cd "$(dirname "$0")/.."
 MODE=${1:-simple}
 TX=${2:-2000}
 LOG_ON=${LOG_ON:-true}
+RELAY_THREADS=${RELAY_THREADS:-0}  # the gateway's relay_threads (0: the main pool)
 BIN="${CARGO_TARGET_DIR:-target}/release/sandpit"
 [ -x "$BIN" ] || cargo build --release -q
 DIR=$(mktemp -d /var/tmp/sandpit-callgrind-XXXXXX)
 chmod 755 "$DIR"
 printf 'create table t(a int);\n' >"$DIR/golden.sql"
-printf '[pool]\nsize = 0\n[review]\non_end = false\n[log]\nstatements = %s\n' "$LOG_ON" >"$DIR/sandpit.toml"
+printf 'relay_threads = %s\n[pool]\nsize = 0\n[review]\non_end = false\n[log]\nstatements = %s\n' \
+  "$RELAY_THREADS" "$LOG_ON" >"$DIR/sandpit.toml"
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$DIR/callgrind.out" \
   "$BIN" serve --config "$DIR/sandpit.toml" --data-dir "$DIR/gw" --listen 127.0.0.1:0 \
   --api-listen 127.0.0.1:0 --golden-sql "$DIR/golden.sql" >"$DIR/out" 2>"$DIR/gateway.log" &

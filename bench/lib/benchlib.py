@@ -54,7 +54,7 @@ class Env:
     """The run's scratch space: temp dirs, CPU split, an optional loop-mounted XFS, and
     everything started (killed and removed at the end)."""
 
-    def __init__(self, binary, quick):
+    def __init__(self, binary, quick, pinned=True):
         self.binary = binary
         self.quick = quick
         self.root = os.getuid() == 0
@@ -67,7 +67,10 @@ class Env:
         self.tables = []
         n = os.cpu_count() or 1
         affinity = sorted(os.sched_getaffinity(0))
-        if len(affinity) >= 2:
+        self.pinned = pinned
+        # Every gateway's `relay_threads` (bench/run --relay-threads); 0: the config's default.
+        self.relay_threads = 0
+        if pinned and len(affinity) >= 2:
             # Servers (gateway, the Postgres it starts, PgBouncer) share one core, clients
             # (pgbench, psql, the Python driver) the other, so neither starves the other.
             self.server_cpus = str(affinity[0])
@@ -149,6 +152,9 @@ class Gateway:
         self.start(config)
 
     def start(self, config=""):
+        if self.env.relay_threads:
+            # A top-level key: before the config's first table.
+            config = f"relay_threads = {self.env.relay_threads}\n" + config
         with open(self.conf, "w") as f:
             f.write(config)
         out = os.path.join(self.env.dir, f"{self.name}.out")

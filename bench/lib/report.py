@@ -47,8 +47,11 @@ def machine(env, root):
         "(the machine is shared; other work was running)",
         "- cores: " + (f"servers (gateway, every Postgres it starts, PgBouncer) pinned to CPU "
                        f"{env.server_cpus}, clients (pgbench, psql, the Python driver) to CPU {env.client_cpus} "
-                       "with `taskset`" if env.server_cpus else "one core: clients and servers share it"),
-    ]
+                       "with `taskset`" if env.server_cpus
+                       else "not pinned (`--unpinned`): clients and servers share every core"
+                       if not env.pinned and env.ncpu > 1 else "one core: clients and servers share it"),
+    ] + ([f"- gateways run with `relay_threads = {env.relay_threads}` (`--relay-threads`)"]
+         if getattr(env, "relay_threads", 0) else [])
 
 
 def render(rows, env, sz, quick, secs, root):

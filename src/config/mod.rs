@@ -57,8 +57,9 @@ pub struct Config {
     /// are ended with 57P01.
     #[serde(deserialize_with = "de_duration")]
     pub shutdown_grace: Duration,
-    /// Threads that relay sessions, each running its own sessions start to end (0: one per
-    /// core). The control API, forks and reviews run on a separate pool.
+    /// Threads that relay sessions, each running its own sessions start to end; 0 (the
+    /// default): sessions run on the main pool, with work stealing. Fewer instructions per
+    /// transaction, but a flooding session can stall the others dealt to its thread.
     pub relay_threads: usize,
     /// The janitor that reaps backends without a valid token.
     pub janitor: JanitorConfig,
@@ -533,7 +534,7 @@ impl Config {
         if self.relay_threads > 1024 {
             return Err(ConfigError::Invalid {
                 key: "relay_threads",
-                message: "must be at most 1024 (0: one per core)".into(),
+                message: "must be at most 1024 (0: sessions run on the main pool)".into(),
             });
         }
         if !self.janitor.interval.is_zero() && self.janitor.interval < Duration::from_secs(1) {

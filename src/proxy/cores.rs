@@ -1,7 +1,11 @@
-//! The relay threads: one single-threaded runtime per thread, each running whole sessions
-//! (accept to end), a new session going to the thread with the fewest.
+//! The relay threads (`relay_threads`, off by default): one single-threaded runtime per
+//! thread, each running whole sessions (accept to end), a new session going to the thread
+//! with the fewest.
 //!
-//! Why not the multi-threaded pool the rest of the gateway runs on: a relayed round trip is
+//! Why they are off by default: there is no work stealing between them, so a session that
+//! floods its thread delays every session dealt to the same thread even while another
+//! thread idles (measured: docs/BENCHMARKS.md, "Relay cost, round six"). Why they exist:
+//! a relayed round trip is
 //! a few reads and writes, and that pool's work stealing, per-batch statistics (two clock
 //! reads and a `pow` per batch) and cross-thread wake-ups cost about 1.3 k instructions per
 //! transaction of the ~18 k the relay spends (measured with `bench/callgrind.sh`, see
@@ -51,13 +55,10 @@ pub enum CoresError {
 }
 
 impl RelayCores {
-    /// Start `threads` relay threads (0: one per core). Called on the main runtime.
+    /// Start `threads` relay threads (at least one). Called on the main runtime.
     pub fn start(threads: usize) -> Result<RelayCores, CoresError> {
         let main = Handle::try_current().map_err(|_| CoresError::NoMainRuntime)?;
-        let n = match threads {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
+        let n = threads.max(1);
         let mut cores = Vec::with_capacity(n);
         for index in 0..n {
             let start = |source| CoresError::Start { index, source };

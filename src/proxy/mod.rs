@@ -60,12 +60,17 @@ impl Proxy {
             Some(store) => CancelMap::shared(store.clone(), replica),
             None => CancelMap::default(),
         };
-        let cores = match RelayCores::start(gw.config.relay_threads) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::error!(error = %e, "no relay threads; sessions run on the main pool");
-                None
-            }
+        // Off by default: without work stealing, a flood stalls the sessions dealt to its
+        // thread (docs/BENCHMARKS.md, "Relay cost, round six").
+        let cores = match gw.config.relay_threads {
+            0 => None,
+            n => match RelayCores::start(n) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(error = %e, "no relay threads; sessions run on the main pool");
+                    None
+                }
+            },
         };
         Arc::new(Proxy {
             cores,
