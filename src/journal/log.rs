@@ -15,7 +15,7 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 mod book;
@@ -71,7 +71,8 @@ const TURN_WAIT: Duration = Duration::from_secs(1);
 
 /// The file side of a [`TokenLog`], under its lock.
 struct Writer {
-    file: std::fs::File,
+    /// Shared with [`TokenLog::sync`], which syncs it without taking the lock.
+    file: Arc<std::fs::File>,
     /// Bytes in the file (every record counted when its write returned).
     len: u64,
     /// The file may end in part of a record (a write that failed and could not be undone):
@@ -115,6 +116,9 @@ struct Writer {
 /// machine crash; the log book runs it every second and when the token ends.
 pub struct TokenLog {
     path: PathBuf,
+    /// The writer's file, for `sync`: an fsync under the writer's lock would block every
+    /// append of the token (and the thread it runs on) for the length of the sync.
+    synced: Arc<std::fs::File>,
     writer: Mutex<Writer>,
     turns: Condvar,
     seq: AtomicU64,
@@ -214,8 +218,10 @@ impl TokenLog {
             }
             None => (None, len),
         };
+        let file = Arc::new(file);
         Ok(TokenLog {
             path,
+            synced: file.clone(),
             writer: Mutex::new(Writer {
                 file,
                 len,
@@ -408,7 +414,7 @@ impl TokenLog {
                 }
             }
         }
-        match (&w.file).write_all(&w.line) {
+        match (&*w.file).write_all(&w.line) {
             Ok(()) => {
                 self.written(w);
                 Ok(())
@@ -518,8 +524,9 @@ impl TokenLog {
         // What was written is synced even when the deferred outcomes could not be.
         let flushed = self.flush_outcomes();
         if self.dirty.swap(false, Ordering::AcqRel) {
-            let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            w.file.sync_data().map_err(|source| LogError::Io {
+            // Outside the lock: what was written before the swap is covered (the sync is of
+            // the file, mapped tail included); a write racing it sets `dirty` again.
+            self.synced.sync_data().map_err(|source| LogError::Io {
                 path: self.path.clone(),
                 source,
             })?;
