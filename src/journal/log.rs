@@ -270,6 +270,17 @@ impl TokenLog {
         }
     }
 
+    /// Append a statement record under the next `seq`, taken under the writer's lock, and
+    /// return that `seq`: no wait for another thread's lower number (which
+    /// [`TokenLog::append_statement`] may do, blocking its thread meanwhile). `s.seq` is
+    /// ignored. The relay's way to log.
+    pub fn append_next_statement(&self, mut s: StatementRef<'_>) -> (u64, Result<(), LogError>) {
+        let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        s.seq = self.next_seq();
+        let result = self.write_statement(w, &s);
+        (s.seq, result)
+    }
+
     /// Append a statement record (see [`TokenLog::append`]); its `seq` from [`TokenLog::next_seq`].
     pub fn append_statement(&self, s: &StatementRef<'_>) -> Result<(), LogError> {
         let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,6 +295,15 @@ impl TokenLog {
                 .unwrap_or_else(|p| p.into_inner().0);
             w.waiters -= 1;
         }
+        self.write_statement(w, s)
+    }
+
+    /// Write statement record `s` (its turn has come), then wake the appends waiting for it.
+    fn write_statement(
+        &self,
+        mut w: std::sync::MutexGuard<'_, Writer>,
+        s: &StatementRef<'_>,
+    ) -> Result<(), LogError> {
         let w_ = &mut *w;
         start_line(w_);
         let outcomes = w_.line.len();

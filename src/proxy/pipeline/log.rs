@@ -126,9 +126,8 @@ impl Pipeline {
         let Some(log) = &self.id.log else {
             return Some(0);
         };
-        let seq = log.next_seq();
         let rec = StatementRef {
-            seq,
+            seq: 0, // taken under the log's lock, in write order
             ts: None,
             token: &self.id.token,
             task: &self.id.task,
@@ -138,7 +137,8 @@ impl Pipeline {
             params,
             kind: kind.as_str(),
         };
-        match log.append_statement(&rec) {
+        let (seq, written) = log.append_next_statement(rec);
+        match written {
             Ok(()) => {
                 // The write carried this session's deferred outcomes too.
                 self.deferred.set(false);
