@@ -326,3 +326,51 @@ fn quota_refuses_statements_but_not_outcomes_and_a_torn_tail_is_left_alone() {
     assert!(all[0].outcome.is_some());
     assert_eq!(all.last().unwrap().statement.text, "select 2");
 }
+
+#[test]
+fn sessions_on_many_threads_take_numbers_in_write_order() {
+    use super::super::StatementRef;
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::sync::Arc::new(TokenLog::open(dir.path(), "k", "sp_t", 0).unwrap());
+    let threads: Vec<_> = (0..4u64)
+        .map(|session| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let mut seqs = Vec::new();
+                for i in 0..300 {
+                    let text = format!("select {session}, {i}");
+                    let rec = StatementRef {
+                        seq: 0,
+                        ts: None,
+                        token: "sp_t",
+                        task: "k",
+                        session,
+                        protocol: "simple",
+                        text: &text,
+                        params: &[],
+                        kind: "read",
+                    };
+                    let (seq, written) = log.append_next_statement(rec);
+                    written.unwrap();
+                    seqs.push(seq);
+                }
+                seqs
+            })
+        })
+        .collect();
+    let mut taken: Vec<u64> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    taken.sort_unstable();
+    assert_eq!(taken, (1..=1200).collect::<Vec<u64>>(), "each number once");
+    let path = log.path().to_path_buf();
+    drop(log);
+    // In the file, in number order with no gap: readers page by `seq`.
+    let order: Vec<u64> = read_statements(&path)
+        .unwrap()
+        .iter()
+        .map(|s| s.statement.seq)
+        .collect();
+    assert_eq!(order, (1..=1200).collect::<Vec<u64>>());
+}
