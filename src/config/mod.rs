@@ -438,43 +438,8 @@ impl Config {
         match self.provider.as_str() {
             "instance" => {}
             "microvm" => self.microvm.validate()?,
-            "template" => {
-                if self.template.admin_dsn.as_deref().unwrap_or("").is_empty() {
-                    return Err(ConfigError::Invalid {
-                        key: "template.admin_dsn",
-                        message: "provider \"template\" needs the DSN of an admin role".into(),
-                    });
-                }
-                if let Some(m) = &self.template.sslmode {
-                    check_sslmode("template.sslmode", m)?;
-                }
-            }
-            "remote" => {
-                let http = |u: &str| u.starts_with("http://") || u.starts_with("https://");
-                let one = self.remote.url.as_deref().filter(|u| http(u)).is_some();
-                let many = !self.remote.urls.is_empty() && self.remote.urls.iter().all(|u| http(u));
-                if one == many {
-                    return Err(ConfigError::Invalid {
-                        key: "remote.url",
-                        message: "provider \"remote\" needs the service's http(s):// URL \
-                                  (`url`), or the URLs of workers (`urls`), not both"
-                            .into(),
-                    });
-                }
-                check_sslmode("remote.sslmode", &self.remote.sslmode)?;
-                if self.remote.request_timeout.is_zero() || self.remote.fork_timeout.is_zero() {
-                    return Err(ConfigError::Invalid {
-                        key: "remote.request_timeout",
-                        message: "timeouts must be longer than zero".into(),
-                    });
-                }
-                if self.remote.retries > 10 {
-                    return Err(ConfigError::Invalid {
-                        key: "remote.retries",
-                        message: "at most 10".into(),
-                    });
-                }
-            }
+            "template" => self.template.validate()?,
+            "remote" => self.remote.validate()?,
             other => {
                 return Err(ConfigError::Invalid {
                     key: "provider",
@@ -501,6 +466,22 @@ impl Config {
                 })
             }
         }
+        self.check_bounds()?;
+        if let Some(url) = &self.registry.url {
+            self.validate_shared_registry(url)?;
+        }
+        self.validate_shared_dir()?;
+        if self.tokens.ttl > self.tokens.max_ttl {
+            return Err(ConfigError::Invalid {
+                key: "tokens.ttl",
+                message: "is longer than tokens.max_ttl".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Numbers and sizes within what the gateway can work with.
+    fn check_bounds(&self) -> Result<(), ConfigError> {
         if self.tokens.max_rows == 0 {
             return Err(ConfigError::Invalid {
                 key: "tokens.max_rows",
@@ -552,16 +533,6 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "postgres.temp_file_limit",
                 message: format!("{tfl:?} is not a size like \"1GB\", \"500MB\" or \"-1\""),
-            });
-        }
-        if let Some(url) = &self.registry.url {
-            self.validate_shared_registry(url)?;
-        }
-        self.validate_shared_dir()?;
-        if self.tokens.ttl > self.tokens.max_ttl {
-            return Err(ConfigError::Invalid {
-                key: "tokens.ttl",
-                message: "is longer than tokens.max_ttl".into(),
             });
         }
         Ok(())

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::de_duration;
+use super::{check_sslmode, de_duration, ConfigError};
 
 /// `[template]`: scratch databases on an existing Postgres server.
 #[derive(Debug, Clone, Deserialize)]
@@ -102,5 +102,52 @@ impl Default for RemoteSection {
             ca_file: None,
             worker_lost_after: Duration::from_secs(300),
         }
+    }
+}
+
+impl TemplateSection {
+    /// What `provider = "template"` needs.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.admin_dsn.as_deref().unwrap_or("").is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "template.admin_dsn",
+                message: "provider \"template\" needs the DSN of an admin role".into(),
+            });
+        }
+        if let Some(m) = &self.sslmode {
+            check_sslmode("template.sslmode", m)?;
+        }
+        Ok(())
+    }
+}
+
+impl RemoteSection {
+    /// What `provider = "remote"` needs.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        let http = |u: &str| u.starts_with("http://") || u.starts_with("https://");
+        let one = self.url.as_deref().filter(|u| http(u)).is_some();
+        let many = !self.urls.is_empty() && self.urls.iter().all(|u| http(u));
+        if one == many {
+            return Err(ConfigError::Invalid {
+                key: "remote.url",
+                message: "provider \"remote\" needs the service's http(s):// URL \
+                          (`url`), or the URLs of workers (`urls`), not both"
+                    .into(),
+            });
+        }
+        check_sslmode("remote.sslmode", &self.sslmode)?;
+        if self.request_timeout.is_zero() || self.fork_timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                key: "remote.request_timeout",
+                message: "timeouts must be longer than zero".into(),
+            });
+        }
+        if self.retries > 10 {
+            return Err(ConfigError::Invalid {
+                key: "remote.retries",
+                message: "at most 10".into(),
+            });
+        }
+        Ok(())
     }
 }
