@@ -274,11 +274,10 @@ impl TokenLog {
     /// return that `seq`: no wait for another thread's lower number (which
     /// [`TokenLog::append_statement`] may do, blocking its thread meanwhile). `s.seq` is
     /// ignored. The relay's way to log.
-    pub fn append_next_statement(&self, mut s: StatementRef<'_>) -> (u64, Result<(), LogError>) {
+    pub fn append_next_statement(&self, mut s: StatementRef<'_>) -> Result<u64, LogError> {
         let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
         s.seq = self.next_seq();
-        let result = self.write_statement(w, &s);
-        (s.seq, result)
+        self.write_statement(w, &s).map(|()| s.seq)
     }
 
     /// Append a statement record (see [`TokenLog::append`]); its `seq` from [`TokenLog::next_seq`].

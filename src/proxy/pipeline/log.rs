@@ -137,9 +137,8 @@ impl Pipeline {
             params,
             kind: kind.as_str(),
         };
-        let (seq, written) = log.append_next_statement(rec);
-        match written {
-            Ok(()) => {
+        match log.append_next_statement(rec) {
+            Ok(seq) => {
                 // The write carried this session's deferred outcomes too.
                 self.deferred.set(false);
                 Some(seq)

@@ -350,9 +350,7 @@ fn sessions_on_many_threads_take_numbers_in_write_order() {
                         params: &[],
                         kind: "read",
                     };
-                    let (seq, written) = log.append_next_statement(rec);
-                    written.unwrap();
-                    seqs.push(seq);
+                    seqs.push(log.append_next_statement(rec).unwrap());
                 }
                 seqs
             })
