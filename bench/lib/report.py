@@ -51,7 +51,7 @@ def machine(env, root):
                        else "not pinned (`--unpinned`): clients and servers share every core"
                        if not env.pinned and env.ncpu > 1 else "one core: clients and servers share it"),
     ] + ([f"- gateways run with `relay_threads = {env.relay_threads}` (`--relay-threads`)"]
-         if getattr(env, "relay_threads", 0) else [])
+         if env.relay_threads else [])
 
 
 def render(rows, env, sz, quick, secs, root):
