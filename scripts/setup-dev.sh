@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what `cargo test` needs on Debian 12 (bookworm): a Rust toolchain new enough for
-# Cargo.lock, PostgreSQL, the client matrix's pinned Python and Node packages, Chromium, QEMU
-# from bookworm-backports, debootstrap, e2fsprogs, xfsprogs and PgBouncer (the benchmark's
-# baseline).
+# Cargo.lock, PostgreSQL, the client matrix's pinned Python and Node packages and Debian's
+# pgjdbc with a JDK, Chromium, QEMU from bookworm-backports, debootstrap, e2fsprogs, xfsprogs
+# and PgBouncer (the benchmark's baseline).
 #
 #   bash scripts/setup-dev.sh           install what is missing (root, or sudo for apt)
 #   bash scripts/setup-dev.sh --check   install nothing: list what is missing, exit 1 if any
@@ -88,6 +88,9 @@ command -v mkfs.xfs >/dev/null 2>&1 || debs+=(xfsprogs)
 command -v mkfs.ext4 >/dev/null 2>&1 || debs+=(e2fsprogs)
 command -v debootstrap >/dev/null 2>&1 || debs+=(debootstrap)
 command -v qemu-img >/dev/null 2>&1 || debs+=(qemu-utils)
+# pgjdbc, the client matrix's Java column (tests/clients/jdbc/Scenario.java), and javac for it.
+command -v javac >/dev/null 2>&1 || debs+=(default-jdk-headless)
+[ -e /usr/share/java/postgresql.jar ] || debs+=(libpostgresql-jdbc-java)
 install_debs() {
   # Debian's postgresql would create and start a "main" cluster on port 5432; the tests and
   # the gateway start servers of their own. Only when the package is installed now.
@@ -178,7 +181,8 @@ rust_ok || need "Rust >= $min_rust (cargo)" install_rust
 # --- Python packages (pinned) -------------------------------------------------------------
 # psycopg's binary wheel carries libpq 18, which the protocol-3.2 negotiation test relies on;
 # mcp drives `sandpit mcp` and POST /mcp (tests/agent/mcp.rs); Django and SQLAlchemy are the ORM
-# steps of the psycopg scenario (tests/clients/orm_steps.py); kubernetes-validate (and its
+# steps of the psycopg scenario (tests/clients/orm_steps.py); asyncpg is a client matrix column
+# (tests/clients/asyncpg_scenario.py); kubernetes-validate (and its
 # PyYAML) checks docker/kubernetes/cluster against the Kubernetes schemas (tests/checks/kubernetes/).
 python=${SANDPIT_PYTHON:-python3}
 pip_install() {
@@ -186,7 +190,7 @@ pip_install() {
     "$python" -m pip install --quiet --break-system-packages "$1"
 }
 for pin in 'psycopg[binary]==3.3.9' 'mcp==2.3.0' 'Django==5.2.19' 'SQLAlchemy==2.1.9' \
-  'kubernetes-validate==1.37.0'; do
+  'asyncpg==0.32.0' 'kubernetes-validate==1.37.0'; do
   name=${pin%%==*}
   name=${name%%\[*}
   version=${pin##*==}

@@ -19,6 +19,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::support::harness::{Gateway, SMALL_GOLDEN};
+use crate::support::require::require;
 use matrix::{Outcome, Report};
 
 /// Gateway config for the matrix: cleartext only over TLS, even from loopback.
@@ -218,6 +219,101 @@ fn psycopg_client(caps: bool) {
     );
 }
 
+/// asyncpg: its own protocol implementation (no libpq), extended protocol only, named
+/// statements and binary results everywhere.
+fn asyncpg_client() {
+    let python = std::env::var("SANDPIT_PYTHON").unwrap_or_else(|_| "python3".into());
+    let present = Command::new(&python)
+        .args(["-c", "import asyncpg"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !require(
+        present,
+        "asyncpg",
+        "the asyncpg column of the client matrix",
+    ) {
+        return;
+    }
+    let t = target("client-asyncpg");
+    let mut cmd = Command::new(python);
+    cmd.arg(clients_dir().join("asyncpg_scenario.py"));
+    let (r, ok, log) = run_program(cmd, &t, true, Duration::from_secs(300));
+    check(
+        "asyncpg",
+        &r,
+        ok,
+        &[
+            "notify_backend_pid",
+            "terminate_self",
+            "two_phase",
+            "write_returning_uncapped",
+            "catalog_uncapped",
+        ],
+        &["channel_binding", TWO_PHASE_GATED[0]],
+        true,
+        &log,
+    );
+}
+
+/// Debian's pgjdbc (libpostgresql-jdbc-java), where scripts/setup-dev.sh installs it.
+const PGJDBC_JAR: &str = "/usr/share/java/postgresql.jar";
+
+/// pgjdbc: Java's driver, compiled here with javac against Debian's jar and run with java.
+fn jdbc_client() {
+    let jar = std::path::Path::new(PGJDBC_JAR);
+    let javac = Command::new("javac")
+        .arg("-version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !require(
+        javac && jar.exists(),
+        "javac and pgjdbc (/usr/share/java/postgresql.jar)",
+        "the pgjdbc column of the client matrix",
+    ) {
+        return;
+    }
+    let classes = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("jdbc-scenario");
+    let _ = std::fs::remove_dir_all(&classes);
+    let built = Command::new("javac")
+        .arg("-d")
+        .arg(&classes)
+        .arg("-cp")
+        .arg(jar)
+        .arg(clients_dir().join("jdbc/Scenario.java"))
+        .output()
+        .expect("run javac");
+    assert!(
+        built.status.success(),
+        "javac failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let t = target("client-pgjdbc");
+    let mut cmd = Command::new("java");
+    cmd.arg("-cp")
+        .arg(format!("{}:{}", jar.display(), classes.display()))
+        .arg("Scenario");
+    let (r, ok, log) = run_program(cmd, &t, true, Duration::from_secs(300));
+    check(
+        "pgjdbc",
+        &r,
+        ok,
+        &[
+            "notify_backend_pid",
+            "terminate_self",
+            "two_phase",
+            "write_returning_uncapped",
+            "catalog_uncapped",
+        ],
+        &["channel_binding", TWO_PHASE_GATED[0]],
+        true,
+        &log,
+    );
+}
+
 fn node_client(caps: bool) {
     let t = target("client-node");
     let dir = clients_dir().join("node");
@@ -332,6 +428,16 @@ fn pgbench_runs_through_the_gateway() {
 #[test]
 fn psycopg_runs_the_scenario() {
     psycopg_client(true);
+}
+
+#[test]
+fn asyncpg_runs_the_scenario() {
+    asyncpg_client();
+}
+
+#[test]
+fn pgjdbc_runs_the_scenario() {
+    jdbc_client();
 }
 
 #[test]

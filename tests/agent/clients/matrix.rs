@@ -196,10 +196,12 @@ const CLIENTS: &[&str] = &[
     "psql",
     "pgbench",
     "psycopg",
+    "asyncpg",
     "node-postgres",
     "postgres.js",
     "tokio-postgres",
     "sqlx",
+    "pgjdbc",
 ];
 
 /// One client's recorded run: name, metadata, step → (outcome, detail).
