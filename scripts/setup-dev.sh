@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what `cargo test` needs on Debian 12 (bookworm): a Rust toolchain new enough for
-# Cargo.lock, PostgreSQL, the client matrix's pinned Python and Node packages and Debian's
-# pgjdbc with a JDK, Chromium, QEMU from bookworm-backports, debootstrap, e2fsprogs, xfsprogs
-# and PgBouncer (the benchmark's baseline).
+# Cargo.lock, PostgreSQL, the client matrix's pinned Python and Node packages, Debian's pgjdbc
+# with a JDK and pgx v4 with Go, Chromium, QEMU from bookworm-backports, debootstrap, e2fsprogs,
+# xfsprogs and PgBouncer (the benchmark's baseline).
 #
 #   bash scripts/setup-dev.sh           install what is missing (root, or sudo for apt)
 #   bash scripts/setup-dev.sh --check   install nothing: list what is missing, exit 1 if any
@@ -91,6 +91,9 @@ command -v qemu-img >/dev/null 2>&1 || debs+=(qemu-utils)
 # pgjdbc, the client matrix's Java column (tests/clients/jdbc/Scenario.java), and javac for it.
 command -v javac >/dev/null 2>&1 || debs+=(default-jdk-headless)
 [ -e /usr/share/java/postgresql.jar ] || debs+=(libpostgresql-jdbc-java)
+# pgx v4 and Go for it (tests/clients/pgx/main.go), built from Debian's sources in GOPATH mode.
+command -v go >/dev/null 2>&1 || debs+=(golang-go)
+[ -d /usr/share/gocode/src/github.com/jackc/pgx/v4 ] || debs+=(golang-github-jackc-pgx-v4-dev)
 install_debs() {
   # Debian's postgresql would create and start a "main" cluster on port 5432; the tests and
   # the gateway start servers of their own. Only when the package is installed now.

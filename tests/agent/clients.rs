@@ -314,6 +314,64 @@ fn jdbc_client() {
     );
 }
 
+/// Debian's pgx v4 sources (golang-github-jackc-pgx-v4-dev), built in GOPATH mode: nothing
+/// is downloaded.
+const GOPATH: &str = "/usr/share/gocode";
+
+/// pgx: Go's pure-Go driver, built here with Debian's Go.
+fn pgx_client() {
+    let go = Command::new("go")
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let pgx = std::path::Path::new(GOPATH).join("src/github.com/jackc/pgx/v4");
+    if !require(
+        go && pgx.exists(),
+        "go and pgx v4 (golang-github-jackc-pgx-v4-dev)",
+        "the pgx column of the client matrix",
+    ) {
+        return;
+    }
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let bin = tmp.join("pgx-scenario");
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(clients_dir().join("pgx"))
+        .env("GOPATH", GOPATH)
+        .env("GO111MODULE", "off")
+        .env("GOFLAGS", "")
+        .env("GOCACHE", tmp.join("go-cache"))
+        .output()
+        .expect("run go build");
+    assert!(
+        built.status.success(),
+        "go build failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let t = target("client-pgx");
+    let (r, ok, log) = run_program(Command::new(&bin), &t, true, Duration::from_secs(300));
+    check(
+        "pgx",
+        &r,
+        ok,
+        &[
+            "pgx_batch",
+            "notify_backend_pid",
+            "terminate_self",
+            "two_phase",
+            "write_returning_uncapped",
+            "catalog_uncapped",
+        ],
+        &["channel_binding", TWO_PHASE_GATED[0]],
+        true,
+        &log,
+    );
+}
+
 fn node_client(caps: bool) {
     let t = target("client-node");
     let dir = clients_dir().join("node");
@@ -433,6 +491,11 @@ fn psycopg_runs_the_scenario() {
 #[test]
 fn asyncpg_runs_the_scenario() {
     asyncpg_client();
+}
+
+#[test]
+fn pgx_runs_the_scenario() {
+    pgx_client();
 }
 
 #[test]

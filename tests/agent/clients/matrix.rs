@@ -52,6 +52,10 @@ pub const EXTRAS: &[(&str, &str)] = &[
     ),
     ("pipeline", "psycopg pipeline mode"),
     (
+        "pgx_batch",
+        "pgx `SendBatch`: 101 statements in one pipeline, one Sync; an error in one skips the rest",
+    ),
+    (
         "direct_tls",
         "direct TLS (`sslnegotiation=direct`, ALPN `postgresql`; libpq 17+)",
     ),
@@ -201,6 +205,7 @@ const CLIENTS: &[&str] = &[
     "postgres.js",
     "tokio-postgres",
     "sqlx",
+    "pgx",
     "pgjdbc",
 ];
 
