@@ -7,6 +7,7 @@ mod support;
 
 /// One file per concern, in tests/review/.
 mod review {
+    mod catalog_changes;
     mod diffs;
     mod promote;
     mod review_page;

@@ -11,6 +11,7 @@ use super::names;
 use super::plan_model::{Plan, SchemaGuard, Want};
 use crate::review::model::{Action, SchemaChange};
 use crate::review::sql::order;
+use crate::review::unmodeled;
 
 /// Where a kind handled here goes.
 pub enum Placed {
@@ -71,6 +72,12 @@ pub fn place(c: &SchemaChange) -> Placed {
                 Placed::Stmts(c.sql.clone())
             }
         }
+        (k, _) if unmodeled::listed_only(k) => Placed::Refused(
+            "listed by the review but not in its patch (a policy, rule, default privilege, \
+             table option and the like changes what the target does for every later user); \
+             not promoted: apply it by hand once read"
+                .into(),
+        ),
         _ => Placed::Refused(
             "this kind of schema change is not promoted (apply the reviewed patch by hand)".into(),
         ),
@@ -224,6 +231,11 @@ mod tests {
                 "install script",
             ),
             ("view", Action::Added, &[], "no statement"),
+            ("policy", Action::Added, &[], "not in its patch"),
+            ("rule", Action::Dropped, &[], "not in its patch"),
+            ("default privileges", Action::Added, &[], "not in its patch"),
+            ("row security", Action::Altered, &[], "not in its patch"),
+            ("large objects", Action::Altered, &[], "not in its patch"),
         ];
         for (kind, action, sql, want) in cases {
             let got = match place(&change(kind, *action, sql)) {

@@ -14,6 +14,7 @@ use super::model::{Review, ScanInfo, TableDiff};
 use super::schema::{self, relations};
 use super::sql::{order, Stmts};
 use super::touched;
+use super::unmodeled;
 use crate::pgconn::BackendTarget;
 use crate::provider::golden::{AGENT, AGENT_READ, AGENT_WRITE, REVIEWER};
 use data_order::Step;
@@ -78,7 +79,18 @@ pub async fn diff(
     old.begin().await?;
     let new_cat = catalog::snapshot(&new).await?;
     let old_cat = catalog::snapshot(&old).await?;
-    let sd = schema::diff(&old_cat, &new_cat);
+    let mut sd = schema::diff(&old_cat, &new_cat);
+    let unmodeled = unmodeled::changes(&old, &new).await?;
+    if !unmodeled.is_empty() {
+        sd.notes.push(format!(
+            "{} catalog change(s) (policies, rules, statistics, default privileges, collations, \
+             operators, publications, large objects, table options, row security, replica \
+             identity) are listed but not in the patch: the patch check says differs and \
+             promotion refuses them",
+            unmodeled.len()
+        ));
+        sd.changes.extend(unmodeled);
+    }
     let new_marks = touched::read(&new).await?;
     let old_marks = touched::read(&old).await?;
 

@@ -15,4 +15,5 @@ pub mod schema;
 pub mod sql;
 pub mod store;
 pub mod touched;
+pub mod unmodeled;
 pub mod verify;

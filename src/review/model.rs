@@ -89,7 +89,10 @@ impl Action {
 /// One schema change.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SchemaChange {
-    /// schema, extension, table, column, index, constraint, view, function, trigger, sequence.
+    /// schema, extension, table, column, index, constraint, view, function, trigger, sequence,
+    /// comment, grant; and, listed but never in the patch ([`super::unmodeled`]): policy,
+    /// rule, statistics, default privileges, collation, operator, publication, large
+    /// objects, table options, row security, replica identity.
     pub kind: String,
     /// What happened.
     pub action: Action,

@@ -40,7 +40,7 @@ create view cheap_items as select id, name from items where price < 10;
 
 /// The gateway of this test binary, on the small golden. Started from a thread that lives as
 /// long as the process, so the gateway's PDEATHSIG fires only when the process ends.
-fn gateway() -> &'static Gateway {
+pub(super) fn gateway() -> &'static Gateway {
     static G: OnceLock<&'static Gateway> = OnceLock::new();
     G.get_or_init(|| {
         harness::process_gateway(|| {
@@ -53,7 +53,7 @@ fn gateway() -> &'static Gateway {
     })
 }
 
-fn get_text(g: &Gateway, path: &str) -> (u16, String) {
+pub(super) fn get_text(g: &Gateway, path: &str) -> (u16, String) {
     let url = format!("{}{}", g.api, path);
     match harness::http("GET", &url, Some(&g.admin_key), harness::Body::None) {
         Ok(r) => (r.status, r.body),
@@ -61,13 +61,13 @@ fn get_text(g: &Gateway, path: &str) -> (u16, String) {
     }
 }
 
-fn diff(g: &Gateway, id: &str) -> Value {
+pub(super) fn diff(g: &Gateway, id: &str) -> Value {
     let (s, body) = get_text(g, &format!("/v1/tokens/{id}/diff"));
     assert_eq!(s, 200, "{body}");
     serde_json::from_str(&body).expect("review json")
 }
 
-fn run_sql(dsn: &str, sql: &str) {
+pub(super) fn run_sql(dsn: &str, sql: &str) {
     let dir = harness::tempdir();
     let f = dir.path().join("script.sql");
     std::fs::write(&f, sql).expect("write script");
@@ -92,7 +92,7 @@ fn normalize(r: &Value) -> Value {
     })
 }
 
-fn schema_of(r: &Value) -> Vec<(String, String, String)> {
+pub(super) fn schema_of(r: &Value) -> Vec<(String, String, String)> {
     r["schema"]
         .as_array()
         .expect("schema")

@@ -75,12 +75,14 @@ fn qname(n: &str, name: &str) -> String {
 }
 
 /// The queries of the schema part, each returning `(key, definition)`.
-fn schema_queries(owner: &str) -> Vec<String> {
+fn schema_queries(owner: &str) -> Vec<(&'static str, String)> {
     let o = literal(owner);
     let o = o.as_str();
     let rel = qname("n", "c.relname");
     let mut q = Vec::new();
-    q.push(format!(
+    q.push((
+        "schema",
+        format!(
         "SELECT 'schema ' || pg_catalog.quote_ident(n.nspname), 'owner=' || ({}) || ' acl=' || {} \
          || ' comment=' || {} FROM pg_catalog.pg_namespace n WHERE {} AND {}",
         role("n.nspowner", o),
@@ -88,14 +90,18 @@ fn schema_queries(owner: &str) -> Vec<String> {
         comment("pg_catalog.obj_description(n.oid, 'pg_namespace')"),
         user_ns("n"),
         no_ext("pg_namespace", "n.oid")
+        ),
     ));
-    q.push(
+    q.push((
+        "extension",
         "SELECT 'extension ' || pg_catalog.quote_ident(x.extname), 'version=' || x.extversion \
          || ' schema=' || pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension x \
          JOIN pg_catalog.pg_namespace n ON n.oid = x.extnamespace"
             .to_string(),
-    );
-    q.push(format!(
+    ));
+    q.push((
+        "relation",
+        format!(
         "SELECT 'relation ' || {rel}, 'kind=' || c.relkind::pg_catalog.text || ' persistence=' || c.relpersistence::pg_catalog.text \
          || ' owner=' || ({}) || ' acl=' || {} || ' comment=' || {} \
          || ' options=' || COALESCE(c.reloptions::pg_catalog.text, '') \
@@ -129,8 +135,11 @@ fn schema_queries(owner: &str) -> Vec<String> {
         comment("pg_catalog.obj_description(c.oid, 'pg_class')"),
         user_ns("n"),
         no_ext("pg_class", "c.oid")
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "column",
+        format!(
         "SELECT 'column ' || {rel} || '.' || pg_catalog.quote_ident(a.attname), \
          'position=' || pg_catalog.row_number() OVER (PARTITION BY a.attrelid ORDER BY a.attnum) \
          || ' type=' || pg_catalog.format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull \
@@ -150,38 +159,50 @@ fn schema_queries(owner: &str) -> Vec<String> {
         comment("pg_catalog.col_description(c.oid, a.attnum)"),
         user_ns("n"),
         no_ext("pg_class", "c.oid")
+        ),
     ));
-    q.push(format!(
-        "SELECT 'constraint ' || {rel} || '.' || pg_catalog.quote_ident(k.conname), \
+    q.push((
+        "constraint",
+        format!(
+            "SELECT 'constraint ' || {rel} || '.' || pg_catalog.quote_ident(k.conname), \
          pg_catalog.pg_get_constraintdef(k.oid) || ' comment=' || {} \
          FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_class c ON c.oid = k.conrelid \
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE {} AND {}",
-        comment("pg_catalog.obj_description(k.oid, 'pg_constraint')"),
-        user_ns("n"),
-        no_ext("pg_class", "c.oid")
+            comment("pg_catalog.obj_description(k.oid, 'pg_constraint')"),
+            user_ns("n"),
+            no_ext("pg_class", "c.oid")
+        ),
     ));
-    q.push(format!(
-        "SELECT 'constraint ' || {} || '.' || pg_catalog.quote_ident(k.conname), \
+    q.push((
+        "constraint",
+        format!(
+            "SELECT 'constraint ' || {} || '.' || pg_catalog.quote_ident(k.conname), \
          pg_catalog.pg_get_constraintdef(k.oid) || ' comment=' || {} \
          FROM pg_catalog.pg_constraint k JOIN pg_catalog.pg_type t ON t.oid = k.contypid \
          JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace WHERE {} AND {}",
-        qname("n", "t.typname"),
-        comment("pg_catalog.obj_description(k.oid, 'pg_constraint')"),
-        user_ns("n"),
-        no_ext("pg_type", "t.oid")
+            qname("n", "t.typname"),
+            comment("pg_catalog.obj_description(k.oid, 'pg_constraint')"),
+            user_ns("n"),
+            no_ext("pg_type", "t.oid")
+        ),
     ));
-    q.push(format!(
-        "SELECT 'index ' || {}, pg_catalog.pg_get_indexdef(i.indexrelid) \
+    q.push((
+        "index",
+        format!(
+            "SELECT 'index ' || {}, pg_catalog.pg_get_indexdef(i.indexrelid) \
          || ' clustered=' || i.indisclustered || ' valid=' || i.indisvalid \
          || ' replident=' || i.indisreplident || ' comment=' || {} \
          FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class ic ON ic.oid = i.indexrelid \
          JOIN pg_catalog.pg_namespace n ON n.oid = ic.relnamespace WHERE {} AND {}",
-        qname("n", "ic.relname"),
-        comment("pg_catalog.obj_description(ic.oid, 'pg_class')"),
-        user_ns("n"),
-        no_ext("pg_class", "i.indrelid")
+            qname("n", "ic.relname"),
+            comment("pg_catalog.obj_description(ic.oid, 'pg_class')"),
+            user_ns("n"),
+            no_ext("pg_class", "i.indrelid")
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "trigger",
+        format!(
         "SELECT 'trigger ' || {rel} || '.' || pg_catalog.quote_ident(tg.tgname), \
          pg_catalog.pg_get_triggerdef(tg.oid) || ' enabled=' || tg.tgenabled::pg_catalog.text || ' comment=' || {} \
          FROM pg_catalog.pg_trigger tg JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid \
@@ -190,8 +211,11 @@ fn schema_queries(owner: &str) -> Vec<String> {
         comment("pg_catalog.obj_description(tg.oid, 'pg_trigger')"),
         user_ns("n"),
         no_ext("pg_class", "c.oid")
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "function",
+        format!(
         "SELECT 'function ' || {} || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')', \
          CASE WHEN p.prokind = 'a' THEN COALESCE((SELECT 'aggregate transition=' || g.aggtransfn::pg_catalog.text \
               || ' final=' || g.aggfinalfn::pg_catalog.text || ' combine=' || g.aggcombinefn::pg_catalog.text \
@@ -210,8 +234,11 @@ fn schema_queries(owner: &str) -> Vec<String> {
         comment("pg_catalog.obj_description(p.oid, 'pg_proc')"),
         user_ns("n"),
         no_ext("pg_proc", "p.oid")
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "type",
+        format!(
         "SELECT 'type ' || {}, 'kind=' || t.typtype::pg_catalog.text || CASE t.typtype \
            WHEN 'e' THEN ' labels=' || COALESCE((SELECT pg_catalog.string_agg(pg_catalog.quote_literal(e.enumlabel), ',' \
               ORDER BY e.enumsortorder) FROM pg_catalog.pg_enum e WHERE e.enumtypid = t.oid), '') \
@@ -234,10 +261,13 @@ fn schema_queries(owner: &str) -> Vec<String> {
         comment("pg_catalog.obj_description(t.oid, 'pg_type')"),
         user_ns("n"),
         no_ext("pg_type", "t.oid")
+        ),
     ));
     let r = role("x", o);
-    q.push(format!(
-        "SELECT 'policy ' || {rel} || '.' || pg_catalog.quote_ident(po.polname), \
+    q.push((
+        "policy",
+        format!(
+            "SELECT 'policy ' || {rel} || '.' || pg_catalog.quote_ident(po.polname), \
          'command=' || po.polcmd::pg_catalog.text || ' permissive=' || po.polpermissive \
          || ' roles=' || COALESCE((SELECT pg_catalog.string_agg({r}, ',' ORDER BY {r}) \
               FROM pg_catalog.unnest(po.polroles) x), '') \
@@ -246,33 +276,45 @@ fn schema_queries(owner: &str) -> Vec<String> {
          || ' comment=' || {} \
          FROM pg_catalog.pg_policy po JOIN pg_catalog.pg_class c ON c.oid = po.polrelid \
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE {}",
-        comment("pg_catalog.obj_description(po.oid, 'pg_policy')"),
-        user_ns("n")
+            comment("pg_catalog.obj_description(po.oid, 'pg_policy')"),
+            user_ns("n")
+        ),
     ));
-    q.push(format!(
-        "SELECT 'rule ' || {rel} || '.' || pg_catalog.quote_ident(ru.rulename), \
+    q.push((
+        "rule",
+        format!(
+            "SELECT 'rule ' || {rel} || '.' || pg_catalog.quote_ident(ru.rulename), \
          pg_catalog.pg_get_ruledef(ru.oid) || ' enabled=' || ru.ev_enabled::pg_catalog.text \
          FROM pg_catalog.pg_rewrite ru JOIN pg_catalog.pg_class c ON c.oid = ru.ev_class \
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
          WHERE ru.rulename <> '_RETURN' AND {} AND {}",
-        user_ns("n"),
-        no_ext("pg_class", "c.oid")
+            user_ns("n"),
+            no_ext("pg_class", "c.oid")
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "statistics",
+        format!(
         "SELECT 'statistics ' || {}, pg_catalog.pg_get_statisticsobjdef(s.oid) \
          FROM pg_catalog.pg_statistic_ext s JOIN pg_catalog.pg_namespace n ON n.oid = s.stxnamespace \
          WHERE {}",
         qname("n", "s.stxname"),
         user_ns("n")
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "default privileges",
+        format!(
         "SELECT 'default privileges of ' || ({}) || ' in ' || COALESCE(pg_catalog.quote_ident(n.nspname), '*') \
          || ' on ' || d.defaclobjtype::pg_catalog.text, {} \
          FROM pg_catalog.pg_default_acl d LEFT JOIN pg_catalog.pg_namespace n ON n.oid = d.defaclnamespace",
         role("d.defaclrole", o),
         acl("d.defaclacl", "'r'", "d.defaclrole", o)
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "collation",
+        format!(
         "SELECT 'collation ' || {}, 'provider=' || co.collprovider::pg_catalog.text || ' collate=' || COALESCE(co.collcollate, '') \
          || ' ctype=' || COALESCE(co.collctype, '') || ' deterministic=' || co.collisdeterministic \
          FROM pg_catalog.pg_collation co JOIN pg_catalog.pg_namespace n ON n.oid = co.collnamespace \
@@ -280,8 +322,11 @@ fn schema_queries(owner: &str) -> Vec<String> {
         qname("n", "co.collname"),
         user_ns("n"),
         no_ext("pg_collation", "co.oid")
+        ),
     ));
-    q.push(format!(
+    q.push((
+        "operator",
+        format!(
         "SELECT 'operator ' || o.oid::pg_catalog.regoperator::pg_catalog.text, \
          'function=' || o.oprcode::pg_catalog.text || ' commutator=' || o.oprcom::pg_catalog.regoperator::pg_catalog.text \
          || ' negator=' || o.oprnegate::pg_catalog.regoperator::pg_catalog.text \
@@ -289,21 +334,24 @@ fn schema_queries(owner: &str) -> Vec<String> {
          WHERE {} AND {}",
         user_ns("n"),
         no_ext("pg_operator", "o.oid")
+        ),
     ));
-    q.push(
+    q.push((
+        "publication",
         "SELECT 'publication ' || pg_catalog.quote_ident(p.pubname), 'all_tables=' || p.puballtables \
          || ' tables=' || COALESCE((SELECT pg_catalog.string_agg(r.prrelid::pg_catalog.regclass::pg_catalog.text, ',' \
               ORDER BY r.prrelid::pg_catalog.regclass::pg_catalog.text) \
               FROM pg_catalog.pg_publication_rel r WHERE r.prpubid = p.oid), '') \
          FROM pg_catalog.pg_publication p"
             .to_string(),
-    );
+    ));
     // Only their number: their contents are not readable by the review role.
-    q.push(
+    q.push((
+        "large objects",
         "SELECT 'large objects', 'count=' || pg_catalog.count(*) \
          FROM pg_catalog.pg_largeobject_metadata"
             .to_string(),
-    );
+    ));
     q
 }
 
@@ -311,24 +359,50 @@ fn text(v: &Option<String>) -> String {
     v.clone().unwrap_or_default()
 }
 
+/// The kinds of the schema queries, in order (a kind is the first words of its keys).
+pub fn query_kinds() -> Vec<&'static str> {
+    schema_queries("").into_iter().map(|(k, _)| k).collect()
+}
+
+/// The schema objects of the query kinds `kinds` only (`"policy"`, `"rule"`, …: the tags of
+/// [`schema_queries`]), keyed as in [`Dump::objects`]; read inside the caller's snapshot.
+pub async fn objects_of(
+    side: &Side,
+    owner: &str,
+    kinds: &[&str],
+) -> Result<BTreeMap<String, String>, ConnError> {
+    let mut objects = BTreeMap::new();
+    for (kind, q) in schema_queries(owner) {
+        if !kinds.contains(&kind) {
+            continue;
+        }
+        for r in side.rows(&q).await? {
+            add(&mut objects, text(&r[0]), text(&r[1]));
+        }
+    }
+    Ok(objects)
+}
+
+/// Keeps `def` under `key`; two objects under one key (overloads differing only in ways the
+/// identity arguments hide) are both kept.
+fn add(objects: &mut BTreeMap<String, String>, key: String, def: String) {
+    objects
+        .entry(key)
+        .and_modify(|d| {
+            d.push_str(" & ");
+            d.push_str(&def)
+        })
+        .or_insert(def);
+}
+
 /// Read the dump, inside the caller's read-only snapshot. `owner` is the role that owns the
 /// golden's objects in this database (spelled `<owner>` in the dump). `skip`: tables not to
 /// hash, shown to hold the golden's rows on both sides compared (every other is hashed).
 pub async fn take(side: &Side, owner: &str, skip: &BTreeSet<String>) -> Result<Dump, ConnError> {
     let mut dump = Dump::default();
-    for q in schema_queries(owner) {
+    for (_, q) in schema_queries(owner) {
         for r in side.rows(&q).await? {
-            let key = text(&r[0]);
-            let def = text(&r[1]);
-            // Two objects under one key (overloads differing only in ways the identity
-            // arguments hide) are both kept.
-            dump.objects
-                .entry(key)
-                .and_modify(|d| {
-                    d.push_str(" & ");
-                    d.push_str(&def)
-                })
-                .or_insert(def);
+            add(&mut dump.objects, text(&r[0]), text(&r[1]));
         }
     }
     let rels = side

@@ -1,0 +1,320 @@
+//! Catalog changes the schema diff does not model: row-level security policies, rules,
+//! extended statistics, default privileges, collations, operators, publications, large
+//! objects, and a table's storage options, row-security switches and replica identity. Each
+//! can change what the database does (a rule can turn a table's inserts into nothing, a
+//! policy hides rows, a default privilege grants every future table), so each is listed as a
+//! schema change, and a review never says "no changes" of a database that has one. They are
+//! read with the patch check's own canonical queries ([`super::verify::dump`]) on both
+//! databases, as the review role. None is carried by the patch: the patch check then says
+//! "differs", and promotion refuses them ([`crate::promote`]); a person applies them by hand.
+
+use std::collections::BTreeMap;
+
+use super::conn::{ConnError, Side};
+use super::model::{Action, SchemaChange};
+use super::verify::dump;
+
+/// The dump's query kinds listed here (the schema diff models every other).
+pub const KINDS: &[&str] = &[
+    "policy",
+    "rule",
+    "statistics",
+    "default privileges",
+    "collation",
+    "operator",
+    "publication",
+    "large objects",
+];
+
+/// The table attributes listed here, as change kinds.
+pub const TABLE_KINDS: [&str; 3] = ["table options", "row security", "replica identity"];
+
+/// Whether a change of `kind` is one listed here (never in the patch, never promoted).
+pub fn listed_only(kind: &str) -> bool {
+    KINDS.contains(&kind) || TABLE_KINDS.contains(&kind)
+}
+
+/// What each record says of the patch and of promotion.
+pub const NOT_IN_PATCH: &str = "not in the patch: the patch check says differs and promotion \
+     refuses it; apply it by hand once read";
+
+/// The changes from the golden (`old`) to the scratch database (`new`), read inside each
+/// side's snapshot.
+pub async fn changes(old: &Side, new: &Side) -> Result<Vec<SchemaChange>, ConnError> {
+    let old_owner = owner(old).await?;
+    let new_owner = owner(new).await?;
+    let before = dump::objects_of(old, &old_owner, KINDS).await?;
+    let after = dump::objects_of(new, &new_owner, KINDS).await?;
+    let mut out = compare_objects(&before, &after);
+    out.extend(compare_tables(&tables(old).await?, &tables(new).await?));
+    Ok(out)
+}
+
+/// The role that owns the database's own objects (spelled `<owner>` in the dump, so the
+/// golden's and the scratch database's owners compare equal under every provider): the
+/// owner of schema `public`, or of the database when `public` is gone.
+async fn owner(side: &Side) -> Result<String, ConnError> {
+    let rows = side
+        .rows(
+            "SELECT COALESCE((SELECT pg_catalog.pg_get_userbyid(n.nspowner) \
+             FROM pg_catalog.pg_namespace n WHERE n.nspname = 'public'), \
+             (SELECT pg_catalog.pg_get_userbyid(d.datdba) FROM pg_catalog.pg_database d \
+             WHERE d.datname = pg_catalog.current_database()))::pg_catalog.text",
+        )
+        .await?;
+    Ok(rows
+        .first()
+        .and_then(|r| r.first().cloned().flatten())
+        .unwrap_or_default())
+}
+
+/// Dump entries added, dropped or changed, as schema changes. The kind is the key's leading
+/// words (`policy public.t.p` → kind `policy`, object `public.t.p`).
+fn compare_objects(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+) -> Vec<SchemaChange> {
+    let mut out = Vec::new();
+    let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    for key in keys {
+        let (b, a) = (before.get(key), after.get(key));
+        let action = match (b, a) {
+            (None, Some(_)) => Action::Added,
+            (Some(_), None) => Action::Dropped,
+            (Some(b), Some(a)) if b != a => Action::Altered,
+            _ => continue,
+        };
+        let (kind, object) = split_key(key);
+        out.push(record(kind, action, object, b.cloned(), a.cloned()));
+    }
+    out
+}
+
+/// A dump key's kind and object name.
+fn split_key(key: &str) -> (&str, &str) {
+    for k in KINDS {
+        if let Some(rest) = key.strip_prefix(k) {
+            return (k, rest.trim_start());
+        }
+    }
+    match key.split_once(' ') {
+        Some((k, o)) => (k, o),
+        None => (key, ""),
+    }
+}
+
+fn record(
+    kind: &str,
+    action: Action,
+    object: &str,
+    before: Option<String>,
+    after: Option<String>,
+) -> SchemaChange {
+    SchemaChange {
+        kind: kind.to_string(),
+        action,
+        object: object.to_string(),
+        detail: NOT_IN_PATCH.to_string(),
+        before,
+        after,
+        sql: Vec::new(),
+    }
+}
+
+/// A table's attributes that the schema diff leaves out, by OID (a fork keeps the golden's
+/// OIDs): qualified name, then each attribute as `(kind, value)`.
+type TableAttrs = BTreeMap<u32, (String, [(&'static str, String); 3])>;
+
+/// Defaults of the attributes in [`TableAttrs`]: what a new table has unless told otherwise.
+const DEFAULTS: [&str; 3] = ["", "enabled=false forced=false", "default"];
+
+async fn tables(side: &Side) -> Result<TableAttrs, ConnError> {
+    let rows = side
+        .rows(
+            "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), \
+             COALESCE(pg_catalog.array_to_string(c.reloptions, ', '), ''), \
+             'enabled=' || c.relrowsecurity || ' forced=' || c.relforcerowsecurity, \
+             CASE c.relreplident WHEN 'd' THEN 'default' WHEN 'n' THEN 'nothing' \
+               WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' ELSE c.relreplident::pg_catalog.text END \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relkind IN ('r', 'p', 'm') AND c.relpersistence <> 't' \
+             AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+             AND n.nspname !~ '^pg_(toast_)?temp_' AND n.nspname <> 'pg_toast' \
+             AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend e WHERE e.classid = \
+               'pg_catalog.pg_class'::pg_catalog.regclass AND e.objid = c.oid AND e.deptype = 'e')",
+        )
+        .await?;
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let oid = r.first()?.as_deref()?.parse().ok()?;
+            let attrs = [
+                (TABLE_KINDS[0], text(r.get(2)?)),
+                (TABLE_KINDS[1], text(r.get(3)?)),
+                (TABLE_KINDS[2], text(r.get(4)?)),
+            ];
+            Some((oid, (text(r.get(1)?), attrs)))
+        })
+        .collect())
+}
+
+/// Changed attributes of tables on both sides, and attributes a new table has other than
+/// the defaults (the patch creates it with the defaults).
+fn compare_tables(before: &TableAttrs, after: &TableAttrs) -> Vec<SchemaChange> {
+    let mut out = Vec::new();
+    for (oid, (name, attrs)) in after {
+        match before.get(oid) {
+            Some((_, old)) => {
+                for ((kind, b), (_, a)) in old.iter().zip(attrs) {
+                    if a != b {
+                        out.push(record(
+                            kind,
+                            Action::Altered,
+                            name,
+                            Some(b.clone()),
+                            Some(a.clone()),
+                        ));
+                    }
+                }
+            }
+            None => {
+                for ((kind, a), default) in attrs.iter().zip(DEFAULTS) {
+                    if a != default {
+                        out.push(record(kind, Action::Added, name, None, Some(a.clone())));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(entries: &[(&str, &str)]) -> BTreeMap<String, String> {
+        entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn objects_added_dropped_and_changed_are_each_a_change() {
+        let before = map(&[
+            ("policy public.t.p", "command=* using=true"),
+            ("rule public.t.r", "CREATE RULE r AS …"),
+            ("large objects", "count=0"),
+            ("statistics public.s", "CREATE STATISTICS …"),
+        ]);
+        let after = map(&[
+            ("policy public.t.p", "command=* using=false"),
+            ("large objects", "count=1"),
+            ("statistics public.s", "CREATE STATISTICS …"),
+            (
+                "default privileges of <owner> in * on r",
+                "PUBLIC=SELECT/<owner>",
+            ),
+        ]);
+        let got: Vec<(String, Action, String)> = compare_objects(&before, &after)
+            .into_iter()
+            .map(|c| (c.kind, c.action, c.object))
+            .collect();
+        let want = [
+            ("default privileges", Action::Added, "of <owner> in * on r"),
+            ("large objects", Action::Altered, ""),
+            ("policy", Action::Altered, "public.t.p"),
+            ("rule", Action::Dropped, "public.t.r"),
+        ];
+        let want: Vec<(String, Action, String)> = want
+            .iter()
+            .map(|(k, a, o)| (k.to_string(), *a, o.to_string()))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn table_attributes_compare_by_oid_and_a_new_table_by_the_defaults() {
+        let t = |name: &str, opts: &str, rls: &str, ri: &str| {
+            (
+                name.to_string(),
+                [
+                    ("table options", opts.to_string()),
+                    ("row security", rls.to_string()),
+                    ("replica identity", ri.to_string()),
+                ],
+            )
+        };
+        let mut before = TableAttrs::new();
+        before.insert(1, t("public.a", "", DEFAULTS[1], "default"));
+        before.insert(2, t("public.b", "", DEFAULTS[1], "default"));
+        let mut after = TableAttrs::new();
+        // Renamed (same OID) and given options: one change, under the new name.
+        after.insert(1, t("public.a2", "fillfactor=50", DEFAULTS[1], "default"));
+        after.insert(2, t("public.b", "", "enabled=true forced=false", "full"));
+        after.insert(3, t("public.c", "", DEFAULTS[1], "default"));
+        after.insert(
+            4,
+            t(
+                "public.d",
+                "autovacuum_enabled=false",
+                DEFAULTS[1],
+                "nothing",
+            ),
+        );
+        let got: Vec<(String, Action, String, Option<String>)> = compare_tables(&before, &after)
+            .into_iter()
+            .map(|c| (c.kind, c.action, c.object, c.after))
+            .collect();
+        let s = |x: &str| Some(x.to_string());
+        let want = vec![
+            (
+                "table options".into(),
+                Action::Altered,
+                "public.a2".into(),
+                s("fillfactor=50"),
+            ),
+            (
+                "row security".into(),
+                Action::Altered,
+                "public.b".into(),
+                s("enabled=true forced=false"),
+            ),
+            (
+                "replica identity".into(),
+                Action::Altered,
+                "public.b".into(),
+                s("full"),
+            ),
+            (
+                "table options".into(),
+                Action::Added,
+                "public.d".into(),
+                s("autovacuum_enabled=false"),
+            ),
+            (
+                "replica identity".into(),
+                Action::Added,
+                "public.d".into(),
+                s("nothing"),
+            ),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn every_kind_here_is_a_query_kind_of_the_dump_and_splits_off_its_key() {
+        let dumped = dump::query_kinds();
+        for k in KINDS {
+            assert!(
+                dumped.contains(k),
+                "{k} is not a kind of the dump's queries"
+            );
+            let key = format!("{k} x.y");
+            let (kind, object) = split_key(&key);
+            assert_eq!((kind, object), (*k, "x.y"));
+        }
+    }
+}

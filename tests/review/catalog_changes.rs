@@ -1,0 +1,103 @@
+//! Catalog changes the review's schema diff does not model (policies, rules, statistics,
+//! default privileges, publications, large objects, a table's options, row security and
+//! replica identity): each is listed as a schema change, so the review never says "no
+//! changes" of a database that has them; none is in the patch, so the patch check says
+//! "differs" and promotion refuses them.
+
+use std::collections::BTreeSet;
+
+use super::diffs::{diff, gateway, get_text, run_sql, schema_of};
+
+fn s3(a: &str, b: &str, c: &str) -> (String, String, String) {
+    (a.into(), b.into(), c.into())
+}
+
+#[test]
+fn catalog_only_changes_are_listed_and_never_patched() {
+    let g = gateway();
+    let t = g.issue("catalog-only", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    run_sql(
+        t["dsn"].as_str().expect("dsn"),
+        "create rule items_no_insert as on insert to items do instead nothing;\n\
+         alter table order_lines enable row level security;\n\
+         create policy hide_all on order_lines using (false);\n\
+         create statistics items_stats on id, name from items;\n\
+         alter default privileges grant select on tables to public;\n\
+         select lo_from_bytea(0, 'kept out of the patch');\n\
+         alter table events set (fillfactor = 50);\n\
+         alter table audit replica identity full;\n\
+         create table fresh(a int) with (autovacuum_enabled = false);\n",
+    );
+    let r = diff(g, &id);
+    let got: BTreeSet<_> = schema_of(&r).into_iter().collect();
+    for want in [
+        s3("rule", "added", "public.items.items_no_insert"),
+        s3("row security", "altered", "public.order_lines"),
+        s3("policy", "added", "public.order_lines.hide_all"),
+        s3("statistics", "added", "public.items_stats"),
+        s3("default privileges", "added", "of <owner> in * on r"),
+        s3("large objects", "altered", ""),
+        s3("table options", "altered", "public.events"),
+        s3("replica identity", "altered", "public.audit"),
+        s3("table", "added", "public.fresh"),
+        s3("table options", "added", "public.fresh"),
+    ] {
+        assert!(got.contains(&want), "{want:?} missing from {got:#?}");
+    }
+    let listed: Vec<_> = r["schema"]
+        .as_array()
+        .expect("schema")
+        .iter()
+        .filter(|c| sandpit::review::unmodeled::listed_only(c["kind"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(listed.len(), 9, "{listed:#?}");
+    for c in &listed {
+        assert!(
+            c.get("sql").is_none(),
+            "a listed-only change has patch SQL: {c}"
+        );
+        assert!(
+            c["detail"]
+                .as_str()
+                .unwrap_or("")
+                .contains("not in the patch"),
+            "{c}"
+        );
+    }
+    let patch = r["patch"].as_str().unwrap_or("");
+    for word in [
+        "RULE",
+        "POLICY",
+        "STATISTICS",
+        "DEFAULT PRIVILEGES",
+        "fillfactor",
+        "REPLICA",
+    ] {
+        assert!(!patch.contains(word), "the patch carries {word}:\n{patch}");
+    }
+    assert!(
+        r["notes"].to_string().contains("not in the patch"),
+        "{}",
+        r["notes"]
+    );
+    let (s, text) = get_text(g, &format!("/v1/tokens/{id}/diff?format=text&verify=true"));
+    assert_eq!(s, 200, "{text}");
+    assert!(!text.contains("no changes against the golden"), "{text}");
+    assert!(text.contains("patch verified: differs"), "{text}");
+    g.revoke(&id);
+}
+
+#[test]
+fn a_database_without_such_changes_lists_none() {
+    let g = gateway();
+    let t = g.issue("catalog-only-none", 600);
+    let id = t["id"].as_str().expect("id").to_string();
+    run_sql(
+        t["dsn"].as_str().expect("dsn"),
+        "update items set name = name || '!' where id = 1;\n",
+    );
+    let r = diff(g, &id);
+    assert_eq!(schema_of(&r), vec![], "{r:#}");
+    g.revoke(&id);
+}
