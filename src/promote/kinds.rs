@@ -236,6 +236,7 @@ mod tests {
             ("default privileges", Action::Added, &[], "not in its patch"),
             ("row security", Action::Altered, &[], "not in its patch"),
             ("large objects", Action::Altered, &[], "not in its patch"),
+            ("trigger state", Action::Altered, &[], "not in its patch"),
         ];
         for (kind, action, sql, want) in cases {
             let got = match place(&change(kind, *action, sql)) {

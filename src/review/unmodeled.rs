@@ -1,11 +1,12 @@
 //! Catalog changes the schema diff does not model: row-level security policies, rules,
 //! extended statistics, default privileges, collations, operators, publications, large
-//! objects, and a table's storage options, row-security switches and replica identity. Each
-//! can change what the database does (a rule can turn a table's inserts into nothing, a
-//! policy hides rows, a default privilege grants every future table), so each is listed as a
-//! schema change, and a review never says "no changes" of a database that has one. They are
-//! read with the patch check's own canonical queries ([`super::verify::dump`]) on both
-//! databases, as the review role. None is carried by the patch: the patch check then says
+//! objects, a table's storage options, row-security switches and replica identity, and a
+//! trigger's firing state. Each can change what the database does (a rule can turn a table's
+//! inserts into nothing, a policy hides rows, a default privilege grants every future table,
+//! a disabled trigger no longer fires), so each is listed as a schema change, and a review
+//! never says "no changes" of a database that has one. They are read as the review role on
+//! both databases, most with the patch check's own canonical queries
+//! ([`super::verify::dump`]). None is carried by the patch: the patch check then says
 //! "differs", and promotion refuses them ([`crate::promote`]); a person applies them by hand.
 
 use std::collections::BTreeMap;
@@ -29,9 +30,13 @@ pub const KINDS: &[&str] = &[
 /// The table attributes listed here, as change kinds.
 pub const TABLE_KINDS: [&str; 3] = ["table options", "row security", "replica identity"];
 
+/// A trigger's firing state (`ALTER TABLE … DISABLE TRIGGER`), as a change kind: the schema
+/// diff's trigger is its definition, which a disabled trigger shares with an enabled one.
+pub const TRIGGER_STATE: &str = "trigger state";
+
 /// Whether a change of `kind` is one listed here (never in the patch, never promoted).
 pub fn listed_only(kind: &str) -> bool {
-    KINDS.contains(&kind) || TABLE_KINDS.contains(&kind)
+    KINDS.contains(&kind) || TABLE_KINDS.contains(&kind) || kind == TRIGGER_STATE
 }
 
 /// What each record says of the patch and of promotion.
@@ -46,7 +51,16 @@ pub async fn changes(old: &Side, new: &Side) -> Result<Vec<SchemaChange>, ConnEr
     let before = dump::objects_of(old, &old_owner, KINDS).await?;
     let after = dump::objects_of(new, &new_owner, KINDS).await?;
     let mut out = compare_objects(&before, &after);
-    out.extend(compare_tables(&tables(old).await?, &tables(new).await?));
+    out.extend(compare_attrs(
+        &tables(old).await?,
+        &tables(new).await?,
+        TABLE_DEFAULTS,
+    ));
+    out.extend(compare_attrs(
+        &triggers(old).await?,
+        &triggers(new).await?,
+        TRIGGER_DEFAULTS,
+    ));
     Ok(out)
 }
 
@@ -121,14 +135,17 @@ fn record(
     }
 }
 
-/// A table's attributes that the schema diff leaves out, by OID (a fork keeps the golden's
+/// An object's attributes that the schema diff leaves out, by OID (a fork keeps the golden's
 /// OIDs): qualified name, then each attribute as `(kind, value)`.
-type TableAttrs = BTreeMap<u32, (String, [(&'static str, String); 3])>;
+type Attrs<const N: usize> = BTreeMap<u32, (String, [(&'static str, String); N])>;
 
-/// Defaults of the attributes in [`TableAttrs`]: what a new table has unless told otherwise.
-const DEFAULTS: [&str; 3] = ["", "enabled=false forced=false", "default"];
+/// What a new table has unless told otherwise, per [`TABLE_KINDS`].
+const TABLE_DEFAULTS: [&str; 3] = ["", "enabled=false forced=false", "default"];
 
-async fn tables(side: &Side) -> Result<TableAttrs, ConnError> {
+/// What `CREATE TRIGGER` makes.
+const TRIGGER_DEFAULTS: [&str; 1] = ["enabled (origin)"];
+
+async fn tables(side: &Side) -> Result<Attrs<3>, ConnError> {
     let rows = side
         .rows(
             "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), \
@@ -159,9 +176,37 @@ async fn tables(side: &Side) -> Result<TableAttrs, ConnError> {
         .collect())
 }
 
-/// Changed attributes of tables on both sides, and attributes a new table has other than
-/// the defaults (the patch creates it with the defaults).
-fn compare_tables(before: &TableAttrs, after: &TableAttrs) -> Vec<SchemaChange> {
+async fn triggers(side: &Side) -> Result<Attrs<1>, ConnError> {
+    let rows = side
+        .rows(
+            "SELECT t.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) \
+             || '.' || pg_catalog.quote_ident(t.tgname), \
+             CASE t.tgenabled WHEN 'O' THEN 'enabled (origin)' WHEN 'D' THEN 'disabled' \
+               WHEN 'R' THEN 'enabled (replica only)' WHEN 'A' THEN 'enabled (always)' \
+               ELSE t.tgenabled::pg_catalog.text END \
+             FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE NOT t.tgisinternal AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+             AND n.nspname !~ '^pg_(toast_)?temp_' AND n.nspname <> 'pg_toast'",
+        )
+        .await?;
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let oid = r.first()?.as_deref()?.parse().ok()?;
+            Some((oid, (text(r.get(1)?), [(TRIGGER_STATE, text(r.get(2)?))])))
+        })
+        .collect())
+}
+
+/// Changed attributes of objects on both sides, and attributes a new object has other than
+/// `defaults` (the patch creates it with the defaults).
+fn compare_attrs<const N: usize>(
+    before: &Attrs<N>,
+    after: &Attrs<N>,
+    defaults: [&str; N],
+) -> Vec<SchemaChange> {
     let mut out = Vec::new();
     for (oid, (name, attrs)) in after {
         match before.get(oid) {
@@ -179,7 +224,7 @@ fn compare_tables(before: &TableAttrs, after: &TableAttrs) -> Vec<SchemaChange> 
                 }
             }
             None => {
-                for ((kind, a), default) in attrs.iter().zip(DEFAULTS) {
+                for ((kind, a), default) in attrs.iter().zip(defaults) {
                     if a != default {
                         out.push(record(kind, Action::Added, name, None, Some(a.clone())));
                     }
@@ -247,27 +292,31 @@ mod tests {
                 ],
             )
         };
-        let mut before = TableAttrs::new();
-        before.insert(1, t("public.a", "", DEFAULTS[1], "default"));
-        before.insert(2, t("public.b", "", DEFAULTS[1], "default"));
-        let mut after = TableAttrs::new();
+        let mut before = Attrs::<3>::new();
+        before.insert(1, t("public.a", "", TABLE_DEFAULTS[1], "default"));
+        before.insert(2, t("public.b", "", TABLE_DEFAULTS[1], "default"));
+        let mut after = Attrs::<3>::new();
         // Renamed (same OID) and given options: one change, under the new name.
-        after.insert(1, t("public.a2", "fillfactor=50", DEFAULTS[1], "default"));
+        after.insert(
+            1,
+            t("public.a2", "fillfactor=50", TABLE_DEFAULTS[1], "default"),
+        );
         after.insert(2, t("public.b", "", "enabled=true forced=false", "full"));
-        after.insert(3, t("public.c", "", DEFAULTS[1], "default"));
+        after.insert(3, t("public.c", "", TABLE_DEFAULTS[1], "default"));
         after.insert(
             4,
             t(
                 "public.d",
                 "autovacuum_enabled=false",
-                DEFAULTS[1],
+                TABLE_DEFAULTS[1],
                 "nothing",
             ),
         );
-        let got: Vec<(String, Action, String, Option<String>)> = compare_tables(&before, &after)
-            .into_iter()
-            .map(|c| (c.kind, c.action, c.object, c.after))
-            .collect();
+        let got: Vec<(String, Action, String, Option<String>)> =
+            compare_attrs(&before, &after, TABLE_DEFAULTS)
+                .into_iter()
+                .map(|c| (c.kind, c.action, c.object, c.after))
+                .collect();
         let s = |x: &str| Some(x.to_string());
         let want = vec![
             (

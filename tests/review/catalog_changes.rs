@@ -1,8 +1,8 @@
 //! Catalog changes the review's schema diff does not model (policies, rules, statistics,
 //! default privileges, publications, large objects, a table's options, row security and
-//! replica identity): each is listed as a schema change, so the review never says "no
-//! changes" of a database that has them; none is in the patch, so the patch check says
-//! "differs" and promotion refuses them.
+//! replica identity, a trigger's firing state): each is listed as a schema change, so the
+//! review never says "no changes" of a database that has them; none is in the patch, so
+//! the patch check says "differs" and promotion refuses them.
 
 use std::collections::BTreeSet;
 
@@ -27,7 +27,11 @@ fn catalog_only_changes_are_listed_and_never_patched() {
          select lo_from_bytea(0, 'kept out of the patch');\n\
          alter table events set (fillfactor = 50);\n\
          alter table audit replica identity full;\n\
-         create table fresh(a int) with (autovacuum_enabled = false);\n",
+         create table fresh(a int) with (autovacuum_enabled = false);\n\
+         alter table order_lines disable trigger order_lines_touch;\n\
+         create trigger fresh_touch before insert on fresh for each row \
+           execute function order_lines_touch();\n\
+         alter table fresh disable trigger fresh_touch;\n",
     );
     let r = diff(g, &id);
     let got: BTreeSet<_> = schema_of(&r).into_iter().collect();
@@ -42,6 +46,13 @@ fn catalog_only_changes_are_listed_and_never_patched() {
         s3("replica identity", "altered", "public.audit"),
         s3("table", "added", "public.fresh"),
         s3("table options", "added", "public.fresh"),
+        s3(
+            "trigger state",
+            "altered",
+            "public.order_lines.order_lines_touch",
+        ),
+        s3("trigger", "added", "public.fresh.fresh_touch"),
+        s3("trigger state", "added", "public.fresh.fresh_touch"),
     ] {
         assert!(got.contains(&want), "{want:?} missing from {got:#?}");
     }
@@ -51,7 +62,7 @@ fn catalog_only_changes_are_listed_and_never_patched() {
         .iter()
         .filter(|c| sandpit::review::unmodeled::listed_only(c["kind"].as_str().unwrap_or("")))
         .collect();
-    assert_eq!(listed.len(), 9, "{listed:#?}");
+    assert_eq!(listed.len(), 11, "{listed:#?}");
     for c in &listed {
         assert!(
             c.get("sql").is_none(),
