@@ -83,10 +83,9 @@ pub async fn diff(
     let unmodeled = unmodeled::changes(&old, &new).await?;
     if !unmodeled.is_empty() {
         sd.notes.push(format!(
-            "{} catalog change(s) (policies, rules, statistics, default privileges, collations, \
-             operators, publications, large objects, table options, row security, replica \
-             identity) are listed but not in the patch: the patch check says differs and \
-             promotion refuses them",
+            "{} catalog change(s) of kinds the patch does not carry (each listed with its \
+             definition: policies, rules, default privileges, casts, table options and the \
+             like): the patch check says differs and promotion refuses them",
             unmodeled.len()
         ));
         sd.changes.extend(unmodeled);

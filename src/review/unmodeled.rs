@@ -1,13 +1,15 @@
 //! Catalog changes the schema diff does not model: row-level security policies, rules,
 //! extended statistics, default privileges, collations, operators, publications, large
-//! objects, a table's storage options, row-security switches and replica identity, and a
+//! objects, casts, text search objects, event triggers and the other rarer kinds the patch
+//! check dumps; a table's storage options, row-security switches and replica identity; a
 //! trigger's firing state. Each can change what the database does (a rule can turn a table's
 //! inserts into nothing, a policy hides rows, a default privilege grants every future table,
-//! a disabled trigger no longer fires), so each is listed as a schema change, and a review
-//! never says "no changes" of a database that has one. They are read as the review role on
-//! both databases, most with the patch check's own canonical queries
-//! ([`super::verify::dump`]). None is carried by the patch: the patch check then says
-//! "differs", and promotion refuses them ([`crate::promote`]); a person applies them by hand.
+//! an implicit cast changes which operator a query runs, a disabled trigger no longer
+//! fires), so each is listed as a schema change, and a review never says "no changes" of a
+//! database that has one. They are read as the review role on both databases, most with the
+//! patch check's own canonical queries ([`super::verify::dump`]). None is carried by the
+//! patch: the patch check then says "differs", and promotion refuses them
+//! ([`crate::promote`]); a person applies them by hand.
 
 use std::collections::BTreeMap;
 
@@ -25,6 +27,21 @@ pub const KINDS: &[&str] = &[
     "operator",
     "publication",
     "large objects",
+    "cast",
+    "conversion",
+    "text search configuration",
+    "text search dictionary",
+    "text search parser",
+    "text search template",
+    "operator class",
+    "operator family",
+    "language",
+    "foreign data wrapper",
+    "foreign server",
+    "user mapping",
+    "event trigger",
+    "transform",
+    "access method",
 ];
 
 /// The table attributes listed here, as change kinds.
@@ -104,16 +121,16 @@ fn compare_objects(
     out
 }
 
-/// A dump key's kind and object name.
+/// A dump key's kind (the longest of [`KINDS`] it starts with: `operator class …` is not an
+/// `operator`) and object name.
 fn split_key(key: &str) -> (&str, &str) {
-    for k in KINDS {
-        if let Some(rest) = key.strip_prefix(k) {
-            return (k, rest.trim_start());
-        }
-    }
-    match key.split_once(' ') {
-        Some((k, o)) => (k, o),
-        None => (key, ""),
+    let kind = KINDS
+        .iter()
+        .filter(|k| key == **k || key.starts_with(&format!("{k} ")))
+        .max_by_key(|k| k.len());
+    match kind {
+        Some(k) => (k, key[k.len()..].trim_start()),
+        None => key.split_once(' ').unwrap_or((key, "")),
     }
 }
 
@@ -364,6 +381,7 @@ mod tests {
             let key = format!("{k} x.y");
             let (kind, object) = split_key(&key);
             assert_eq!((kind, object), (*k, "x.y"));
+            assert_eq!(split_key(k), (*k, ""));
         }
     }
 }
