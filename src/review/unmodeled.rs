@@ -1,7 +1,8 @@
 //! Catalog changes the schema diff does not model: row-level security policies, rules,
 //! extended statistics, default privileges, collations, operators, publications, large
 //! objects, casts, text search objects, event triggers and the other rarer kinds the patch
-//! check dumps; a table's storage options, row-security switches and replica identity; a
+//! check dumps; a table's storage options, row-security switches, replica identity and
+//! parents (`INHERIT`, a partition's bound: the parent's queries read its rows); a
 //! trigger's firing state. Each can change what the database does (a rule can turn a table's
 //! inserts into nothing, a policy hides rows, a default privilege grants every future table,
 //! an implicit cast changes which operator a query runs, a disabled trigger no longer
@@ -45,7 +46,12 @@ pub const KINDS: &[&str] = &[
 ];
 
 /// The table attributes listed here, as change kinds.
-pub const TABLE_KINDS: [&str; 3] = ["table options", "row security", "replica identity"];
+pub const TABLE_KINDS: [&str; 4] = [
+    "table options",
+    "row security",
+    "replica identity",
+    "inheritance",
+];
 
 /// A trigger's firing state (`ALTER TABLE … DISABLE TRIGGER`), as a change kind: the schema
 /// diff's trigger is its definition, which a disabled trigger shares with an enabled one.
@@ -157,19 +163,23 @@ fn record(
 type Attrs<const N: usize> = BTreeMap<u32, (String, [(&'static str, String); N])>;
 
 /// What a new table has unless told otherwise, per [`TABLE_KINDS`].
-const TABLE_DEFAULTS: [&str; 3] = ["", "enabled=false forced=false", "default"];
+const TABLE_DEFAULTS: [&str; 4] = ["", "enabled=false forced=false", "default", ""];
 
 /// What `CREATE TRIGGER` makes.
 const TRIGGER_DEFAULTS: [&str; 1] = ["enabled (origin)"];
 
-async fn tables(side: &Side) -> Result<Attrs<3>, ConnError> {
+async fn tables(side: &Side) -> Result<Attrs<4>, ConnError> {
     let rows = side
         .rows(
             "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), \
              COALESCE(pg_catalog.array_to_string(c.reloptions, ', '), ''), \
              'enabled=' || c.relrowsecurity || ' forced=' || c.relforcerowsecurity, \
              CASE c.relreplident WHEN 'd' THEN 'default' WHEN 'n' THEN 'nothing' \
-               WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' ELSE c.relreplident::pg_catalog.text END \
+               WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' ELSE c.relreplident::pg_catalog.text END, \
+             COALESCE((SELECT pg_catalog.string_agg(i.inhparent::pg_catalog.regclass::pg_catalog.text, ', ' \
+               ORDER BY i.inhseqno) FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid), '') \
+             || CASE WHEN c.relispartition THEN ' partition ' \
+               || COALESCE(pg_catalog.pg_get_expr(c.relpartbound, c.oid), '') ELSE '' END \
              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
              WHERE c.relkind IN ('r', 'p', 'm') AND c.relpersistence <> 't' \
              AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
@@ -187,6 +197,7 @@ async fn tables(side: &Side) -> Result<Attrs<3>, ConnError> {
                 (TABLE_KINDS[0], text(r.get(2)?)),
                 (TABLE_KINDS[1], text(r.get(3)?)),
                 (TABLE_KINDS[2], text(r.get(4)?)),
+                (TABLE_KINDS[3], text(r.get(5)?)),
             ];
             Some((oid, (text(r.get(1)?), attrs)))
         })
@@ -306,13 +317,14 @@ mod tests {
                     ("table options", opts.to_string()),
                     ("row security", rls.to_string()),
                     ("replica identity", ri.to_string()),
+                    ("inheritance", String::new()),
                 ],
             )
         };
-        let mut before = Attrs::<3>::new();
+        let mut before = Attrs::<4>::new();
         before.insert(1, t("public.a", "", TABLE_DEFAULTS[1], "default"));
         before.insert(2, t("public.b", "", TABLE_DEFAULTS[1], "default"));
-        let mut after = Attrs::<3>::new();
+        let mut after = Attrs::<4>::new();
         // Renamed (same OID) and given options: one change, under the new name.
         after.insert(
             1,

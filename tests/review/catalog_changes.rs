@@ -1,6 +1,6 @@
 //! Catalog changes the review's schema diff does not model (policies, rules, statistics,
 //! default privileges, publications, large objects, a table's options, row security and
-//! replica identity, a trigger's firing state): each is listed as a schema change, so the
+//! replica identity, inheritance, a trigger's firing state): each is listed as a schema change, so the
 //! review never says "no changes" of a database that has them; none is in the patch, so
 //! the patch check says "differs" and promotion refuses them.
 
@@ -36,7 +36,8 @@ fn catalog_only_changes_are_listed_and_never_patched() {
          create function money2_text(money2) returns text language sql immutable \
            as 'select ($1).units::text';\n\
          create cast (money2 as text) with function money2_text(money2) as implicit;\n\
-         create text search configuration public.plain (copy = pg_catalog.simple);\n",
+         create text search configuration public.plain (copy = pg_catalog.simple);\n\
+         create table kid () inherits (events);\n",
     );
     let r = diff(g, &id);
     let got: BTreeSet<_> = schema_of(&r).into_iter().collect();
@@ -60,6 +61,7 @@ fn catalog_only_changes_are_listed_and_never_patched() {
         s3("trigger state", "added", "public.fresh.fresh_touch"),
         s3("cast", "added", "public.money2 as text"),
         s3("text search configuration", "added", "public.plain"),
+        s3("inheritance", "added", "public.kid"),
     ] {
         assert!(got.contains(&want), "{want:?} missing from {got:#?}");
     }
@@ -69,7 +71,7 @@ fn catalog_only_changes_are_listed_and_never_patched() {
         .iter()
         .filter(|c| sandpit::review::unmodeled::listed_only(c["kind"].as_str().unwrap_or("")))
         .collect();
-    assert_eq!(listed.len(), 13, "{listed:#?}");
+    assert_eq!(listed.len(), 14, "{listed:#?}");
     for c in &listed {
         assert!(
             c.get("sql").is_none(),
@@ -97,7 +99,7 @@ fn catalog_only_changes_are_listed_and_never_patched() {
     assert!(
         r["notes"]
             .to_string()
-            .contains("13 catalog change(s) of kinds the patch does not carry"),
+            .contains("14 catalog change(s) of kinds the patch does not carry"),
         "{}",
         r["notes"]
     );
