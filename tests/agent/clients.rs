@@ -9,6 +9,7 @@
 
 use crate::support::harness;
 mod matrix;
+mod more_drivers;
 mod protocol;
 mod sqlx_client;
 mod tokio_pg;
@@ -19,7 +20,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::support::harness::{Gateway, SMALL_GOLDEN};
-use crate::support::require::require;
 use matrix::{Outcome, Report};
 
 /// Gateway config for the matrix: cleartext only over TLS, even from loopback.
@@ -219,159 +219,6 @@ fn psycopg_client(caps: bool) {
     );
 }
 
-/// asyncpg: its own protocol implementation (no libpq), extended protocol only, named
-/// statements and binary results everywhere.
-fn asyncpg_client() {
-    let python = std::env::var("SANDPIT_PYTHON").unwrap_or_else(|_| "python3".into());
-    let present = Command::new(&python)
-        .args(["-c", "import asyncpg"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !require(
-        present,
-        "asyncpg",
-        "the asyncpg column of the client matrix",
-    ) {
-        return;
-    }
-    let t = target("client-asyncpg");
-    let mut cmd = Command::new(python);
-    cmd.arg(clients_dir().join("asyncpg_scenario.py"));
-    let (r, ok, log) = run_program(cmd, &t, true, Duration::from_secs(300));
-    check(
-        "asyncpg",
-        &r,
-        ok,
-        &[
-            "notify_backend_pid",
-            "terminate_self",
-            "two_phase",
-            "write_returning_uncapped",
-            "catalog_uncapped",
-        ],
-        &["channel_binding", TWO_PHASE_GATED[0]],
-        true,
-        &log,
-    );
-}
-
-/// Debian's pgjdbc (libpostgresql-jdbc-java), where scripts/setup-dev.sh installs it.
-const PGJDBC_JAR: &str = "/usr/share/java/postgresql.jar";
-
-/// pgjdbc: Java's driver, compiled here with javac against Debian's jar and run with java.
-fn jdbc_client() {
-    let jar = std::path::Path::new(PGJDBC_JAR);
-    let javac = Command::new("javac")
-        .arg("-version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !require(
-        javac && jar.exists(),
-        "javac and pgjdbc (/usr/share/java/postgresql.jar)",
-        "the pgjdbc column of the client matrix",
-    ) {
-        return;
-    }
-    let classes = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("jdbc-scenario");
-    let _ = std::fs::remove_dir_all(&classes);
-    let built = Command::new("javac")
-        .arg("-d")
-        .arg(&classes)
-        .arg("-cp")
-        .arg(jar)
-        .arg(clients_dir().join("jdbc/Scenario.java"))
-        .output()
-        .expect("run javac");
-    assert!(
-        built.status.success(),
-        "javac failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let t = target("client-pgjdbc");
-    let mut cmd = Command::new("java");
-    cmd.arg("-cp")
-        .arg(format!("{}:{}", jar.display(), classes.display()))
-        .arg("Scenario");
-    let (r, ok, log) = run_program(cmd, &t, true, Duration::from_secs(300));
-    check(
-        "pgjdbc",
-        &r,
-        ok,
-        &[
-            "notify_backend_pid",
-            "terminate_self",
-            "two_phase",
-            "write_returning_uncapped",
-            "catalog_uncapped",
-        ],
-        &["channel_binding", TWO_PHASE_GATED[0]],
-        true,
-        &log,
-    );
-}
-
-/// Debian's pgx v4 sources (golang-github-jackc-pgx-v4-dev), built in GOPATH mode: nothing
-/// is downloaded.
-const GOPATH: &str = "/usr/share/gocode";
-
-/// pgx: Go's pure-Go driver, built here with Debian's Go.
-fn pgx_client() {
-    let go = Command::new("go")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    let pgx = std::path::Path::new(GOPATH).join("src/github.com/jackc/pgx/v4");
-    if !require(
-        go && pgx.exists(),
-        "go and pgx v4 (golang-github-jackc-pgx-v4-dev)",
-        "the pgx column of the client matrix",
-    ) {
-        return;
-    }
-    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let bin = tmp.join("pgx-scenario");
-    let built = Command::new("go")
-        .args(["build", "-o"])
-        .arg(&bin)
-        .arg(".")
-        .current_dir(clients_dir().join("pgx"))
-        .env("GOPATH", GOPATH)
-        .env("GO111MODULE", "off")
-        .env("GOFLAGS", "")
-        .env("GOCACHE", tmp.join("go-cache"))
-        .output()
-        .expect("run go build");
-    assert!(
-        built.status.success(),
-        "go build failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let t = target("client-pgx");
-    let (r, ok, log) = run_program(Command::new(&bin), &t, true, Duration::from_secs(300));
-    check(
-        "pgx",
-        &r,
-        ok,
-        &[
-            "pgx_batch",
-            "notify_backend_pid",
-            "terminate_self",
-            "two_phase",
-            "write_returning_uncapped",
-            "catalog_uncapped",
-        ],
-        &["channel_binding", TWO_PHASE_GATED[0]],
-        true,
-        &log,
-    );
-}
-
 fn node_client(caps: bool) {
     let t = target("client-node");
     let dir = clients_dir().join("node");
@@ -490,17 +337,17 @@ fn psycopg_runs_the_scenario() {
 
 #[test]
 fn asyncpg_runs_the_scenario() {
-    asyncpg_client();
+    more_drivers::asyncpg();
 }
 
 #[test]
 fn pgx_runs_the_scenario() {
-    pgx_client();
+    more_drivers::pgx();
 }
 
 #[test]
 fn pgjdbc_runs_the_scenario() {
-    jdbc_client();
+    more_drivers::pgjdbc();
 }
 
 #[test]
