@@ -158,7 +158,9 @@ fn record(
     }
 }
 
-/// An object's attributes that the schema diff leaves out, by OID (a fork keeps the golden's
+/// An object's attributes that the schema diff leaves out (for a view, its options:
+/// `security_barrier`, `check_option`; a view has no replica identity, read as the default),
+/// by OID (a fork keeps the golden's
 /// OIDs): qualified name, then each attribute as `(kind, value)`.
 type Attrs<const N: usize> = BTreeMap<u32, (String, [(&'static str, String); N])>;
 
@@ -174,14 +176,16 @@ async fn tables(side: &Side) -> Result<Attrs<4>, ConnError> {
             "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), \
              COALESCE(pg_catalog.array_to_string(c.reloptions, ', '), ''), \
              'enabled=' || c.relrowsecurity || ' forced=' || c.relforcerowsecurity, \
-             CASE c.relreplident WHEN 'd' THEN 'default' WHEN 'n' THEN 'nothing' \
-               WHEN 'f' THEN 'full' WHEN 'i' THEN 'index' ELSE c.relreplident::pg_catalog.text END, \
+             CASE WHEN c.relkind = 'v' THEN 'default' WHEN c.relreplident = 'd' THEN 'default' \
+               WHEN c.relreplident = 'n' THEN 'nothing' \
+               WHEN c.relreplident = 'f' THEN 'full' WHEN c.relreplident = 'i' THEN 'index' \
+               ELSE c.relreplident::pg_catalog.text END, \
              COALESCE((SELECT pg_catalog.string_agg(i.inhparent::pg_catalog.regclass::pg_catalog.text, ', ' \
                ORDER BY i.inhseqno) FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid), '') \
              || CASE WHEN c.relispartition THEN ' partition ' \
                || COALESCE(pg_catalog.pg_get_expr(c.relpartbound, c.oid), '') ELSE '' END \
              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE c.relkind IN ('r', 'p', 'm') AND c.relpersistence <> 't' \
+             WHERE c.relkind IN ('r', 'p', 'm', 'v') AND c.relpersistence <> 't' \
              AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
              AND n.nspname !~ '^pg_(toast_)?temp_' AND n.nspname <> 'pg_toast' \
              AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend e WHERE e.classid = \
