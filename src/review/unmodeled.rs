@@ -158,9 +158,7 @@ fn record(
     }
 }
 
-/// An object's attributes that the schema diff leaves out (for a view, its options:
-/// `security_barrier`, `check_option`; a view has no replica identity, read as the default),
-/// by OID (a fork keeps the golden's
+/// An object's attributes that the schema diff leaves out, by OID (a fork keeps the golden's
 /// OIDs): qualified name, then each attribute as `(kind, value)`.
 type Attrs<const N: usize> = BTreeMap<u32, (String, [(&'static str, String); N])>;
 
@@ -170,64 +168,61 @@ const TABLE_DEFAULTS: [&str; 4] = ["", "enabled=false forced=false", "default", 
 /// What `CREATE TRIGGER` makes.
 const TRIGGER_DEFAULTS: [&str; 1] = ["enabled (origin)"];
 
+/// Tables', materialized views' and views' attributes. A view's are its options
+/// (`security_barrier`, `check_option`); it has no replica identity, read as the default.
 async fn tables(side: &Side) -> Result<Attrs<4>, ConnError> {
-    let rows = side
-        .rows(
-            "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), \
-             COALESCE(pg_catalog.array_to_string(c.reloptions, ', '), ''), \
-             'enabled=' || c.relrowsecurity || ' forced=' || c.relforcerowsecurity, \
-             CASE WHEN c.relkind = 'v' THEN 'default' WHEN c.relreplident = 'd' THEN 'default' \
-               WHEN c.relreplident = 'n' THEN 'nothing' \
-               WHEN c.relreplident = 'f' THEN 'full' WHEN c.relreplident = 'i' THEN 'index' \
-               ELSE c.relreplident::pg_catalog.text END, \
-             COALESCE((SELECT pg_catalog.string_agg(i.inhparent::pg_catalog.regclass::pg_catalog.text, ', ' \
-               ORDER BY i.inhseqno) FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid), '') \
-             || CASE WHEN c.relispartition THEN ' partition ' \
-               || COALESCE(pg_catalog.pg_get_expr(c.relpartbound, c.oid), '') ELSE '' END \
-             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE c.relkind IN ('r', 'p', 'm', 'v') AND c.relpersistence <> 't' \
-             AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-             AND n.nspname !~ '^pg_(toast_)?temp_' AND n.nspname <> 'pg_toast' \
-             AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend e WHERE e.classid = \
-               'pg_catalog.pg_class'::pg_catalog.regclass AND e.objid = c.oid AND e.deptype = 'e')",
-        )
-        .await?;
-    let text = |v: &Option<String>| v.clone().unwrap_or_default();
-    Ok(rows
-        .iter()
-        .filter_map(|r| {
-            let oid = r.first()?.as_deref()?.parse().ok()?;
-            let attrs = [
-                (TABLE_KINDS[0], text(r.get(2)?)),
-                (TABLE_KINDS[1], text(r.get(3)?)),
-                (TABLE_KINDS[2], text(r.get(4)?)),
-                (TABLE_KINDS[3], text(r.get(5)?)),
-            ];
-            Some((oid, (text(r.get(1)?), attrs)))
-        })
-        .collect())
+    let q = format!(
+        "SELECT c.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), \
+         COALESCE(pg_catalog.array_to_string(c.reloptions, ', '), ''), \
+         'enabled=' || c.relrowsecurity || ' forced=' || c.relforcerowsecurity, \
+         CASE WHEN c.relkind = 'v' THEN 'default' WHEN c.relreplident = 'd' THEN 'default' \
+           WHEN c.relreplident = 'n' THEN 'nothing' \
+           WHEN c.relreplident = 'f' THEN 'full' WHEN c.relreplident = 'i' THEN 'index' \
+           ELSE c.relreplident::pg_catalog.text END, \
+         COALESCE((SELECT pg_catalog.string_agg(i.inhparent::pg_catalog.regclass::pg_catalog.text, ', ' \
+           ORDER BY i.inhseqno) FROM pg_catalog.pg_inherits i WHERE i.inhrelid = c.oid), '') \
+         || CASE WHEN c.relispartition THEN ' partition ' \
+           || COALESCE(pg_catalog.pg_get_expr(c.relpartbound, c.oid), '') ELSE '' END \
+         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE c.relkind IN ('r', 'p', 'm', 'v') AND c.relpersistence <> 't' AND {} AND {}",
+        dump::user_ns("n"),
+        dump::no_ext("pg_class", "c.oid")
+    );
+    read_attrs(side, &q, TABLE_KINDS).await
 }
 
+/// Triggers' firing states.
 async fn triggers(side: &Side) -> Result<Attrs<1>, ConnError> {
-    let rows = side
-        .rows(
-            "SELECT t.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) \
-             || '.' || pg_catalog.quote_ident(t.tgname), \
-             CASE t.tgenabled WHEN 'O' THEN 'enabled (origin)' WHEN 'D' THEN 'disabled' \
-               WHEN 'R' THEN 'enabled (replica only)' WHEN 'A' THEN 'enabled (always)' \
-               ELSE t.tgenabled::pg_catalog.text END \
-             FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
-             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-             WHERE NOT t.tgisinternal AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
-             AND n.nspname !~ '^pg_(toast_)?temp_' AND n.nspname <> 'pg_toast'",
-        )
-        .await?;
-    let text = |v: &Option<String>| v.clone().unwrap_or_default();
-    Ok(rows
+    let q = format!(
+        "SELECT t.oid, pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) \
+         || '.' || pg_catalog.quote_ident(t.tgname), \
+         CASE t.tgenabled WHEN 'O' THEN 'enabled (origin)' WHEN 'D' THEN 'disabled' \
+           WHEN 'R' THEN 'enabled (replica only)' WHEN 'A' THEN 'enabled (always)' \
+           ELSE t.tgenabled::pg_catalog.text END \
+         FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid \
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         WHERE NOT t.tgisinternal AND {} AND {}",
+        dump::user_ns("n"),
+        dump::no_ext("pg_class", "c.oid")
+    );
+    read_attrs(side, &q, [TRIGGER_STATE]).await
+}
+
+/// Rows of `q` (OID, qualified name, then one column per kind of `kinds`) as [`Attrs`].
+async fn read_attrs<const N: usize>(
+    side: &Side,
+    q: &str,
+    kinds: [&'static str; N],
+) -> Result<Attrs<N>, ConnError> {
+    let text = |v: Option<&Option<String>>| v.cloned().flatten().unwrap_or_default();
+    Ok(side
+        .rows(q)
+        .await?
         .iter()
         .filter_map(|r| {
             let oid = r.first()?.as_deref()?.parse().ok()?;
-            Some((oid, (text(r.get(1)?), [(TRIGGER_STATE, text(r.get(2)?))])))
+            let attrs = std::array::from_fn(|i| (kinds[i], text(r.get(i + 2))));
+            Some((oid, (text(r.get(1)), attrs)))
         })
         .collect())
 }

@@ -30,7 +30,8 @@ const BATCH: usize = 100;
 mod rarer;
 mod sql;
 
-use sql::{acl, comment, no_ext, qname, role, user_ns};
+use sql::{acl, comment, qname, role};
+pub(crate) use sql::{no_ext, user_ns};
 
 /// The queries of the schema part, each returning `(key, definition)`.
 fn schema_queries(owner: &str) -> Vec<(&'static str, String)> {

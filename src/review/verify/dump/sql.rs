@@ -2,7 +2,7 @@
 //! roles with the owner spelled `<owner>`, privileges, comments, qualified names.
 
 /// Schemas that are not the database's own.
-pub(super) fn user_ns(n: &str) -> String {
+pub(crate) fn user_ns(n: &str) -> String {
     format!(
         "{n}.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') \
          AND {n}.nspname !~ '^pg_(toast_)?temp_'"
@@ -10,7 +10,7 @@ pub(super) fn user_ns(n: &str) -> String {
 }
 
 /// Not a member of an extension (those are compared as the extension and its version).
-pub(super) fn no_ext(catalog: &str, oid: &str) -> String {
+pub(crate) fn no_ext(catalog: &str, oid: &str) -> String {
     format!(
         "NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend e WHERE e.classid = \
          'pg_catalog.{catalog}'::pg_catalog.regclass AND e.objid = {oid} AND e.deptype = 'e')"
