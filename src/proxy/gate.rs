@@ -1,11 +1,12 @@
 //! A future that is polled again only after its own waker fired.
 //!
 //! The relay's `select!` polls every enabled branch each time the session wakes, about
-//! twice per round trip. For the socket reads that is the work itself; for the token's end
-//! (a watch) and the statement timer (a sleep) it is a waker re-registered for nothing,
-//! about a tenth of a small round trip's instructions. Behind a [`Gate`], such a future is
-//! polled when it asked to be (its waker fired), when it was re-armed, or the first time;
-//! otherwise the gate answers `Pending` at the cost of one atomic swap.
+//! four times per round trip. For the token's end (a watch) and the statement timer (a
+//! sleep) that is a waker re-registered for nothing; for a socket read that found nothing
+//! the last time, a readiness check and its bookkeeping (most of a round trip's read
+//! polls). Behind a [`Gate`] (a future) or a [`Latch`] (a read), the poll goes through when
+//! it asked to be (its waker fired), when it was re-armed, or the first time; otherwise the
+//! answer is `Pending` at the cost of one atomic swap.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -37,40 +38,40 @@ impl Wake for Flag {
     }
 }
 
-/// `F` polled only when its waker fired since its last poll, or after [`Gate::rearm`].
-pub struct Gate<F> {
-    inner: Pin<Box<F>>,
+/// The gating itself, for a poll that is not one future: fired (poll through) or not
+/// (answer `Pending`), and the waker the gated poll is given.
+pub struct Latch {
     flag: Arc<Flag>,
     waker: Waker,
 }
 
-impl<F: Future> Gate<F> {
-    /// Gates `inner`; its first poll goes through.
-    pub fn new(inner: F) -> Gate<F> {
+impl Latch {
+    /// A latch whose first poll goes through.
+    pub fn new() -> Latch {
         let flag = Arc::new(Flag {
             fired: AtomicBool::new(true),
             task: Mutex::new(None),
         });
-        Gate {
-            inner: Box::pin(inner),
+        Latch {
             waker: Waker::from(flag.clone()),
             flag,
         }
     }
 
-    /// The gated future, to change it (reset a timer); call [`Gate::rearm`] after a change
-    /// that needs a poll to take effect.
-    pub fn inner(&mut self) -> Pin<&mut F> {
-        self.inner.as_mut()
-    }
-
-    /// The next poll goes through to the inner future.
-    pub fn rearm(&mut self) {
+    /// The next poll goes through.
+    #[inline]
+    pub fn rearm(&self) {
         self.flag.fired.store(true, Ordering::Release);
     }
 
-    /// Polls the inner future if it asked to be polled; `Pending` otherwise.
-    pub fn poll_gated(&mut self, cx: &mut Context<'_>) -> Poll<F::Output> {
+    /// Runs `poll` with the latch's waker if the latch fired (or was re-armed) since the last
+    /// poll that went through; `Pending` otherwise.
+    #[inline]
+    pub fn poll<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
         // The task's waker is kept current first, so a wake racing with this poll reaches it.
         {
             let mut task = match self.flag.task.lock() {
@@ -85,8 +86,62 @@ impl<F: Future> Gate<F> {
         if !self.flag.fired.swap(false, Ordering::AcqRel) {
             return Poll::Pending;
         }
-        let mut inner_cx = Context::from_waker(&self.waker);
-        self.inner.as_mut().poll(&mut inner_cx)
+        poll(&mut Context::from_waker(&self.waker))
+    }
+
+    /// [`Latch::poll`] of a source that may be ready again right after it was (a socket
+    /// read): after `Ready` the next poll goes through too, so only a `Pending` (which left
+    /// the latch's waker with the source) closes the latch.
+    #[inline]
+    pub fn poll_source<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let r = self.poll(cx, poll);
+        if r.is_ready() {
+            self.rearm();
+        }
+        r
+    }
+}
+
+impl Default for Latch {
+    fn default() -> Self {
+        Latch::new()
+    }
+}
+
+/// `F` polled only when its waker fired since its last poll, or after [`Gate::rearm`].
+pub struct Gate<F> {
+    inner: Pin<Box<F>>,
+    latch: Latch,
+}
+
+impl<F: Future> Gate<F> {
+    /// Gates `inner`; its first poll goes through.
+    pub fn new(inner: F) -> Gate<F> {
+        Gate {
+            inner: Box::pin(inner),
+            latch: Latch::new(),
+        }
+    }
+
+    /// The gated future, to change it (reset a timer); call [`Gate::rearm`] after a change
+    /// that needs a poll to take effect.
+    pub fn inner(&mut self) -> Pin<&mut F> {
+        self.inner.as_mut()
+    }
+
+    /// The next poll goes through to the inner future.
+    pub fn rearm(&mut self) {
+        self.latch.rearm();
+    }
+
+    /// Polls the inner future if it asked to be polled; `Pending` otherwise.
+    pub fn poll_gated(&mut self, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let inner = &mut self.inner;
+        self.latch.poll(cx, |cx| inner.as_mut().poll(cx))
     }
 
     /// A future for one poll of the gate (for a `select!` branch).
@@ -211,5 +266,45 @@ mod tests {
         inner_waker.lock().unwrap().clone().unwrap().wake_by_ref();
         assert_eq!(first.0.load(Ordering::SeqCst), 0);
         assert_eq!(second.0.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_source_latch_stays_open_after_ready_and_closes_on_pending() {
+        let task = Arc::new(CountWake(AtomicUsize::new(0)));
+        let task_waker = Waker::from(task.clone());
+        let mut cx = Context::from_waker(&task_waker);
+        let mut latch = Latch::new();
+        let polls = AtomicUsize::new(0);
+        let mut kept = None::<Waker>;
+        // (what the source answers, whether the poll should reach it)
+        let table = [
+            (Poll::Ready(1), true),  // first poll goes through
+            (Poll::Ready(2), true),  // ready: may be ready again
+            (Poll::Pending, true),   // found nothing: the latch closes
+            (Poll::Ready(3), false), // not signalled: not asked
+            (Poll::Ready(3), false),
+        ];
+        for (i, (answer, reaches)) in table.into_iter().enumerate() {
+            let before = polls.load(Ordering::SeqCst);
+            let r = latch.poll_source(&mut cx, |inner| {
+                polls.fetch_add(1, Ordering::SeqCst);
+                kept = Some(inner.waker().clone());
+                answer
+            });
+            let reached = polls.load(Ordering::SeqCst) > before;
+            assert_eq!(reached, reaches, "step {i}");
+            if reaches {
+                assert_eq!(r, answer, "step {i}");
+            } else {
+                assert!(r.is_pending(), "step {i}");
+            }
+        }
+        // The source signals through the waker it kept: the task is woken, the next poll reaches it.
+        kept.take().unwrap().wake();
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            latch.poll_source(&mut cx, |_| Poll::Ready(4)),
+            Poll::Ready(4)
+        );
     }
 }

@@ -1,8 +1,11 @@
 //! Framing of regular (tagged) protocol messages: one type byte, an i32 length that counts
 //! itself, then the body. Lengths are checked against a limit before anything is allocated.
 
-use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, ReadBuf};
 
 /// A framing failure. Any of these ends the connection it came from, and only that one.
 #[derive(Debug, thiserror::Error)]
@@ -118,19 +121,38 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
 
     /// Read until at least one more frame is available. `Ok(None)` on a clean EOF between frames.
     pub async fn read_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        std::future::poll_fn(|cx| self.poll_frame(cx)).await
+    }
+
+    /// [`FrameReader::read_frame`] as a poll: a buffered frame, or as many reads as it takes
+    /// to complete one. `Pending` only when the stream was (and its waker is now with it).
+    pub fn poll_frame(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Frame>, FrameError>> {
         loop {
             if let Some(f) = self.try_frame()? {
-                return Ok(Some(f));
+                return Poll::Ready(Ok(Some(f)));
             }
-            let n = self.inner.read_buf(&mut self.buf).await?;
-            if n == 0 {
-                return if self.buf.is_empty() {
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(if self.buf.is_empty() {
                     Ok(None)
                 } else {
                     Err(FrameError::Truncated)
-                };
+                });
             }
         }
+    }
+
+    /// One read into the buffer's spare room (at least 64 bytes of it); how many bytes came.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        let spare = self.buf.chunk_mut();
+        // SAFETY: the slice is only handed to `ReadBuf`, which never de-initialises bytes
+        // and reports how many it filled; only those are claimed below.
+        let spare = unsafe { spare.as_uninit_slice_mut() };
+        let mut rb = ReadBuf::uninit(spare);
+        ready!(Pin::new(&mut self.inner).poll_read(cx, &mut rb))?;
+        let n = rb.filled().len();
+        // SAFETY: `ReadBuf` says these `n` bytes were initialised by the read.
+        unsafe { self.buf.advance_mut(n) };
+        Poll::Ready(Ok(n))
     }
 
     /// Drop buffered bytes (used when a connection is being torn down).

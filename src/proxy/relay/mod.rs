@@ -6,6 +6,7 @@
 mod clock;
 
 use std::convert::Infallible;
+use std::future::poll_fn;
 
 use bytes::{Buf, Bytes, BytesMut};
 use metrics::Counter;
@@ -14,7 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::gate::Gate;
+use super::gate::{Gate, Latch};
 use super::pipeline::Pipeline;
 use super::stream::{ClientRead, ClientStream, ClientWrite};
 use super::turn::Turn;
@@ -104,11 +105,14 @@ pub async fn run(
     Box::pin(relay.close(ending, last)).await;
 }
 
-/// Both connections, each split into its framed read half and its write half.
+/// Both connections, each split into its framed read half and its write half; each read
+/// half behind a latch, so a read that found nothing waits for its socket's signal.
 struct Sides {
     c_reader: FrameReader<ClientRead>,
+    c_latch: Latch,
     c_write: ClientWrite,
     b_reader: FrameReader<BackendRead>,
+    b_latch: Latch,
     b_write: BackendWrite,
 }
 
@@ -143,8 +147,10 @@ impl Sides {
         };
         Some(Sides {
             c_reader: FrameReader::with_buffer(c_read, c_buf, c_max),
+            c_latch: Latch::new(),
             c_write,
             b_reader: FrameReader::with_buffer(b_read, b_buf, b_max),
+            b_latch: Latch::new(),
             b_write,
         })
     }
@@ -289,8 +295,10 @@ impl Relay<'_> {
                     Some(reason) => return Err(Ending::Ended(reason)),
                     None => watching = false,
                 },
-                f = s.c_reader.read_frame(), if read_client => self.client_woke(f)?,
-                f = s.b_reader.read_frame(), if read_backend => self.backend_woke(f)?,
+                f = poll_fn(|cx| s.c_latch.poll_source(cx, |cx| s.c_reader.poll_frame(cx))),
+                    if read_client => self.client_woke(f)?,
+                f = poll_fn(|cx| s.b_latch.poll_source(cx, |cx| s.b_reader.poll_frame(cx))),
+                    if read_backend => self.backend_woke(f)?,
                 w = s.b_write.write(&self.flow.to_backend.buf),
                     if !self.flow.to_backend.buf.is_empty() => self.wrote_to_backend(w)?,
                 w = s.c_write.write(&self.flow.to_client.buf),
