@@ -61,6 +61,11 @@ pub struct Config {
     /// default): sessions run on the main pool, with work stealing. Fewer instructions per
     /// transaction, but a flooding session can stall the others dealt to its thread.
     pub relay_threads: usize,
+    /// Database names a client may ask for in its startup packet (every token's database
+    /// answers to each); any other is refused with 3D000, as a server refuses a database it
+    /// does not have. A name equal to the user name (libpq's default when none is given) is
+    /// always accepted; `"*"` accepts any name.
+    pub databases: Vec<String>,
     /// The janitor that reaps backends without a valid token.
     pub janitor: JanitorConfig,
     /// The statement log.
@@ -133,6 +138,7 @@ impl Default for Config {
             tokens: TokenDefaults::default(),
             shutdown_grace: Duration::from_secs(10),
             relay_threads: 0,
+            databases: vec!["sandpit".into()],
             janitor: JanitorConfig::default(),
             log: LogConfig::default(),
             pool: PoolConfig::default(),
@@ -516,6 +522,12 @@ impl Config {
             return Err(ConfigError::Invalid {
                 key: "relay_threads",
                 message: "must be at most 1024 (0: sessions run on the main pool)".into(),
+            });
+        }
+        if self.databases.is_empty() || self.databases.iter().any(|d| d.is_empty()) {
+            return Err(ConfigError::Invalid {
+                key: "databases",
+                message: "must name at least one database, none empty (\"*\": any)".into(),
             });
         }
         if !self.janitor.interval.is_zero() && self.janitor.interval < Duration::from_secs(1) {

@@ -174,7 +174,7 @@ fn closed(s: &mut TcpStream) -> bool {
 /// Log in with a cleartext password (allowed on loopback) and read up to ReadyForQuery.
 fn login(token: &Value) -> TcpStream {
     let mut s = raw();
-    s.write_all(&startup(&[("user", "agent"), ("database", "x")]))
+    s.write_all(&startup(&[("user", "agent"), ("database", "sandpit")]))
         .expect("startup");
     let (tag, body) = read_msg(&mut s).expect("auth request");
     assert_eq!(

@@ -492,7 +492,7 @@ fn json_logs_carry_token_and_task_and_no_secret_is_ever_logged() {
             Some("1000")
         );
         let clear = format!(
-            "postgresql://someone:{}.{}@127.0.0.1:{}/x",
+            "postgresql://someone:{}.{}@127.0.0.1:{}/sandpit",
             s(&toks[1], "id"),
             secret(&toks[1]),
             g.pg_port

@@ -128,7 +128,7 @@ impl Raw {
         s.set_read_timeout(Some(Duration::from_secs(120)))
             .expect("timeout");
         let mut body = 196608u32.to_be_bytes().to_vec();
-        for (k, v) in [("user", "agent"), ("database", "x")] {
+        for (k, v) in [("user", "agent"), ("database", "sandpit")] {
             cstr(&mut body, k.as_bytes());
             cstr(&mut body, v.as_bytes());
         }

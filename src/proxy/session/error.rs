@@ -24,6 +24,8 @@ pub enum SessionError {
     /// A startup `options` value the gateway forbids (the message says which).
     #[error("{0}")]
     ForbiddenOption(String),
+    #[error("database \"{0}\" does not exist (sandpit serves each token's database as \"{1}\")")]
+    NoSuchDatabase(String, String),
     #[error("no user name in the startup packet; the user name is the token id")]
     NoUser,
     /// Authentication failed (the failure was counted where it happened).
@@ -69,6 +71,7 @@ impl SessionError {
                 "08P01"
             }
             SessionError::Replication => "0A000",
+            SessionError::NoSuchDatabase(..) => "3D000",
             SessionError::ForbiddenOption(_) => "42501",
             SessionError::Auth(e) => e.sqlstate(),
             SessionError::NoUser | SessionError::RateLimited | SessionError::NotUsable(..) => {

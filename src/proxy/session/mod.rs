@@ -72,6 +72,8 @@ async fn run(
         admit(&mut client, &startup).await?;
         let auth_started = Instant::now();
         let authed = authenticate_step(proxy, &mut client, &startup, peer).await?;
+        // Like a server, only after authentication: a stranger learns nothing from it.
+        database_served(&proxy.gw.config.databases, &startup)?;
         // A token's first connection: the phases of its first query are measured.
         Phases::of(&authed.rec).record("auth", auth_started);
         attach(proxy, &mut client, &startup, authed).await
@@ -150,6 +152,23 @@ async fn admit(
         .map_err(|_| SessionError::Closed)?;
     }
     Ok(())
+}
+
+/// The database the client asked for is one the gateway answers to (see
+/// `Config::databases`): none named, the user name (libpq's default), or a configured name.
+fn database_served(names: &[String], startup: &StartupMessage) -> Result<(), SessionError> {
+    let Some(asked) = startup.get_raw("database").filter(|d| !d.is_empty()) else {
+        return Ok(());
+    };
+    let user = startup.get_raw("user");
+    let served = names.iter().any(|n| n == "*" || n.as_bytes() == asked) || user == Some(asked);
+    if served {
+        return Ok(());
+    }
+    Err(SessionError::NoSuchDatabase(
+        String::from_utf8_lossy(asked).chars().take(64).collect(),
+        names.first().cloned().unwrap_or_default(),
+    ))
 }
 
 /// A token that authenticated, with its session slot and its end signal.

@@ -58,3 +58,56 @@ fn the_backend_gets_the_clients_parameters_less_identity_and_the_tokens_timeouts
         assert_eq!(got, want, "{sent:?}");
     }
 }
+
+#[test]
+fn only_a_served_database_name_is_accepted() {
+    let startup = |params: &[(&str, &str)]| StartupMessage {
+        major: 3,
+        minor: 0,
+        params: params
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+            .collect(),
+    };
+    let default = vec!["sandpit".to_string()];
+    let any = vec!["*".to_string()];
+    let two = vec!["sandpit".to_string(), "shop".to_string()];
+    // (configured names, the startup's parameters, accepted)
+    type Row<'a> = (&'a [String], Vec<(&'a str, &'a str)>, bool);
+    let table: [Row; 9] = [
+        (
+            &default,
+            vec![("user", "sp_x"), ("database", "sandpit")],
+            true,
+        ),
+        (&default, vec![("user", "sp_x")], true),
+        (&default, vec![("user", "sp_x"), ("database", "")], true),
+        // libpq's default database is the user name.
+        (&default, vec![("user", "sp_x"), ("database", "sp_x")], true),
+        (
+            &default,
+            vec![("user", "sp_x"), ("database", "nosuchdb")],
+            false,
+        ),
+        (
+            &default,
+            vec![("user", "sp_x"), ("database", "SANDPIT")],
+            false,
+        ),
+        (
+            &default,
+            vec![("user", "sp_x"), ("database", "postgres")],
+            false,
+        ),
+        (&any, vec![("user", "sp_x"), ("database", "postgres")], true),
+        (&two, vec![("user", "sp_x"), ("database", "shop")], true),
+    ];
+    for (names, params, ok) in table {
+        let r = database_served(names, &startup(&params));
+        assert_eq!(r.is_ok(), ok, "{names:?} {params:?}");
+        if let Err(e) = r {
+            assert_eq!(e.sqlstate(), "3D000");
+            assert!(e.to_string().contains("does not exist"), "{e}");
+        }
+    }
+}
