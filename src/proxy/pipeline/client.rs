@@ -63,6 +63,9 @@ impl Pipeline {
                 Some((portal, _)) => self.portals.lookup(portal, g).is_wait(),
                 None => false,
             },
+            // An SQL DEALLOCATE of a protocol statement goes by its backend name too.
+            b'Q' => super::deallocate::deallocated_name(f.body())
+                .is_some_and(|name| self.prepared.lookup(&name, g).is_wait()),
             // Their backend name depends on the answer too.
             b'D' | b'C' => match frontend::target(f.body()) {
                 Some((b'S', name)) => self.prepared.lookup(name, g).is_wait(),
@@ -337,10 +340,12 @@ impl Pipeline {
             return self.refuse_unlogged(stmts);
         }
         if !rewrite {
+            // A protocol statement freed by SQL goes by the name the server holds.
+            let sent = self.sql_deallocate(text_bytes);
             // The text borrows the frame's bytes: done with before its bytes move on.
             drop(text);
             self.spare_ranges = ranges;
-            self.push(f.raw, [Pending::Simple { stmts }]);
+            self.push(sent.unwrap_or(f.raw), [Pending::Simple { stmts }]);
             return;
         }
         // Run each statement as Parse/Bind/Describe/Execute(max_rows)/…/Sync: one implicit

@@ -11,6 +11,7 @@
 
 mod chatter;
 mod client;
+mod deallocate;
 mod fifo;
 mod log;
 mod named;

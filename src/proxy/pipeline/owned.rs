@@ -21,6 +21,9 @@
 //! that drivers then describe and execute through the protocol (psycopg's server-side
 //! cursors); such a cursor can only be a query, and its text is logged with the `DECLARE`.
 //!
+//! Another: a Query that is only an SQL `DEALLOCATE` of a client's protocol statement is
+//! sent with its backend name (`deallocate`).
+//!
 //! The unnamed statement and portal stay unnamed (SQL cannot name them).
 
 use super::names::Lookup;
