@@ -62,9 +62,10 @@ pub struct Config {
     /// transaction, but a flooding session can stall the others dealt to its thread.
     pub relay_threads: usize,
     /// Database names a client may ask for in its startup packet (every token's database
-    /// answers to each); any other is refused with 3D000, as a server refuses a database it
-    /// does not have. A name equal to the user name (libpq's default when none is given) is
-    /// always accepted; `"*"` accepts any name.
+    /// answers to each); `"*"` (the default): any name, so a stack's DSN that names its own
+    /// database works unchanged. With names, any other is refused with 3D000, as a server
+    /// refuses a database it does not have; the user name (libpq's default when none is
+    /// given) is always accepted.
     pub databases: Vec<String>,
     /// The janitor that reaps backends without a valid token.
     pub janitor: JanitorConfig,
@@ -138,7 +139,7 @@ impl Default for Config {
             tokens: TokenDefaults::default(),
             shutdown_grace: Duration::from_secs(10),
             relay_threads: 0,
-            databases: vec!["sandpit".into()],
+            databases: vec!["*".into()],
             janitor: JanitorConfig::default(),
             log: LogConfig::default(),
             pool: PoolConfig::default(),

@@ -1,6 +1,7 @@
 //! Hardening against a hostile agent on the same host (issue 14): failed logins from one
 //! address never lock out a valid token, startup `options` are split the way Postgres splits
-//! them, the data dir is private, and a token's new sessions are paced (issue 30).
+//! them, the data dir is private, and a token's new sessions are paced (issue 30). With
+//! `databases` set, a database name the gateway does not serve is refused like a server's.
 
 use crate::support::harness;
 
@@ -12,7 +13,9 @@ use std::time::Duration;
 use crate::support::harness::{Gateway, SMALL_GOLDEN};
 use serde_json::Value;
 
-const CONFIG: &str = "[limits]\nauth_failures_per_minute = 5\n[review]\non_end = true\n";
+/// Strict database names too (`databases`): only what the DSN says, and the user name.
+const CONFIG: &str =
+    "databases = [\"sandpit\"]\n[limits]\nauth_failures_per_minute = 5\n[review]\non_end = true\n";
 
 fn gw() -> &'static Gateway {
     static G: OnceLock<&'static Gateway> = OnceLock::new();
@@ -339,4 +342,54 @@ fn a_token_logging_in_in_a_loop_is_paced_and_another_token_is_not() {
     // Every admitted one waited, unless it arrived after its turn had come.
     assert!(paced("waited") >= 1 && paced("waited") <= admitted, "{m:?}");
     assert_eq!(paced("refused"), refused.len(), "{m:?}");
+}
+
+/// With `databases = ["sandpit"]`, another database name is refused after authentication
+/// with 3D000, the user name (libpq's default) and the configured name are served, and the
+/// refusal costs no one else anything.
+#[test]
+fn a_database_name_not_served_is_refused_like_a_servers() {
+    let g = gw();
+    let t = g.issue("dbnames-strict", 600);
+    let id = token_id(&t);
+    let whole = format!("{id}.{}", secret(&t));
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(async {
+        let at = |user: String, password: String, db: &'static str| {
+            let mut cfg = tokio_postgres::Config::new();
+            cfg.host("127.0.0.1")
+                .port(g.pg_port)
+                .user(&user)
+                .password(&password)
+                .dbname(if db.is_empty() { &user } else { db });
+            async move {
+                match cfg.connect(tokio_postgres::NoTls).await {
+                    Ok((c, conn)) => {
+                        tokio::spawn(conn);
+                        c.simple_query("select 1")
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| harness::sqlstate(&e))
+                    }
+                    Err(e) => Err(harness::sqlstate(&e)),
+                }
+            }
+        };
+        let bystander = harness::login_at(g.pg_port, "agent", &whole).await;
+        assert_eq!(bystander, Ok(1));
+        for db in ["nosuchdb", "postgres", "template1", "Sandpit"] {
+            assert_eq!(
+                at(id.clone(), secret(&t), db).await,
+                Err("3D000".into()),
+                "{db}"
+            );
+        }
+        assert_eq!(at(id.clone(), secret(&t), "sandpit").await, Ok(()));
+        assert_eq!(
+            at(id.clone(), secret(&t), "").await,
+            Ok(()),
+            "the user name"
+        );
+        assert_eq!(harness::login_at(g.pg_port, "agent", &whole).await, Ok(1));
+    });
 }

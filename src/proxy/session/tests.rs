@@ -69,38 +69,25 @@ fn only_a_served_database_name_is_accepted() {
             .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
             .collect(),
     };
-    let default = vec!["sandpit".to_string()];
     let any = vec!["*".to_string()];
+    let strict = vec!["sandpit".to_string()];
     let two = vec!["sandpit".to_string(), "shop".to_string()];
+    let (u, db) = ("user", "database");
     // (configured names, the startup's parameters, accepted)
     type Row<'a> = (&'a [String], Vec<(&'a str, &'a str)>, bool);
-    let table: [Row; 9] = [
-        (
-            &default,
-            vec![("user", "sp_x"), ("database", "sandpit")],
-            true,
-        ),
-        (&default, vec![("user", "sp_x")], true),
-        (&default, vec![("user", "sp_x"), ("database", "")], true),
+    let table: [Row; 10] = [
+        // The default: any name.
+        (&any, vec![(u, "sp_x"), (db, "nosuchdb")], true),
+        (&any, vec![(u, "sp_x"), (db, "postgres")], true),
+        (&strict, vec![(u, "sp_x"), (db, "sandpit")], true),
+        (&strict, vec![(u, "sp_x")], true),
+        (&strict, vec![(u, "sp_x"), (db, "")], true),
         // libpq's default database is the user name.
-        (&default, vec![("user", "sp_x"), ("database", "sp_x")], true),
-        (
-            &default,
-            vec![("user", "sp_x"), ("database", "nosuchdb")],
-            false,
-        ),
-        (
-            &default,
-            vec![("user", "sp_x"), ("database", "SANDPIT")],
-            false,
-        ),
-        (
-            &default,
-            vec![("user", "sp_x"), ("database", "postgres")],
-            false,
-        ),
-        (&any, vec![("user", "sp_x"), ("database", "postgres")], true),
-        (&two, vec![("user", "sp_x"), ("database", "shop")], true),
+        (&strict, vec![(u, "sp_x"), (db, "sp_x")], true),
+        (&strict, vec![(u, "sp_x"), (db, "nosuchdb")], false),
+        (&strict, vec![(u, "sp_x"), (db, "SANDPIT")], false),
+        (&strict, vec![(u, "sp_x"), (db, "postgres")], false),
+        (&two, vec![(u, "sp_x"), (db, "shop")], true),
     ];
     for (names, params, ok) in table {
         let r = database_served(names, &startup(&params));
