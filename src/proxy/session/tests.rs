@@ -2,16 +2,20 @@
 
 use super::*;
 
-#[test]
-fn the_backend_gets_the_clients_parameters_less_identity_and_the_tokens_timeouts() {
-    let startup = |params: &[(&str, &str)]| StartupMessage {
+/// A protocol 3.0 StartupMessage with `params`.
+fn startup(params: &[(&str, &str)]) -> StartupMessage {
+    StartupMessage {
         major: 3,
         minor: 0,
         params: params
             .iter()
             .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
             .collect(),
-    };
+    }
+}
+
+#[test]
+fn the_backend_gets_the_clients_parameters_less_identity_and_the_tokens_timeouts() {
     let timeouts = [
         ("statement_timeout", "5000".to_string()),
         ("idle_in_transaction_session_timeout", "60000".to_string()),
@@ -61,14 +65,6 @@ fn the_backend_gets_the_clients_parameters_less_identity_and_the_tokens_timeouts
 
 #[test]
 fn only_a_served_database_name_is_accepted() {
-    let startup = |params: &[(&str, &str)]| StartupMessage {
-        major: 3,
-        minor: 0,
-        params: params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
-            .collect(),
-    };
     let any = vec!["*".to_string()];
     let strict = vec!["sandpit".to_string()];
     let two = vec!["sandpit".to_string(), "shop".to_string()];
