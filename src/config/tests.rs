@@ -13,6 +13,14 @@ fn unknown_keys_and_bad_values_name_the_key() {
     assert!(e.contains("ttl") || e.contains("soon"), "{e}");
     let c: Config = toml::from_str("provider = \"cloud\"").unwrap();
     assert!(c.validate().unwrap_err().to_string().contains("provider"));
+    for bad in ["databases = []", "databases = [\"sandpit\", \"\"]"] {
+        let c: Config = toml::from_str(bad).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("databases"), "{bad}: {e}");
+    }
+    let c: Config = toml::from_str("databases = [\"sandpit\", \"shop\"]").unwrap();
+    c.validate().unwrap();
+    assert_eq!(Config::default().databases, ["*"]);
     let c: Config = toml::from_str("[tokens]\nttl = \"5m\"\nmax_rows = 10").unwrap();
     assert_eq!(c.tokens.ttl, Duration::from_secs(300));
     c.validate().unwrap();

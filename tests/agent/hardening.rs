@@ -362,18 +362,7 @@ fn a_database_name_not_served_is_refused_like_a_servers() {
                 .user(&user)
                 .password(&password)
                 .dbname(if db.is_empty() { &user } else { db });
-            async move {
-                match cfg.connect(tokio_postgres::NoTls).await {
-                    Ok((c, conn)) => {
-                        tokio::spawn(conn);
-                        c.simple_query("select 1")
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| harness::sqlstate(&e))
-                    }
-                    Err(e) => Err(harness::sqlstate(&e)),
-                }
-            }
+            async move { harness::select_1_on(cfg.connect(tokio_postgres::NoTls).await).await }
         };
         let bystander = harness::login_at(g.pg_port, "agent", &whole).await;
         assert_eq!(bystander, Ok(1));

@@ -465,16 +465,7 @@ fn authentication_failures_are_rate_limited_per_token_without_refusing_the_secre
         sock.bind(SocketAddr::from((ip, 0))).expect("bind source");
         let stream = sock.connect(addr()).await.expect("connect");
         let cfg: tokio_postgres::Config = dsn.parse().expect("dsn");
-        match cfg.connect_raw(stream, tokio_postgres::NoTls).await {
-            Ok((c, conn)) => {
-                tokio::spawn(conn);
-                c.simple_query("select 1")
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| harness::sqlstate(&e))
-            }
-            Err(e) => Err(harness::sqlstate(&e)),
-        }
+        harness::select_1_on(cfg.connect_raw(stream, tokio_postgres::NoTls).await).await
     };
     rt.block_on(async {
         let attacker = [127, 0, 0, 2];

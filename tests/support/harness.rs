@@ -357,6 +357,26 @@ pub fn sqlstate(e: &tokio_postgres::Error) -> String {
         .unwrap_or_else(|| format!("(no code: {e})"))
 }
 
+/// A connection attempt's outcome as far as a client sees it: `select 1` on the session it
+/// opened, or the SQLSTATE that refused it (the connection's task is spawned).
+pub async fn select_1_on<S, T>(
+    connected: Result<
+        (tokio_postgres::Client, tokio_postgres::Connection<S, T>),
+        tokio_postgres::Error,
+    >,
+) -> Result<(), String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (c, conn) = connected.map_err(|e| sqlstate(&e))?;
+    tokio::spawn(conn);
+    c.simple_query("select 1")
+        .await
+        .map(|_| ())
+        .map_err(|e| sqlstate(&e))
+}
+
 /// A login as `user`/`password` on the gateway listening on `port` and one `SELECT 1`:
 /// its value, or the refusal as (SQLSTATE, message).
 pub async fn login_at(port: u16, user: &str, password: &str) -> Result<i32, (String, String)> {

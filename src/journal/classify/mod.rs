@@ -365,7 +365,7 @@ fn from_ast(s: &Statement) -> Kind {
 
 /// A byte that can continue an identifier or a dollar-quote tag (letters, digits, `_`, and
 /// any byte of a non-ASCII character).
-fn ident_byte(c: u8) -> bool {
+pub(crate) fn ident_byte(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c >= 0x80
 }
 

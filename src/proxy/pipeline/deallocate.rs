@@ -15,6 +15,7 @@ use super::names::Lookup;
 use super::outbox::put_message;
 use super::owned::{Role, Target};
 use super::Pipeline;
+use crate::journal::classify::ident_byte;
 
 /// Longest name an unquoted or quoted identifier keeps (PostgreSQL's NAMEDATALEN - 1): a
 /// longer one is passed on as it came.
@@ -77,8 +78,9 @@ fn keyword<'a>(s: &'a [u8], kw: &[u8]) -> Option<&'a [u8]> {
     }
 }
 
+/// A byte that continues an unquoted identifier (`$` too, unlike a dollar-quote tag).
 fn is_ident_char(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_' || b == b'$' || b >= 0x80
+    ident_byte(b) || b == b'$'
 }
 
 /// Only whitespace and at most one `;` are left.
@@ -106,6 +108,9 @@ fn identifier(s: &[u8]) -> Option<(Vec<u8>, &[u8])> {
                         i += 1;
                     }
                 }
+                if name.len() > NAME_MAX {
+                    return None; // longer than any name the server keeps: not copied on
+                }
             }
             if name.is_empty() {
                 return None; // a zero-length identifier is an error of the server's
@@ -132,6 +137,9 @@ mod tests {
     #[test]
     fn only_a_lone_deallocate_of_one_name_is_read() {
         let long = format!("deallocate {}", "a".repeat(64));
+        let long_quoted = format!("deallocate \"{}\"", "a".repeat(1 << 20));
+        let longest = "b".repeat(63);
+        let longest_quoted = format!("deallocate \"{longest}\"");
         // (the query text, the name the server would free)
         let table: &[(&str, Option<&str>)] = &[
             ("deallocate test", Some("test")),
@@ -153,6 +161,8 @@ mod tests {
             ("select 'deallocate a'", None),
             ("deallocate a;;", None),
             (&long, None),
+            (&long_quoted, None),
+            (&longest_quoted, Some(&longest)),
         ];
         for (sql, want) in table {
             let got = deallocated_name(sql.as_bytes());
