@@ -4,9 +4,13 @@
 //! one read, from anywhere in the file, with no index). Anything a compact record cannot
 //! hold exactly (another token's record, a time in another shape) is written as a JSON line.
 
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
+
+use foldhash::fast::SeedableRandomState;
+use foldhash::SharedSeed;
+use rand::RngCore;
 
 use super::compact::{self, Ref, Text};
 use super::line::{self, cut_text, put_str, OutcomeRef, StatementRef};
@@ -19,7 +23,7 @@ const DICT_MAX: usize = 8 << 20;
 /// new text): a text is defined at its second use only while its first is remembered.
 const SEEN_SLOTS: usize = 8192;
 
-/// Hashes the dictionary's keys are already (keyed SipHash of the text, computed once per
+/// Hashes the dictionary's keys are already (keyed hash of the text, computed once per
 /// statement): used as they are, so an agent cannot aim texts at one bucket either.
 #[derive(Default)]
 struct Prehashed(u64);
@@ -38,6 +42,17 @@ impl Hasher for Prehashed {
     }
 }
 
+/// The text hasher: foldhash (a fraction of SipHash's instructions on a statement-sized
+/// text, hashed once per statement on the relay's path), keyed from the OS's randomness
+/// rather than foldhash's default of addresses and the clock: its shared seed is what stops
+/// an agent crafting texts that collide whatever the per-log seed is. A collision costs
+/// only compression (the text is then carried inline), never a wrong reference.
+fn text_hasher() -> SeedableRandomState {
+    static SHARED: OnceLock<SharedSeed> = OnceLock::new();
+    let shared = SHARED.get_or_init(|| SharedSeed::from_u64(rand::rngs::OsRng.next_u64()));
+    SeedableRandomState::with_seed(rand::rngs::OsRng.next_u64(), shared)
+}
+
 /// A defined text: the text (to tell hash collisions apart) and its definition's offset.
 type Entry = (Box<str>, u64);
 
@@ -47,7 +62,7 @@ pub(super) struct Interner {
     epoch: u64,
     token: String,
     task: String,
-    hasher: RandomState,
+    hasher: SeedableRandomState,
     /// Hash of a text to the text and the offset of its definition line.
     dict: HashMap<u64, Entry, BuildHasherDefault<Prehashed>>,
     dict_bytes: usize,
@@ -65,7 +80,7 @@ impl Interner {
             epoch,
             token: token.to_string(),
             task: task.to_string(),
-            hasher: RandomState::new(),
+            hasher: text_hasher(),
             dict: HashMap::default(),
             dict_bytes: 0,
             seen: Vec::new(),
