@@ -3,7 +3,9 @@
 //! `DEALLOCATE [ALL]`) and SQL `PREPARE` shares their namespace; whatever a client does with
 //! them, an Execute that ran an UPDATE is logged with the UPDATE's text and kind `write`, and
 //! the number of UPDATEs the log shows is the number the table saw. Kinds follow the
-//! server's command tags, whatever the splitter made of the text.
+//! server's command tags, whatever the splitter made of the text. And what drivers do by
+//! SQL with names they made through the protocol (`DEALLOCATE`, `FETCH`, `MOVE`, `CLOSE`)
+//! reaches what the server holds for them.
 
 use crate::support::harness;
 use crate::support::wire;
@@ -207,7 +209,10 @@ fn deallocate_inside_one_sync_group_is_followed_too() {
 fn sql_prepare_and_protocol_parse_of_one_name_stay_apart() {
     let (id, secret) = token("names-sql");
     let update = "UPDATE t SET a = a + 1 WHERE id = 8";
-    // A protocol Parse first, then SQL PREPARE of the same name: each reaches its own.
+    // A protocol Parse first, then SQL PREPARE of the same name (a server would refuse the
+    // PREPARE; behind the gateway the two live apart): the protocol Bind reaches the Parse's
+    // statement, and so does SQL `EXECUTE` of the name (SQL naming a name the client made
+    // through the protocol means that one, as `DEALLOCATE` does): the UPDATE never runs.
     let mut raw = Raw::login(gw().pg_port, &secret);
     let msgs = stepwise(
         &mut raw,
@@ -219,7 +224,7 @@ fn sql_prepare_and_protocol_parse_of_one_name_stay_apart() {
         ],
     );
     assert!(codes(&msgs).is_empty(), "{:?}", codes(&msgs));
-    assert_eq!(tags(&msgs), ["PREPARE", "SELECT 1", "UPDATE 1"]);
+    assert_eq!(tags(&msgs), ["PREPARE", "SELECT 1", "SELECT 1"]);
     // The reverse, in one flight: SQL PREPARE first, then a protocol Parse of the name.
     let mut raw = Raw::login(gw().pg_port, &secret);
     let msgs = flight(
@@ -235,7 +240,7 @@ fn sql_prepare_and_protocol_parse_of_one_name_stay_apart() {
         3,
     );
     assert!(codes(&msgs).is_empty(), "{:?}", codes(&msgs));
-    assert_eq!(tags(&msgs), ["PREPARE", "SELECT 1", "UPDATE 1"]);
+    assert_eq!(tags(&msgs), ["PREPARE", "SELECT 1", "SELECT 1"]);
     // A name only SQL prepared: a protocol Bind of it does not reach that statement.
     for mode in [Mode::Stepwise, Mode::OneFlight] {
         let mut raw = Raw::login(gw().pg_port, &secret);
@@ -361,4 +366,99 @@ fn kinds_follow_the_servers_tags() {
                 && s["kind"] == "write"),
         "{log:#?}"
     );
+}
+
+/// The first column of every DataRow.
+fn column(msgs: &[Msg]) -> Vec<String> {
+    msgs.iter()
+        .filter(|(t, _)| *t == b'D')
+        .filter_map(|(_, b)| first_column(b))
+        .collect()
+}
+
+#[test]
+fn sql_fetch_move_and_close_reach_a_protocol_portal() {
+    // asyncpg's `Cursor.forward` sends `MOVE FORWARD n <portal>` for a portal it bound
+    // through the protocol: the server knows that portal by the gateway's name.
+    let (_id, secret) = token("names-portal-sql");
+    for mode in [Mode::Stepwise, Mode::OneFlight] {
+        let mut raw = Raw::login(gw().pg_port, &secret);
+        let groups = vec![
+            vec![query("BEGIN")],
+            vec![
+                parse("s1", "SELECT g FROM generate_series(1, 10) g"),
+                bind("c1", "s1"),
+                execute("c1", 2),
+                sync(),
+            ],
+            vec![query("MOVE FORWARD 3 c1")],
+            vec![query("fetch 2 from \"c1\";")],
+            vec![query("CLOSE C1")],
+            vec![execute("c1", 0), sync()],
+            vec![query("ROLLBACK")],
+        ];
+        let msgs = match mode {
+            Mode::Stepwise => stepwise(&mut raw, &groups),
+            Mode::OneFlight => flight(&mut raw, &groups.concat(), groups.len()),
+        };
+        assert_eq!(
+            tags(&msgs),
+            ["BEGIN", "MOVE 3", "FETCH 2", "CLOSE CURSOR", "ROLLBACK"],
+            "{mode:?}: {:?}",
+            codes(&msgs)
+        );
+        // Rows 1-2 from the Execute, 3-5 moved past, 6-7 fetched by SQL.
+        assert_eq!(column(&msgs), ["1", "2", "6", "7"], "{mode:?}");
+        // Closed by SQL, the portal is gone on the server: the server says so.
+        assert_eq!(codes(&msgs), ["34000"], "{mode:?}");
+    }
+}
+
+#[test]
+fn a_changed_result_type_reaches_the_client_with_the_servers_routine() {
+    // asyncpg re-prepares a statement whose result type changed, telling that error by its
+    // routine field (the message is localized): the gateway relays the source fields.
+    let (_id, secret) = token("names-revalidate");
+    let mut raw = Raw::login(gw().pg_port, &secret);
+    let msgs = stepwise(
+        &mut raw,
+        &[
+            vec![parse("s2", "SELECT * FROM t WHERE id = 1"), sync()],
+            vec![query("ALTER TABLE t ADD COLUMN b int")],
+            vec![bind("", "s2"), execute("", 0), sync()],
+        ],
+    );
+    let err = msgs
+        .iter()
+        .find(|(t, _)| *t == b'E')
+        .map(|(_, b)| b.clone())
+        .expect("an error");
+    assert_eq!(field(&err, b'C'), "0A000");
+    assert_eq!(field(&err, b'R'), "RevalidateCachedQuery");
+    assert_eq!(field(&err, b'F'), "plancache.c");
+    assert!(!field(&err, b'L').is_empty());
+}
+
+#[test]
+fn sql_execute_runs_a_protocol_statement() {
+    // asyncpg's `prepare(name=...)` then SQL `EXECUTE name`: the server holds the statement
+    // under the gateway's name. Arguments and a trailing `;` stay as sent.
+    let (_id, secret) = token("names-execute-sql");
+    for mode in [Mode::Stepwise, Mode::OneFlight] {
+        let mut raw = Raw::login(gw().pg_port, &secret);
+        let groups = vec![
+            vec![parse("s3", "SELECT $1::int + 1"), sync()],
+            vec![query("EXECUTE s3 (41);")],
+            vec![query("execute \"s3\"('1')")],
+            vec![query("DEALLOCATE s3")],
+            vec![query("EXECUTE s3(1)")],
+        ];
+        let msgs = match mode {
+            Mode::Stepwise => stepwise(&mut raw, &groups),
+            Mode::OneFlight => flight(&mut raw, &groups.concat(), groups.len()),
+        };
+        assert_eq!(column(&msgs), ["42", "2"], "{mode:?}: {:?}", codes(&msgs));
+        // Freed, the statement is gone on the server: the server says so.
+        assert_eq!(codes(&msgs), ["26000"], "{mode:?}");
+    }
 }

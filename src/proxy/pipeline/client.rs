@@ -63,9 +63,8 @@ impl Pipeline {
                 Some((portal, _)) => self.portals.lookup(portal, g).is_wait(),
                 None => false,
             },
-            // An SQL DEALLOCATE of a protocol statement goes by its backend name too.
-            b'Q' => super::deallocate::deallocated_name(f.body())
-                .is_some_and(|name| self.prepared.lookup(&name, g).is_wait()),
+            // SQL naming a protocol statement or portal goes by its backend name too.
+            b'Q' => self.sql_name_waits(f.body()),
             // Their backend name depends on the answer too.
             b'D' | b'C' => match frontend::target(f.body()) {
                 Some((b'S', name)) => self.prepared.lookup(name, g).is_wait(),
@@ -339,9 +338,19 @@ impl Pipeline {
             self.spare_ranges = ranges;
             return self.refuse_unlogged(stmts);
         }
+        // A protocol statement or portal named by SQL goes by the name the server holds (the
+        // log keeps the client's text).
+        let renamed = if split && ranges.len() != 1 {
+            None
+        } else {
+            self.sql_renamed(text_bytes)
+        };
         if !rewrite {
-            // A protocol statement freed by SQL goes by the name the server holds.
-            let sent = self.sql_deallocate(text_bytes);
+            let sent = renamed.map(|sql| {
+                let mut out = Vec::with_capacity(sql.len() + 6);
+                put_message(&mut out, b'Q', &[&sql, b"\0"]);
+                Bytes::from(out)
+            });
             // The text borrows the frame's bytes: done with before its bytes move on.
             drop(text);
             self.spare_ranges = ranges;
@@ -353,6 +362,8 @@ impl Pipeline {
         let error_mode = self.id.caps.mode == CapMode::Error;
         for (range, mut stmt) in ranges.iter().zip(stmts.drain(..)) {
             let piece = &text[range.clone()];
+            // A renamed text is one command: its one piece is sent as renamed.
+            let sent = renamed.as_deref().unwrap_or(piece.as_bytes());
             let lower = self.stops_early(&stmt, classify::may_read_catalogs(piece));
             self.binds += 1;
             let key = Some((Vec::new(), self.binds));
@@ -365,12 +376,8 @@ impl Pipeline {
             stmt.lowered = lower;
             let barrier = error_mode && lower;
             let stmt = self.boxed(stmt);
-            self.outbox.unnamed_run(
-                piece.as_bytes(),
-                max,
-                key,
-                Pending::Execute { stmt, barrier },
-            );
+            self.outbox
+                .unnamed_run(sent, max, key, Pending::Execute { stmt, barrier });
         }
         self.spare_ranges = ranges;
         self.recycle_stmts(stmts);

@@ -11,7 +11,6 @@
 
 mod chatter;
 mod client;
-mod deallocate;
 mod fifo;
 mod log;
 mod named;
@@ -20,6 +19,7 @@ mod outbox;
 mod owned;
 mod policy;
 mod responses;
+mod sql_names;
 #[cfg(test)]
 mod tests;
 

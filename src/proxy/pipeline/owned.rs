@@ -21,8 +21,9 @@
 //! that drivers then describe and execute through the protocol (psycopg's server-side
 //! cursors); such a cursor can only be a query, and its text is logged with the `DECLARE`.
 //!
-//! Another: a Query that is only an SQL `DEALLOCATE` of a client's protocol statement is
-//! sent with its backend name (`deallocate`).
+//! Another: a Query that is only an SQL `DEALLOCATE` of a client's protocol statement, or a
+//! `FETCH`, `MOVE` or `CLOSE` of its protocol portal, is sent with the backend name
+//! (`sql_names`).
 //!
 //! The unnamed statement and portal stay unnamed (SQL cannot name them).
 
