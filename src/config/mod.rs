@@ -277,6 +277,10 @@ pub struct TokenDefaults {
     pub max_bytes: u64,
     /// Concurrent sessions per token.
     pub max_connections: u32,
+    /// Highest max_connections a token may be issued with; unset: for the `instance`
+    /// provider, the sessions a scratch server admits for a non-superuser
+    /// ([`Config::max_connections_limit`]), for the others none.
+    pub max_connections_limit: Option<u32>,
     /// Highest max_rows a token may be issued with.
     pub max_rows_limit: u64,
     /// Highest max_bytes a token may be issued with.
@@ -297,6 +301,7 @@ impl Default for TokenDefaults {
             max_rows: 200,
             max_bytes: 1024 * 1024,
             max_connections: 10,
+            max_connections_limit: None,
             max_rows_limit: 100_000,
             max_bytes_limit: 64 * 1024 * 1024,
             statement_timeout: Duration::from_secs(5 * 60),
@@ -433,6 +438,17 @@ impl Config {
         Ok(())
     }
 
+    /// Highest `max_connections` a token may be issued with: `tokens.max_connections_limit`,
+    /// or for `instance` what each scratch server admits for the agent's role
+    /// (`postgres.max_connections` less its 3 superuser-reserved slots and 2 for the
+    /// gateway's own connections), so a token cannot be promised sessions its server would
+    /// refuse with 53300 (a pool that churns connections met that: asyncpg's test suite).
+    pub fn max_connections_limit(&self) -> Option<u32> {
+        self.tokens.max_connections_limit.or_else(|| {
+            (self.provider == "instance").then(|| self.postgres.max_connections.saturating_sub(5))
+        })
+    }
+
     /// Check values that types alone do not rule out.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check_listeners()?;
@@ -500,6 +516,16 @@ impl Config {
                 key: "tokens.max_connections",
                 message: "must be at least 1".into(),
             });
+        }
+        if let Some(limit) = self.max_connections_limit() {
+            if self.tokens.max_connections > limit {
+                return Err(ConfigError::Invalid {
+                    key: "tokens.max_connections",
+                    message: format!(
+                        "is more than a token may have ({limit}: tokens.max_connections_limit, or for the instance provider postgres.max_connections - 5)"
+                    ),
+                });
+            }
         }
         if self.limits.max_startup_packet < 8 {
             return Err(ConfigError::Invalid {

@@ -27,6 +27,37 @@ fn unknown_keys_and_bad_values_name_the_key() {
 }
 
 #[test]
+fn a_tokens_connections_are_bounded_by_what_its_server_admits() {
+    // (config, the limit, whether it validates)
+    let table: &[(&str, Option<u32>, bool)] = &[
+        ("", Some(25), true),
+        ("[postgres]\nmax_connections = 12", Some(7), false), // the default 10 is more
+        ("[postgres]\nmax_connections = 15", Some(10), true),
+        (
+            "[postgres]\nmax_connections = 3\n[tokens]\nmax_connections = 1",
+            Some(0),
+            false,
+        ),
+        ("[tokens]\nmax_connections_limit = 40", Some(40), true),
+        ("[tokens]\nmax_connections_limit = 4", Some(4), false),
+        (
+            "provider = \"remote\"\n[remote]\nurl = \"http://127.0.0.1:1\"",
+            None,
+            true,
+        ),
+    ];
+    for (text, limit, ok) in table {
+        let c: Config = toml::from_str(text).unwrap();
+        assert_eq!(c.max_connections_limit(), *limit, "{text}");
+        let v = c.validate();
+        assert_eq!(v.is_ok(), *ok, "{text}: {v:?}");
+        if let Err(e) = v {
+            assert!(e.to_string().contains("tokens.max_connections"), "{e}");
+        }
+    }
+}
+
+#[test]
 fn provider_sections_are_checked() {
     let c: Config = toml::from_str("provider = \"template\"").unwrap();
     assert!(c

@@ -126,6 +126,13 @@ impl Gateway {
                 "max_rows, max_bytes and max_connections must be at least 1".into(),
             ));
         }
+        if let Some(limit) = self.config.max_connections_limit() {
+            if max_connections > limit {
+                return Err(LifecycleError::Invalid(format!(
+                    "max_connections may be at most {limit} (what each scratch server admits: tokens.max_connections_limit, or postgres.max_connections - 5)"
+                )));
+            }
+        }
         if max_rows > d.max_rows_limit || max_bytes > d.max_bytes_limit {
             return Err(LifecycleError::Invalid(format!(
                 "max_rows may be at most {} and max_bytes at most {} (tokens.max_rows_limit / max_bytes_limit)",

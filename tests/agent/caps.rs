@@ -488,6 +488,20 @@ fn caps_above_the_gateway_ceiling_are_refused_at_issue() {
         v["error"].as_str().unwrap_or("").contains("max_rows_limit"),
         "{v}"
     );
+    // More sessions than the token's scratch server would admit for its role.
+    let (s, v) = g.raw_call(
+        "POST",
+        "/v1/tokens",
+        Some(serde_json::json!({"task": "crowd", "max_connections": 64})),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("max_connections may be at most"),
+        "{v}"
+    );
 }
 
 /// Notices, notifications and error fields are bytes the client is sent: they count against
