@@ -81,6 +81,13 @@ impl Pipeline {
 pub(super) fn sql_named(sql: &[u8]) -> Option<(SqlName, Range<usize>)> {
     let body = sql.strip_suffix(&[0]).unwrap_or(sql);
     let start = skip_space(body);
+    // Every Query passes here: most are told apart by their first letter alone.
+    if !matches!(
+        start.first().map(u8::to_ascii_lowercase),
+        Some(b'd' | b'e' | b'c' | b'f' | b'm')
+    ) {
+        return None;
+    }
     let (rest, portal) = if let Some(r) = keyword(start, b"deallocate") {
         let after = skip_space(r);
         if after.len() == r.len() {
