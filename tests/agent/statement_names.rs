@@ -442,7 +442,8 @@ fn a_changed_result_type_reaches_the_client_with_the_servers_routine() {
 #[test]
 fn sql_execute_runs_a_protocol_statement() {
     // asyncpg's `prepare(name=...)` then SQL `EXECUTE name`: the server holds the statement
-    // under the gateway's name. Arguments and a trailing `;` stay as sent.
+    // under the gateway's name. Arguments and a trailing `;` stay as sent; in a Query or in
+    // a Parse alike.
     let (_id, secret) = token("names-execute-sql");
     for mode in [Mode::Stepwise, Mode::OneFlight] {
         let mut raw = Raw::login(gw().pg_port, &secret);
@@ -450,6 +451,19 @@ fn sql_execute_runs_a_protocol_statement() {
             vec![parse("s3", "SELECT $1::int + 1"), sync()],
             vec![query("EXECUTE s3 (41);")],
             vec![query("execute \"s3\"('1')")],
+            // Inside a Parse (asyncpg's `fetchval('EXECUTE name')`), unnamed and named.
+            vec![
+                parse("", "EXECUTE s3(5)"),
+                bind("", ""),
+                execute("", 0),
+                sync(),
+            ],
+            vec![
+                parse("e1", "execute s3 (6)"),
+                bind("", "e1"),
+                execute("", 0),
+                sync(),
+            ],
             vec![query("DEALLOCATE s3")],
             vec![query("EXECUTE s3(1)")],
         ];
@@ -457,8 +471,51 @@ fn sql_execute_runs_a_protocol_statement() {
             Mode::Stepwise => stepwise(&mut raw, &groups),
             Mode::OneFlight => flight(&mut raw, &groups.concat(), groups.len()),
         };
-        assert_eq!(column(&msgs), ["42", "2"], "{mode:?}: {:?}", codes(&msgs));
+        assert_eq!(
+            column(&msgs),
+            ["42", "2", "6", "7"],
+            "{mode:?}: {:?}",
+            codes(&msgs)
+        );
         // Freed, the statement is gone on the server: the server says so.
         assert_eq!(codes(&msgs), ["26000"], "{mode:?}");
     }
+}
+
+/// The text of every ErrorResponse's message field.
+fn messages(msgs: &[Msg]) -> Vec<String> {
+    msgs.iter()
+        .filter(|(t, _)| *t == b'E')
+        .map(|(_, b)| field(b, b'M'))
+        .collect()
+}
+
+#[test]
+fn errors_name_the_clients_statements_and_portals_not_the_gateways() {
+    // asyncpg matches `prepared statement "foobar" already exists`; a server would name the
+    // client's own name, and so does the gateway, whatever name the backend holds.
+    let (_id, secret) = token("names-in-errors");
+    let mut raw = Raw::login(gw().pg_port, &secret);
+    let msgs = stepwise(
+        &mut raw,
+        &[
+            vec![parse("foobar", "SELECT 1"), sync()],
+            vec![parse("foobar", "SELECT 2"), sync()],
+            vec![bind("", "nope"), execute("", 0), sync()],
+            vec![execute("nop", 0), sync()],
+            vec![query("BEGIN")],
+            vec![bind("c2", "foobar"), sync()],
+            vec![query("CLOSE c2")],
+            vec![execute("c2", 0), sync()],
+        ],
+    );
+    assert_eq!(
+        messages(&msgs),
+        [
+            "prepared statement \"foobar\" already exists",
+            "prepared statement \"nope\" does not exist",
+            "portal \"nop\" does not exist",
+            "portal \"c2\" does not exist",
+        ]
+    );
 }

@@ -48,9 +48,13 @@ impl Pipeline {
         }
         match f.tag {
             b'P' => match frontend::parse(f.body()) {
-                // A named Parse fails if the name exists: that must be known.
-                Some((name, _)) if !name.is_empty() => self.prepared.lookup(name, g).is_wait(),
-                _ => false,
+                // A named Parse fails if the name exists: that must be known; SQL in it that
+                // names a protocol statement or portal is sent with the server's name.
+                Some((name, query)) => {
+                    (!name.is_empty() && self.prepared.lookup(name, g).is_wait())
+                        || self.sql_name_waits(query)
+                }
+                None => false,
             },
             b'B' => match frontend::bind(f.body()) {
                 Some(b) => {
@@ -175,13 +179,25 @@ impl Pipeline {
             swallow: false,
             change,
         };
-        if name.is_empty() {
+        // SQL in it naming a protocol statement or portal (asyncpg's `fetchval('EXECUTE
+        // name')`) goes by the server's name, as in a Query.
+        let renamed = self.sql_renamed(query);
+        if name.is_empty() && renamed.is_none() {
             return self.push(f.raw, [pending]);
         }
         let backend = self.backend_names.render(target);
+        let name_sent = if name.is_empty() {
+            &b""[..]
+        } else {
+            backend.as_bytes()
+        };
         let rest = &f.body()[name.len() + 1..];
+        let (text, types) = match &renamed {
+            Some(sql) => (&sql[..], &rest[query.len()..]),
+            None => (&rest[..0], rest),
+        };
         self.outbox.push_built(|out| {
-            put_message(out, b'P', &[backend.as_bytes(), b"\0", rest]);
+            put_message(out, b'P', &[name_sent, b"\0", text, types]);
             [pending]
         });
     }

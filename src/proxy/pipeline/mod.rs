@@ -19,6 +19,7 @@ mod outbox;
 mod owned;
 mod policy;
 mod responses;
+mod shown_names;
 mod sql_names;
 #[cfg(test)]
 mod tests;

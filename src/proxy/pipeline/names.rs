@@ -81,6 +81,19 @@ impl<V: Weight> Names<V> {
         }
     }
 
+    /// A name whose confirmed or proposed value satisfies `pred` (a scan: only for the
+    /// rare server error that names a backend name).
+    pub fn name_where(&self, pred: impl Fn(&V) -> bool) -> Option<&[u8]> {
+        let confirmed = self.confirmed.iter().find(|(_, v)| pred(v));
+        let confirmed = confirmed.map(|(k, _)| k.as_slice());
+        confirmed.or_else(|| {
+            self.pending
+                .iter()
+                .find(|(_, q)| q.iter().any(|p| p.value.as_ref().is_some_and(&pred)))
+                .map(|(k, _)| k.as_slice())
+        })
+    }
+
     /// The state of `name` for a message of group `group`.
     pub fn lookup(&self, name: &[u8], group: u64) -> Lookup<'_, V> {
         if let Some(q) = self.pending_of(name) {

@@ -21,11 +21,14 @@
 //! that drivers then describe and execute through the protocol (psycopg's server-side
 //! cursors); such a cursor can only be a query, and its text is logged with the `DECLARE`.
 //!
-//! Another: a Query that is only an SQL `DEALLOCATE` of a client's protocol statement, or a
-//! `FETCH`, `MOVE` or `CLOSE` of its protocol portal, is sent with the backend name
-//! (`sql_names`).
+//! Another: a Query (or a Parse's text) that is only an SQL `DEALLOCATE` or `EXECUTE` of a
+//! client's protocol statement, or a `FETCH`, `MOVE` or `CLOSE` of its protocol portal, is
+//! sent with the backend name (`sql_names`); and errors naming a backend name are shown with
+//! the client's (`shown_names`).
 //!
 //! The unnamed statement and portal stay unnamed (SQL cannot name them).
+
+use std::collections::VecDeque;
 
 use super::names::Lookup;
 
@@ -50,7 +53,15 @@ pub(super) enum Role {
 pub(super) struct BackendNames {
     prefix: [u8; 11],
     next: u64,
+    /// The client names the latest never-defined backend names stood for, newest last (at
+    /// most [`MISSING_KEPT`]): the server's "does not exist" error is shown with them.
+    missing: VecDeque<(u64, Box<[u8]>)>,
 }
+
+/// Never-defined names remembered for the errors that name them (answered in order, so the
+/// latest few suffice; a client that names more unknown names in one flight sees the
+/// gateway's name in the older errors).
+const MISSING_KEPT: usize = 16;
 
 /// A backend name, written on the stack (no allocation per message).
 pub(super) struct NameBuf {
@@ -79,7 +90,22 @@ impl BackendNames {
             prefix[2 + 2 * i] = HEX[usize::from(b >> 4)];
             prefix[3 + 2 * i] = HEX[usize::from(b & 15)];
         }
-        BackendNames { prefix, next: 1 }
+        BackendNames {
+            prefix,
+            next: 1,
+            missing: VecDeque::new(),
+        }
+    }
+
+    /// What every backend name of this session starts with.
+    pub fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// The client name a never-defined backend name `id` stood for, while remembered.
+    pub fn missing(&self, id: u64) -> Option<&[u8]> {
+        let found = self.missing.iter().rev().find(|(n, _)| *n == id);
+        found.map(|(_, name)| &name[..])
     }
 
     /// A number never handed out before in this session.
@@ -152,7 +178,14 @@ impl BackendNames {
             _ if role == Role::Portal && !name.starts_with(&self.prefix[..2 + 8]) => {
                 Target(0, Role::Client)
             }
-            _ => Target(self.fresh(), Role::Missing),
+            _ => {
+                let id = self.fresh();
+                if self.missing.len() == MISSING_KEPT {
+                    self.missing.pop_front();
+                }
+                self.missing.push_back((id, name.into()));
+                Target(id, Role::Missing)
+            }
         }
     }
 }
@@ -303,5 +336,38 @@ mod tests {
         assert!(a.render(Target(0, Role::Statement)).as_bytes().is_empty());
         // Drawn per session (a clash of 32 random bits would be a 1 in 4e9 flake).
         assert_ne!(a.prefix, b.prefix);
+    }
+
+    #[test]
+    fn never_defined_names_are_remembered_newest_first_and_bounded() {
+        let mut names = BackendNames::new();
+        let mut m: Names<V> = Names::new();
+        let ids: Vec<u64> = (0..MISSING_KEPT + 4)
+            .map(|i| {
+                let n = format!("gone{i}");
+                names
+                    .refer(
+                        n.as_bytes(),
+                        &m.lookup(n.as_bytes(), 0),
+                        |v| v.1,
+                        Role::Statement,
+                    )
+                    .0
+            })
+            .collect();
+        // The oldest four fell out; the rest map back to the client's names.
+        for (i, id) in ids.iter().enumerate() {
+            let want = (i >= 4).then(|| format!("gone{i}"));
+            assert_eq!(
+                names.missing(*id),
+                want.as_deref().map(str::as_bytes),
+                "{i}"
+            );
+        }
+        // A defined name is not remembered as missing.
+        let t = names.define(b"s", &m.lookup(b"s", 1), |v| v.1, Role::Statement);
+        m.propose(b"s", Some(V("select 1", t.0)), 1);
+        assert_eq!(names.missing(t.0), None);
+        assert!(names.prefix().starts_with(b"sp") && names.prefix().ends_with(b"_"));
     }
 }

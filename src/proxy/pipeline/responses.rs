@@ -115,9 +115,8 @@ impl Pipeline {
             b'E' => self.on_error(f, out, secrets),
             b'Z' => self.on_ready(f, out),
             b'N' => {
-                let scrubbed = scrub::scrub_error(f.tag, f.body(), secrets);
-                let shown = scrubbed.as_ref().unwrap_or(&f.raw);
-                self.relay_noise(Noise::Notice, shown, out);
+                let shown = self.shown_error(&f, secrets);
+                self.relay_noise(Noise::Notice, &shown, out);
             }
             b'A' => self.relay_noise(Noise::Notification, &f.raw, out),
             _ => out.extend_from_slice(&f.raw),
@@ -441,10 +440,19 @@ impl Pipeline {
         Closed::Last(Some(shown))
     }
 
+    /// An error or notice as the client is shown it: the gateway's secrets out, every field
+    /// bounded, the client's own statement and portal names in place of the gateway's.
+    fn shown_error(&self, f: &Frame, secrets: &[String]) -> Bytes {
+        let scrubbed = scrub::scrub_error(f.tag, f.body(), secrets);
+        let msg = scrubbed.as_ref().unwrap_or(&f.raw);
+        self.with_client_names(msg)
+            .or(scrubbed)
+            .unwrap_or_else(|| f.raw.clone())
+    }
+
     fn on_error(&mut self, f: Frame, out: &mut BytesMut, secrets: &[String]) {
         let code = messages::error_code(f.body());
-        let scrubbed =
-            scrub::scrub_error(f.tag, f.body(), secrets).unwrap_or_else(|| f.raw.clone());
+        let scrubbed = self.shown_error(&f, secrets);
         self.stray = None;
         match self.fifo.front_mut() {
             Some(Pending::Denied { code, message }) => {

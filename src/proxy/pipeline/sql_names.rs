@@ -6,7 +6,7 @@
 //! (see `owned`), so a driver that prepares or binds through the protocol and then frees or
 //! moves by SQL (pgx's `Deallocate`, Rails' statement pool, asyncpg's `Cursor.forward`,
 //! which sends `MOVE FORWARD n <portal>`) would be told the name does not exist. A Query
-//! that is exactly one such command, naming a statement or portal the server confirmed, goes
+//! (or a Parse's text) that is exactly one such command, naming a statement or portal the server confirmed, goes
 //! to the backend with the name the server holds spliced in place of the client's (waiting,
 //! like a Bind, while that name's Parse or Bind is unanswered); anything else goes as it
 //! came (an SQL-made name, `ALL`, a command among others: the server answers for its own
