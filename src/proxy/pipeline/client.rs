@@ -185,15 +185,31 @@ impl Pipeline {
         if name.is_empty() && renamed.is_none() {
             return self.push(f.raw, [pending]);
         }
+        let lens = (name.len(), query.len());
+        self.push_parse_as(&f, lens, target, renamed, pending);
+    }
+
+    /// A Parse sent with the backend's statement name and, when `renamed`, that text in
+    /// place of the client's (`lens`: the client's name and text lengths). Out of line: the
+    /// unnamed Parse of plain SQL is relayed as read.
+    #[inline(never)]
+    fn push_parse_as(
+        &mut self,
+        f: &Frame,
+        (name_len, query_len): (usize, usize),
+        target: super::owned::Target,
+        renamed: Option<Vec<u8>>,
+        pending: Pending,
+    ) {
         let backend = self.backend_names.render(target);
-        let name_sent = if name.is_empty() {
+        let name_sent = if name_len == 0 {
             &b""[..]
         } else {
             backend.as_bytes()
         };
-        let rest = &f.body()[name.len() + 1..];
+        let rest = &f.body()[name_len + 1..];
         let (text, types) = match &renamed {
-            Some(sql) => (&sql[..], &rest[query.len()..]),
+            Some(sql) => (&sql[..], &rest[query_len..]),
             None => (&rest[..0], rest),
         };
         self.outbox.push_built(|out| {

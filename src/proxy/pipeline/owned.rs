@@ -165,6 +165,7 @@ impl BackendNames {
 
     /// For a message that uses the client name `name` (Bind of a statement, Execute,
     /// Describe, Close): the backend name it uses. Unmapped: a name never defined.
+    #[inline]
     pub fn refer<V>(
         &mut self,
         name: &[u8],
@@ -178,15 +179,21 @@ impl BackendNames {
             _ if role == Role::Portal && !name.starts_with(&self.prefix[..2 + 8]) => {
                 Target(0, Role::Client)
             }
-            _ => {
-                let id = self.fresh();
-                if self.missing.len() == MISSING_KEPT {
-                    self.missing.pop_front();
-                }
-                self.missing.push_back((id, name.into()));
-                Target(id, Role::Missing)
-            }
+            _ => Target(self.missing_for(name), Role::Missing),
         }
+    }
+
+    /// A fresh number for a never-defined name, remembered with the client's name (out of
+    /// line: the error path, not the relay's).
+    #[cold]
+    #[inline(never)]
+    fn missing_for(&mut self, name: &[u8]) -> u64 {
+        let id = self.fresh();
+        if self.missing.len() == MISSING_KEPT {
+            self.missing.pop_front();
+        }
+        self.missing.push_back((id, name.into()));
+        id
     }
 }
 

@@ -51,7 +51,18 @@ impl Pipeline {
     /// The text to send instead of `sql` (a Query's, without its NUL) when its one command
     /// names a protocol statement or portal of the client's: the same bytes with the
     /// server's name for it in place of the client's.
+    #[inline]
     pub(super) fn sql_renamed(&self, sql: &[u8]) -> Option<Vec<u8>> {
+        // Every Query and Parse passes here: most are told apart by their first byte, with
+        // no call.
+        if !may_name(sql) {
+            return None;
+        }
+        self.sql_renamed_named(sql)
+    }
+
+    #[inline(never)]
+    fn sql_renamed_named(&self, sql: &[u8]) -> Option<Vec<u8>> {
         let (named, at) = sql_named(sql)?;
         let backend = match named {
             SqlName::Statement(n) => match self.prepared.lookup(&n, self.group) {
@@ -81,13 +92,6 @@ impl Pipeline {
 pub(super) fn sql_named(sql: &[u8]) -> Option<(SqlName, Range<usize>)> {
     let body = sql.strip_suffix(&[0]).unwrap_or(sql);
     let start = skip_space(body);
-    // Every Query passes here: most are told apart by their first letter alone.
-    if !matches!(
-        start.first().map(u8::to_ascii_lowercase),
-        Some(b'd' | b'e' | b'c' | b'f' | b'm')
-    ) {
-        return None;
-    }
     let (rest, portal) = if let Some(r) = keyword(start, b"deallocate") {
         let after = skip_space(r);
         if after.len() == r.len() {
@@ -162,6 +166,16 @@ fn last_word(s: &[u8]) -> Option<&[u8]> {
         rest = after;
     }
     None
+}
+
+/// Whether `sql` may start with one of the commands read here: its first byte is the first
+/// letter of one, or space (read on).
+#[inline]
+fn may_name(sql: &[u8]) -> bool {
+    matches!(
+        sql.first().map(u8::to_ascii_lowercase),
+        Some(b'd' | b'e' | b'c' | b'f' | b'm' | b' ' | b'\t' | b'\n' | b'\r' | b'\x0c')
+    )
 }
 
 fn skip_space(s: &[u8]) -> &[u8] {
