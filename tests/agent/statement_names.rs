@@ -519,3 +519,78 @@ fn errors_name_the_clients_statements_and_portals_not_the_gateways() {
         ]
     );
 }
+
+#[test]
+fn an_error_full_of_backend_names_stays_bounded() {
+    // Hostile: the agent reads its statement's backend name from pg_prepared_statements and
+    // makes the server quote it thousands of times in one error. Each is shown as the
+    // client's 128-byte name only until the field reaches the error-field bound, which the
+    // relayed error then keeps; a longer client name is never shown in its place.
+    let (_id, secret) = token("names-error-flood");
+    let shown = "n".repeat(128);
+    let hidden = "h".repeat(129);
+    let mut raw = Raw::login(gw().pg_port, &secret);
+    let msgs = stepwise(
+        &mut raw,
+        &[
+            vec![
+                parse(&shown, "SELECT 1"),
+                parse(&hidden, "SELECT 2"),
+                sync(),
+            ],
+            vec![query(
+                "SELECT name FROM pg_prepared_statements ORDER BY statement",
+            )],
+        ],
+    );
+    let backend = column(&msgs);
+    assert_eq!(backend.len(), 2, "{msgs:?}");
+    let flood = format!("{} ", backend[0]).repeat(2000);
+    let msgs = stepwise(&mut raw, &[vec![query(&format!("SELECT '{flood}'::int"))]]);
+    let m = messages(&msgs).pop().expect("an error");
+    assert!(
+        m.starts_with(&format!(
+            "invalid input syntax for type integer: \"{shown} {shown}"
+        )),
+        "{}",
+        &m[..200]
+    );
+    assert!(m.len() < 4096 + 64, "{} bytes", m.len());
+    assert!(m.contains("more bytes cut]"), "cut at the bound");
+    let msgs = stepwise(
+        &mut raw,
+        &[vec![query(&format!("SELECT '{}'::int", backend[1]))]],
+    );
+    let m = messages(&msgs).pop().expect("an error");
+    assert!(m.contains(&backend[1]) && !m.contains(&hidden), "{m}");
+}
+
+#[test]
+fn sql_fetch_cannot_run_a_write_bound_through_the_protocol() {
+    // Hostile: bind an UPDATE ... RETURNING to a portal without executing it, then run it by
+    // SQL FETCH, whose record and `FETCH n` tag would read as a fetch. The gateway reaches
+    // only portals of reads by SQL FETCH/MOVE: this one stays unknown to the server, so
+    // nothing runs; the row is read back to prove it.
+    let (id, secret) = token("names-fetch-write");
+    let update = "UPDATE t SET a = a + 1 WHERE id = 9 RETURNING a";
+    for mode in [Mode::Stepwise, Mode::OneFlight] {
+        let mut raw = Raw::login(gw().pg_port, &secret);
+        let groups = vec![
+            vec![query("BEGIN")],
+            vec![parse("w1", update), bind("c9", "w1"), sync()],
+            vec![query("FETCH ALL FROM c9")],
+            vec![query("COMMIT")],
+        ];
+        let msgs = match mode {
+            Mode::Stepwise => stepwise(&mut raw, &groups),
+            Mode::OneFlight => flight(&mut raw, &groups.concat(), groups.len()),
+        };
+        assert_eq!(codes(&msgs), ["34000"], "{mode:?}: {:?}", tags(&msgs));
+        assert!(
+            !tags(&msgs).iter().any(|t| t.starts_with("FETCH")),
+            "{mode:?}"
+        );
+    }
+    assert_eq!(counter(&secret, 9), 0, "the UPDATE never ran");
+    check_log(&id, &secret, &[(9, update.to_string())], 9);
+}

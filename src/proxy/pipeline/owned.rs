@@ -63,6 +63,11 @@ pub(super) struct BackendNames {
 /// gateway's name in the older errors).
 const MISSING_KEPT: usize = 16;
 
+/// Longest client name shown in place of a backend name (in errors); a longer one is not
+/// remembered, nor shown, so an agent's huge names cost neither memory here nor bytes in
+/// every error that names them.
+pub(super) const SHOWN_NAME_MAX: usize = 128;
+
 /// A backend name, written on the stack (no allocation per message).
 pub(super) struct NameBuf {
     buf: [u8; NAME_MAX],
@@ -189,6 +194,9 @@ impl BackendNames {
     #[inline(never)]
     fn missing_for(&mut self, name: &[u8]) -> u64 {
         let id = self.fresh();
+        if name.len() > SHOWN_NAME_MAX {
+            return id;
+        }
         if self.missing.len() == MISSING_KEPT {
             self.missing.pop_front();
         }
@@ -376,5 +384,11 @@ mod tests {
         m.propose(b"s", Some(V("select 1", t.0)), 1);
         assert_eq!(names.missing(t.0), None);
         assert!(names.prefix().starts_with(b"sp") && names.prefix().ends_with(b"_"));
+        // A name past SHOWN_NAME_MAX is not kept.
+        let long = vec![b'n'; SHOWN_NAME_MAX + 1];
+        let id = names
+            .refer(&long, &m.lookup(&long, 2), |v| v.1, Role::Statement)
+            .0;
+        assert_eq!(names.missing(id), None);
     }
 }

@@ -443,10 +443,11 @@ impl Pipeline {
     /// An error or notice as the client is shown it: the gateway's secrets out, every field
     /// bounded, the client's own statement and portal names in place of the gateway's.
     fn shown_error(&self, f: &Frame, secrets: &[String]) -> Bytes {
-        let scrubbed = scrub::scrub_error(f.tag, f.body(), secrets);
-        let msg = scrubbed.as_ref().unwrap_or(&f.raw);
-        self.with_client_names(msg)
-            .or(scrubbed)
+        // Names first: the scrub then bounds every field, the replaced names included.
+        let named = self.with_client_names(&f.raw);
+        let msg = named.as_deref().unwrap_or(&f.raw);
+        scrub::scrub_error(msg[0], msg.get(5..).unwrap_or(&[]), secrets)
+            .or(named)
             .unwrap_or_else(|| f.raw.clone())
     }
 

@@ -7,9 +7,11 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use memchr::memmem;
 
+use super::owned::SHOWN_NAME_MAX;
 use super::Pipeline;
 use crate::wire::frame::build;
 use crate::wire::messages::error_fields;
+use crate::wire::scrub::MAX_ERROR_FIELD;
 
 /// Most digits of a backend name's number (a u64).
 const DIGITS_MAX: usize = 20;
@@ -17,6 +19,9 @@ const DIGITS_MAX: usize = 20;
 impl Pipeline {
     /// `msg` (a whole ErrorResponse or NoticeResponse) with this session's backend names in
     /// its fields replaced by the client's; None when it names none (relayed as it came).
+    /// Runs before the scrub that cuts each field, and stops replacing in a field once it is
+    /// past [`MAX_ERROR_FIELD`] (the scrub cuts there): an error the agent fills with backend
+    /// names costs at most that much more.
     pub(super) fn with_client_names(&self, msg: &[u8]) -> Option<Bytes> {
         let prefix = self.backend_names.prefix();
         let body = msg.get(5..)?;
@@ -27,7 +32,11 @@ impl Pipeline {
         for (t, v) in fields {
             b.put_u8(t);
             let mut rest = v;
+            let field_start = b.len();
             while let Some(i) = memmem::find(rest, prefix) {
+                if b.len() - field_start > MAX_ERROR_FIELD {
+                    break;
+                }
                 b.put_slice(&rest[..i]);
                 let after = &rest[i + prefix.len()..];
                 match self.client_name(after) {
@@ -67,6 +76,6 @@ impl Pipeline {
             b'x' => self.backend_names.missing(id)?,
             _ => return None,
         };
-        Some((name, 1 + digits))
+        (name.len() <= SHOWN_NAME_MAX).then_some((name, 1 + digits))
     }
 }

@@ -20,6 +20,7 @@ use super::names::Lookup;
 use super::owned::{Role, Target};
 use super::Pipeline;
 use crate::journal::classify::ident_byte;
+use crate::journal::classify::Kind;
 
 /// Longest name an unquoted or quoted identifier keeps (PostgreSQL's NAMEDATALEN - 1): a
 /// longer one is passed on as it came.
@@ -33,8 +34,11 @@ const DIRECTION_WORDS: usize = 3;
 pub(super) enum SqlName {
     /// A prepared statement (DEALLOCATE).
     Statement(Vec<u8>),
-    /// A portal (FETCH, MOVE, CLOSE).
+    /// A portal closed (CLOSE).
     Portal(Vec<u8>),
+    /// A portal run (FETCH, MOVE): renamed only when the portal's statement reads (see
+    /// [`Pipeline::sql_renamed`]).
+    Fetched(Vec<u8>),
 }
 
 impl Pipeline {
@@ -43,7 +47,9 @@ impl Pipeline {
     pub(super) fn sql_name_waits(&self, sql: &[u8]) -> bool {
         match sql_named(sql) {
             Some((SqlName::Statement(n), _)) => self.prepared.lookup(&n, self.group).is_wait(),
-            Some((SqlName::Portal(n), _)) => self.portals.lookup(&n, self.group).is_wait(),
+            Some((SqlName::Portal(n) | SqlName::Fetched(n), _)) => {
+                self.portals.lookup(&n, self.group).is_wait()
+            }
             None => false,
         }
     }
@@ -73,6 +79,14 @@ impl Pipeline {
                 Lookup::Defined(p) => Target(p.backend, Role::Portal),
                 _ => return None,
             },
+            // A FETCH runs the portal's statement under the FETCH's record and the server's
+            // `FETCH n` tag: only a statement judged a read (as for a cursor made by SQL
+            // DECLARE, which only a query can be) is reached, so an UPDATE ... RETURNING
+            // bound through the protocol cannot run logged and tagged as a fetch.
+            SqlName::Fetched(n) => match self.portals.lookup(&n, self.group) {
+                Lookup::Defined(p) if p.kind == Kind::Read => Target(p.backend, Role::Portal),
+                _ => return None,
+            },
         };
         let name = self.backend_names.render(backend);
         let mut out = Vec::with_capacity(sql.len() + name.as_bytes().len());
@@ -92,48 +106,44 @@ impl Pipeline {
 pub(super) fn sql_named(sql: &[u8]) -> Option<(SqlName, Range<usize>)> {
     let body = sql.strip_suffix(&[0]).unwrap_or(sql);
     let start = skip_space(body);
-    let (rest, portal) = if let Some(r) = keyword(start, b"deallocate") {
-        let after = skip_space(r);
-        if after.len() == r.len() {
-            return None; // no space after the keyword
-        }
-        match keyword(after, b"prepare") {
-            // `DEALLOCATE prepare` alone names a statement called "prepare".
-            Some(r2) if skip_space(r2).len() < r2.len() && !at_end(skip_space(r2)) => {
-                (skip_space(r2), false)
+    let (rest, named): (&[u8], fn(Vec<u8>) -> SqlName) =
+        if let Some(r) = keyword(start, b"deallocate") {
+            let after = skip_space(r);
+            if after.len() == r.len() {
+                return None; // no space after the keyword
             }
-            _ => (after, false),
-        }
-    } else if let Some(r) = keyword(start, b"execute") {
-        let rest = skip_space(r);
-        if rest.len() == r.len() {
+            match keyword(after, b"prepare") {
+                // `DEALLOCATE prepare` alone names a statement called "prepare".
+                Some(r2) if skip_space(r2).len() < r2.len() && !at_end(skip_space(r2)) => {
+                    (skip_space(r2), SqlName::Statement)
+                }
+                _ => (after, SqlName::Statement),
+            }
+        } else if let Some(r) = keyword(start, b"execute") {
+            let rest = skip_space(r);
+            if rest.len() == r.len() {
+                return None;
+            }
+            let (name, after) = identifier(rest)?;
+            if !at_end(after) && skip_space(after).first() != Some(&b'(') {
+                return None;
+            }
+            let from = body.len() - rest.len();
+            return Some((SqlName::Statement(name), from..body.len() - after.len()));
+        } else if let Some(r) = keyword(start, b"close") {
+            (skip_space(r), SqlName::Portal)
+        } else if let Some(r) = keyword(start, b"fetch").or_else(|| keyword(start, b"move")) {
+            (last_word(r)?, SqlName::Fetched)
+        } else {
             return None;
-        }
-        let (name, after) = identifier(rest)?;
-        if !at_end(after) && skip_space(after).first() != Some(&b'(') {
-            return None;
-        }
-        let from = body.len() - rest.len();
-        return Some((SqlName::Statement(name), from..body.len() - after.len()));
-    } else if let Some(r) = keyword(start, b"close") {
-        (skip_space(r), true)
-    } else if let Some(r) = keyword(start, b"fetch").or_else(|| keyword(start, b"move")) {
-        (last_word(r)?, true)
-    } else {
-        return None;
-    };
+        };
     let (name, after) = identifier(rest)?;
     if !at_end(after) {
         return None;
     }
     let from = body.len() - rest.len();
     let at = from..body.len() - after.len();
-    let named = if portal {
-        SqlName::Portal(name)
-    } else {
-        SqlName::Statement(name)
-    };
-    Some((named, at))
+    Some((named(name), at))
 }
 
 /// After FETCH or MOVE: the cursor name's start, past at most [`DIRECTION_WORDS`] words of
@@ -289,7 +299,9 @@ mod tests {
         ];
         for (sql, want) in table {
             let got = match sql_named(sql.as_bytes()) {
-                Some((SqlName::Portal(n), at)) => Some((n, sql[at].to_string())),
+                Some((SqlName::Portal(n) | SqlName::Fetched(n), at)) => {
+                    Some((n, sql[at].to_string()))
+                }
                 Some((SqlName::Statement(_), _)) => panic!("{sql}: not a statement"),
                 None => None,
             };
