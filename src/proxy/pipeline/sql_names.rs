@@ -29,6 +29,9 @@ const NAME_MAX: usize = 63;
 /// Most words a FETCH or MOVE takes before its cursor name (`FORWARD 5 FROM`).
 const DIRECTION_WORDS: usize = 3;
 
+/// Which [`SqlName`] a command's name makes.
+type MakeName = fn(Vec<u8>) -> SqlName;
+
 /// What a Query's one command names.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum SqlName {
@@ -106,37 +109,36 @@ impl Pipeline {
 pub(super) fn sql_named(sql: &[u8]) -> Option<(SqlName, Range<usize>)> {
     let body = sql.strip_suffix(&[0]).unwrap_or(sql);
     let start = skip_space(body);
-    let (rest, named): (&[u8], fn(Vec<u8>) -> SqlName) =
-        if let Some(r) = keyword(start, b"deallocate") {
-            let after = skip_space(r);
-            if after.len() == r.len() {
-                return None; // no space after the keyword
+    let (rest, named): (&[u8], MakeName) = if let Some(r) = keyword(start, b"deallocate") {
+        let after = skip_space(r);
+        if after.len() == r.len() {
+            return None; // no space after the keyword
+        }
+        match keyword(after, b"prepare") {
+            // `DEALLOCATE prepare` alone names a statement called "prepare".
+            Some(r2) if skip_space(r2).len() < r2.len() && !at_end(skip_space(r2)) => {
+                (skip_space(r2), SqlName::Statement)
             }
-            match keyword(after, b"prepare") {
-                // `DEALLOCATE prepare` alone names a statement called "prepare".
-                Some(r2) if skip_space(r2).len() < r2.len() && !at_end(skip_space(r2)) => {
-                    (skip_space(r2), SqlName::Statement)
-                }
-                _ => (after, SqlName::Statement),
-            }
-        } else if let Some(r) = keyword(start, b"execute") {
-            let rest = skip_space(r);
-            if rest.len() == r.len() {
-                return None;
-            }
-            let (name, after) = identifier(rest)?;
-            if !at_end(after) && skip_space(after).first() != Some(&b'(') {
-                return None;
-            }
-            let from = body.len() - rest.len();
-            return Some((SqlName::Statement(name), from..body.len() - after.len()));
-        } else if let Some(r) = keyword(start, b"close") {
-            (skip_space(r), SqlName::Portal)
-        } else if let Some(r) = keyword(start, b"fetch").or_else(|| keyword(start, b"move")) {
-            (last_word(r)?, SqlName::Fetched)
-        } else {
+            _ => (after, SqlName::Statement),
+        }
+    } else if let Some(r) = keyword(start, b"execute") {
+        let rest = skip_space(r);
+        if rest.len() == r.len() {
             return None;
-        };
+        }
+        let (name, after) = identifier(rest)?;
+        if !at_end(after) && skip_space(after).first() != Some(&b'(') {
+            return None;
+        }
+        let from = body.len() - rest.len();
+        return Some((SqlName::Statement(name), from..body.len() - after.len()));
+    } else if let Some(r) = keyword(start, b"close") {
+        (skip_space(r), SqlName::Portal)
+    } else if let Some(r) = keyword(start, b"fetch").or_else(|| keyword(start, b"move")) {
+        (last_word(r)?, SqlName::Fetched)
+    } else {
+        return None;
+    };
     let (name, after) = identifier(rest)?;
     if !at_end(after) {
         return None;
