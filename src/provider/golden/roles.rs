@@ -55,6 +55,13 @@ pub async fn create_roles(ctx: &GoldenCtx<'_>, sock: &Path) -> Result<(), Provid
         // CREATE: schemas and trusted extensions, as its owner could before.
         format!("GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {DATABASE} TO {AGENT}"),
         format!("GRANT CONNECT ON DATABASE {DATABASE} TO {AGENT_WRITE}, {AGENT_READ}, {REVIEWER}"),
+        // Each statement above rewrote its database's row; rewritten once more in a stock
+        // cluster's order, `pg_database` reads as a stock one does without ORDER BY
+        // (`postgres` first: tokio-postgres' own suite relies on it). A no-op otherwise.
+        "ALTER DATABASE postgres CONNECTION LIMIT -1".to_string(),
+        "ALTER DATABASE template1 CONNECTION LIMIT -1".to_string(),
+        "ALTER DATABASE template0 CONNECTION LIMIT -1".to_string(),
+        format!("ALTER DATABASE {DATABASE} CONNECTION LIMIT -1"),
     ];
     let mut args: Vec<&str> = Vec::new();
     for s in &statements {

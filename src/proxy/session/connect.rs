@@ -56,7 +56,7 @@ pub(super) fn token_timeouts(rec: &TokenRecord) -> [(&'static str, String); 2] {
 }
 
 /// The startup parameters the backend is sent: the client's, less those that are the
-/// gateway's to set, then the token's `timeouts`.
+/// gateway's to set, then each of the token's `timeouts` the client did not set itself.
 pub(super) fn backend_params<'a>(
     startup: &'a StartupMessage,
     timeouts: &'a [(&'static str, String)],
@@ -65,17 +65,30 @@ pub(super) fn backend_params<'a>(
         .params
         .iter()
         .filter(|(k, _)| !RESERVED_PARAMS.contains(&k.as_str()) && !k.starts_with("_pq_."))
-        .filter(|(k, _)| !timeouts.iter().any(|(t, _)| k.eq_ignore_ascii_case(t)))
         .map(|(k, v)| (k.as_str(), v.as_slice()))
         .collect();
-    // The token's limits are the session defaults unless the client's own `options` set
-    // them (the agent can SET them anyway); the gateway's watchdog enforces the token's
-    // statement timeout whatever the session says.
-    let client_options = startup.get("options").unwrap_or("").to_ascii_lowercase();
+    // The token's limits are the session defaults unless the client set them, as a startup
+    // parameter or in its `options` (as a server would take them; the agent can SET them
+    // anyway): the gateway's watchdog enforces the token's statement timeout whatever the
+    // session says. `options` names are matched as the server reads them there, where `-`
+    // stands for `_` (`--statement-timeout=0`); a startup parameter after `options` would
+    // override it.
+    let client_options = startup
+        .get("options")
+        .unwrap_or("")
+        .to_ascii_lowercase()
+        .replace('-', "_");
+    let client_sets = |t: &str| {
+        client_options.contains(t)
+            || startup
+                .params
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case(t))
+    };
     params.extend(
         timeouts
             .iter()
-            .filter(|(k, _)| !client_options.contains(k))
+            .filter(|(k, _)| !client_sets(k))
             .map(|(k, v)| (*k, v.as_bytes())),
     );
     params

@@ -15,7 +15,7 @@ fn startup(params: &[(&str, &str)]) -> StartupMessage {
 }
 
 #[test]
-fn the_backend_gets_the_clients_parameters_less_identity_and_the_tokens_timeouts() {
+fn the_backend_gets_the_clients_parameters_less_identity_and_the_tokens_timeouts_it_did_not_set() {
     let timeouts = [
         ("statement_timeout", "5000".to_string()),
         ("idle_in_transaction_session_timeout", "60000".to_string()),
@@ -34,26 +34,37 @@ fn the_backend_gets_the_clients_parameters_less_identity_and_the_tokens_timeouts
                 ("idle_in_transaction_session_timeout", "60000"),
             ],
         ),
-        // Identity and protocol extensions are the gateway's; the client's own timeout
-        // parameters give way to the token's.
+        // Identity and protocol extensions are the gateway's; a timeout the client sets
+        // as a startup parameter is its own (node-postgres' `statement_timeout`).
         (
             vec![
                 ("replication", "false"),
                 ("_pq_.x", "1"),
-                ("Statement_Timeout", "0"),
+                ("Statement_Timeout", "3000"),
             ],
             vec![
-                ("statement_timeout", "5000"),
+                ("Statement_Timeout", "3000"),
                 ("idle_in_transaction_session_timeout", "60000"),
             ],
         ),
-        // A timeout set in the client's `options` is left to it.
+        // A timeout set in the client's `options` is left to it, in any spelling the
+        // server reads there.
         (
             vec![("options", "-c Statement_Timeout=0")],
             vec![
                 ("options", "-c Statement_Timeout=0"),
                 ("idle_in_transaction_session_timeout", "60000"),
             ],
+        ),
+        (
+            vec![(
+                "options",
+                "--statement-timeout=0 -cidle-in-transaction-session-timeout=1",
+            )],
+            vec![(
+                "options",
+                "--statement-timeout=0 -cidle-in-transaction-session-timeout=1",
+            )],
         ),
     ] {
         let s = startup(&sent);

@@ -338,6 +338,65 @@ fn startup_options_pass_through() {
             b"public".to_vec()
         ]
     );
+    // A timeout sent as a startup parameter of its own (node-postgres' `statement_timeout`)
+    // is the session's, and the server enforces it; so is one in `options` in its dashed
+    // spelling (the token's would otherwise follow it and win).
+    for (k, v, setting, want) in [
+        (
+            "statement_timeout",
+            &b"300"[..],
+            "statement_timeout",
+            &b"300ms"[..],
+        ),
+        (
+            "options",
+            &b"--idle-in-transaction-session-timeout=4321"[..],
+            "idle_in_transaction_session_timeout",
+            &b"4321ms"[..],
+        ),
+    ] {
+        let mut c = Raw::open(&t);
+        c.startup(
+            0,
+            &[("user", t.id.as_bytes()), ("database", b"sandpit"), (k, v)],
+        );
+        c.login(&t);
+        let q = format!("select current_setting('{setting}')");
+        assert_eq!(
+            first_row(&c.query(q.as_bytes())),
+            vec![want.to_vec()],
+            "{k}"
+        );
+    }
+    let mut c = Raw::open(&t);
+    c.startup(
+        0,
+        &[
+            ("user", t.id.as_bytes()),
+            ("database", b"sandpit"),
+            ("statement_timeout", b"50"),
+        ],
+    );
+    c.login(&t);
+    let r = c.query(b"select pg_sleep(2)");
+    assert!(
+        r.iter()
+            .any(|m| m.0 == b'E' && error_text(&m.1).starts_with("57014")),
+        "the client's own statement_timeout cancels: {}",
+        tags(&r)
+    );
+}
+
+/// tokio-postgres' own suite reads `pg_database` without ORDER BY and expects `postgres`
+/// first, as on a stock cluster: the golden's set-up leaves the rows in that order.
+#[test]
+fn pg_database_reads_in_a_stock_clusters_order() {
+    let t = target("protocol-catalog-order");
+    let mut c = Raw::open(&t);
+    c.startup(0, &[("user", t.id.as_bytes()), ("database", b"sandpit")]);
+    c.login(&t);
+    let r = c.query(b"select datname from pg_database");
+    assert_eq!(first_row(&r), vec![b"postgres".to_vec()]);
 }
 
 #[test]
