@@ -19,6 +19,10 @@ use crate::wire::messages;
 pub enum AuthError {
     #[error("token \"{0}\" is unknown")]
     UnknownToken(String),
+    /// A cleartext password that is no token, for a user name that is none either: to the
+    /// client a failed password, as a server says it (its user name is its own).
+    #[error("password authentication failed for user \"{0}\"")]
+    NotAToken(String),
     #[error("password authentication failed for token \"{0}\"")]
     WrongSecret(String),
     #[error("token \"{0}\" has {phrase}{why}", phrase = ended_phrase(*.1),
@@ -38,7 +42,7 @@ impl AuthError {
     /// SQLSTATE for the client.
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            AuthError::WrongSecret(_) => "28P01",
+            AuthError::WrongSecret(_) | AuthError::NotAToken(_) => "28P01",
             AuthError::UnknownToken(_) | AuthError::Ended(..) | AuthError::CleartextNeedsTls => {
                 "28000"
             }
@@ -52,7 +56,7 @@ impl AuthError {
     pub fn limit_key(&self, peer: std::net::IpAddr) -> Option<Key> {
         match self {
             AuthError::WrongSecret(id) => Some(Key::Token(id.clone())),
-            AuthError::UnknownToken(_) => Some(Key::unknown_from(peer)),
+            AuthError::UnknownToken(_) | AuthError::NotAToken(_) => Some(Key::unknown_from(peer)),
             _ => None,
         }
     }
@@ -60,7 +64,7 @@ impl AuthError {
     /// Label for the auth failure metric.
     pub fn reason(&self) -> &'static str {
         match self {
-            AuthError::UnknownToken(_) => "unknown",
+            AuthError::UnknownToken(_) | AuthError::NotAToken(_) => "unknown",
             AuthError::WrongSecret(_) => "wrong_secret",
             AuthError::Ended(_, TokenState::Revoked, _) => "revoked",
             AuthError::Ended(..) => "expired",
@@ -152,8 +156,8 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             .ok_or_else(|| AuthError::Protocol("malformed password message".into()))?;
         let pw = std::str::from_utf8(pw)
             .map_err(|_| AuthError::Protocol("password is not UTF-8".into()))?;
-        let (id, secret) = auth::parse_full_token(pw)
-            .ok_or_else(|| AuthError::UnknownToken("(not a token)".into()))?;
+        let (id, secret) =
+            auth::parse_full_token(pw).ok_or_else(|| AuthError::NotAToken(user.to_string()))?;
         check_secret(gw, id, secret).await?
     };
     send(conn, &messages::auth_ok()).await?;

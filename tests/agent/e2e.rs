@@ -447,6 +447,16 @@ fn tls_and_cleartext_rules() {
     let (ok, out, err) = psql(&format!("{clear}?sslmode=require"), &["-c", "select 1"]);
     assert!(ok, "{err}");
     assert_eq!(out.trim(), "1");
+    // A password that is no token fails as a wrong password does on a server (28P01).
+    let (ok, _, err) = psql(
+        &format!("postgresql://agent:nope@127.0.0.1:{port}/sandpit?sslmode=require"),
+        &["-c", "select 1"],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("password authentication failed for user \"agent\""),
+        "{err}"
+    );
     // Without TLS, from a client the gateway does not trust for cleartext: refused before the password.
     let (ok, _, err) = psql(&format!("{clear}?sslmode=disable"), &["-c", "select 1"]);
     assert!(!ok);
