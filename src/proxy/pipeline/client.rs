@@ -220,26 +220,14 @@ impl Pipeline {
 
     fn on_bind(&mut self, f: Frame) {
         self.binds += 1;
+        // What a Bind does to the unnamed statement and portal holds whether or not the
+        // gateway can read its values (the server may: it decides).
+        if let Some((portal, statement)) = frontend::bind_names(f.body()) {
+            self.before_bind(portal.is_empty(), statement.is_empty());
+        }
         let Some(b) = frontend::bind(f.body()) else {
             return self.on_unreadable_bind(f);
         };
-        if self.stmt_dirty && b.statement.is_empty() {
-            // The client's unnamed statement is gone on a real server after a Query; ours
-            // may hold the gateway's own text. Close it first so the Bind fails as it should.
-            self.stmt_dirty = false;
-            self.prepared.propose(b"", None, self.group);
-            self.outbox.push_built(|out| {
-                put_message(out, b'C', &[b"S\0"]);
-                [Pending::Close {
-                    swallow: true,
-                    change: Some(Change::Stmt(Vec::new())),
-                }]
-            });
-        }
-        if b.portal.is_empty() {
-            // A Bind replaces the unnamed portal whatever it held.
-            self.portal_dirty = false;
-        }
         let (stmt, stmt_target) = {
             let lookup = self.prepared.lookup(b.statement, self.group);
             let target =
@@ -296,6 +284,27 @@ impl Pipeline {
         };
         let names = (b.portal.len(), b.statement.len());
         self.push_bind(f, names, (portal_target, stmt_target), pending);
+    }
+
+    /// Before a Bind of the unnamed statement and/or portal goes out.
+    fn before_bind(&mut self, unnamed_portal: bool, unnamed_statement: bool) {
+        if self.stmt_dirty && unnamed_statement {
+            // The client's unnamed statement is gone on a real server after a Query; ours
+            // may hold the gateway's own text. Close it first so the Bind fails as it should.
+            self.stmt_dirty = false;
+            self.prepared.propose(b"", None, self.group);
+            self.outbox.push_built(|out| {
+                put_message(out, b'C', &[b"S\0"]);
+                [Pending::Close {
+                    swallow: true,
+                    change: Some(Change::Stmt(Vec::new())),
+                }]
+            });
+        }
+        if unnamed_portal {
+            // A Bind replaces the unnamed portal whatever it held.
+            self.portal_dirty = false;
+        }
     }
 
     fn tracked_bytes(&self) -> usize {

@@ -15,20 +15,16 @@ fn values_reference(rest: &[u8]) -> Option<Values<'_>> {
             *rest.get(at + 3)?,
         ]))
     };
-    let nfmt = i16_at(0)?;
-    if nfmt < 0 {
-        return None;
-    }
+    // Counts are unsigned, as the server reads them.
+    let u16_at = |at: usize| Some(u16::from_be_bytes([*rest.get(at)?, *rest.get(at + 1)?]));
+    let nfmt = u16_at(0)?;
     let mut at = 2;
     let mut formats = Vec::new();
     for _ in 0..nfmt {
         formats.push(i16_at(at)?);
         at += 2;
     }
-    let n = i16_at(at)?;
-    if n < 0 {
-        return None;
-    }
+    let n = u16_at(at)?;
     at += 2;
     let mut values = Vec::new();
     for i in 0..n as usize {
@@ -64,12 +60,12 @@ fn the_in_place_values_agree_with_the_collected_ones() {
         let mut rest = Vec::new();
         let nfmt = [0i16, 1, 2, 3, -1][next() as usize % 5];
         rest.extend_from_slice(&nfmt.to_be_bytes());
-        for _ in 0..nfmt.max(0) {
+        for _ in 0..nfmt.clamp(0, 3) {
             rest.extend_from_slice(&((next() % 3) as i16).to_be_bytes());
         }
         let n = [0i16, 1, 2, 3, -2][next() as usize % 5];
         rest.extend_from_slice(&n.to_be_bytes());
-        for _ in 0..n.max(0) {
+        for _ in 0..n.clamp(0, 3) {
             let len: i32 = match next() % 6 {
                 0 => -1,
                 1 => -7,
@@ -125,4 +121,23 @@ fn command_complete_in_place_is_the_same_message() {
         super::put_command_complete(&mut out, tag);
         assert_eq!(&out[6..], &super::command_complete(tag)[..], "{tag}");
     }
+}
+
+#[test]
+fn counts_are_unsigned_as_the_server_reads_them() {
+    // pgx sends up to 65,535 parameters: 40,000 is a count a signed read takes as negative.
+    let n: u16 = 40_000;
+    let mut body = b"\0\0".to_vec();
+    body.extend_from_slice(&[0, 0]); // no format codes: all text
+    body.extend_from_slice(&n.to_be_bytes());
+    for _ in 0..n {
+        body.extend_from_slice(&[0, 0, 0, 1, b'x']);
+    }
+    body.extend_from_slice(&[0, 0]); // result formats
+    let b = bind(&body).expect("a Bind of 40,000 parameters");
+    assert_eq!(b.params.len(), 40_000);
+    assert!(b.params.iter().all(|v| v == (0, Some(&b"x"[..]))));
+    assert_eq!(bind_names(&body), Some((&b""[..], &b""[..])));
+    // The count still bounds the read: one value short is refused.
+    assert!(bind(&body[..body.len() - 7]).is_none());
 }

@@ -264,6 +264,15 @@ pub mod frontend {
         Some(i16::from_be_bytes([*b.get(at)?, *b.get(at + 1)?]))
     }
 
+    /// A count of the protocol's Int16 counts: unsigned, as the server reads them (a Bind
+    /// may carry up to 65,535 parameters).
+    fn count_at(b: &[u8], at: usize) -> Option<usize> {
+        Some(usize::from(u16::from_be_bytes([
+            *b.get(at)?,
+            *b.get(at + 1)?,
+        ])))
+    }
+
     fn i32_at(b: &[u8], at: usize) -> Option<i32> {
         Some(i32::from_be_bytes([
             *b.get(at)?,
@@ -271,6 +280,13 @@ pub mod frontend {
             *b.get(at + 2)?,
             *b.get(at + 3)?,
         ]))
+    }
+
+    /// A Bind's portal and statement names, read even when its values cannot be.
+    pub fn bind_names(body: &[u8]) -> Option<(&[u8], &[u8])> {
+        let (portal, rest) = cstr(body)?;
+        let (statement, _) = cstr(rest)?;
+        Some((portal, statement))
     }
 
     /// Parse a Bind body. Every count and length is checked against the body it came in.
@@ -295,17 +311,10 @@ pub mod frontend {
     /// The format codes, then the values, of a Bind or FunctionCall: each value with the
     /// format that applies to it (none given: text; one: all; else one each).
     fn values_with_formats(rest: &[u8]) -> Option<Values<'_>> {
-        let nfmt = i16_at(rest, 0)?;
-        if nfmt < 0 {
-            return None;
-        }
-        let formats = rest.get(2..2 + 2 * nfmt as usize)?;
+        let nfmt = count_at(rest, 0)?;
+        let formats = rest.get(2..2 + 2 * nfmt)?;
         let at = 2 + formats.len();
-        let n = i16_at(rest, at)?;
-        if n < 0 {
-            return None;
-        }
-        let n = n as usize;
+        let n = count_at(rest, at)?;
         if formats.len() > 2 && formats.len() < 2 * n {
             return None; // several formats but not one per value
         }

@@ -286,6 +286,54 @@ fn flush_close_function_call_and_discard_all_are_relayed() {
     assert_eq!(first_row(&r), vec![b"0".to_vec()]);
 }
 
+/// pgx binds up to 65,535 parameters: the protocol's counts are unsigned. After a simple
+/// Query (whose unnamed portal the gateway must not think is still there), a Bind of 40,000
+/// parameters to the unnamed portal runs as on a server (pgx's own
+/// TestConnLargeResponseWhileWritingDoesNotDeadlock).
+#[test]
+fn a_bind_of_more_than_32767_parameters_is_relayed_and_executed() {
+    let t = target("protocol-many-params");
+    let mut c = Raw::open(&t);
+    c.startup(0, &[("user", t.id.as_bytes()), ("database", b"sandpit")]);
+    c.login(&t);
+    assert_eq!(tags(&c.query(b"select 1")), "TDCZ");
+    let n: u16 = 40_000;
+    let mut parse = cstr(b"");
+    parse.extend_from_slice(&cstr(b"select $1::text || $40000::text"));
+    parse.extend_from_slice(&n.to_be_bytes());
+    for _ in 0..n {
+        parse.extend_from_slice(&25u32.to_be_bytes()); // text
+    }
+    c.send(b'P', &parse);
+    let mut bind = cstr(b"");
+    bind.extend_from_slice(&cstr(b""));
+    bind.extend_from_slice(&0u16.to_be_bytes());
+    bind.extend_from_slice(&n.to_be_bytes());
+    for i in 0..n {
+        let v: &[u8] = if i == 0 { b"a" } else { b"z" };
+        bind.extend_from_slice(&(v.len() as i32).to_be_bytes());
+        bind.extend_from_slice(v);
+    }
+    bind.extend_from_slice(&0u16.to_be_bytes());
+    c.send(b'B', &bind);
+    c.send(b'D', b"P\0");
+    let mut exec = cstr(b"");
+    exec.extend_from_slice(&0i32.to_be_bytes());
+    c.send(b'E', &exec);
+    c.send(b'S', &[]);
+    let r = c.until(b'Z');
+    assert_eq!(
+        tags(&r),
+        "12TDCZ",
+        "{:?}",
+        r.iter()
+            .filter(|m| m.0 == b'E')
+            .map(|m| error_text(&m.1))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(first_row(&r), vec![b"az".to_vec()]);
+}
+
 #[test]
 fn latin1_session_bytes_are_relayed_untouched() {
     let t = target("protocol-latin1");
