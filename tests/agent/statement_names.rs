@@ -482,6 +482,47 @@ fn sql_execute_runs_a_protocol_statement() {
     }
 }
 
+#[test]
+fn an_execute_inside_explain_or_create_table_as_reaches_a_protocol_statement() {
+    // sqlx learns a statement's nullable columns with `EXPLAIN (VERBOSE, FORMAT JSON)
+    // EXECUTE sqlx_s_1(NULL)`, in a Query; `CREATE TABLE … AS EXECUTE` and a comment before
+    // the command, or several statements in one Query, reach it too. A string that only
+    // mentions it does not.
+    let (_id, secret) = token("names-execute-inside");
+    for mode in [Mode::Stepwise, Mode::OneFlight] {
+        let mut raw = Raw::login(gw().pg_port, &secret);
+        let table = format!("t_{}", matches!(mode, Mode::Stepwise) as u8);
+        let groups = vec![
+            vec![parse("sqlx_s_1", "SELECT $1::int + 1 AS n"), sync()],
+            vec![query(
+                "EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE sqlx_s_1(NULL)",
+            )],
+            vec![query(&format!(
+                "/* c */ CREATE TEMP TABLE {table} AS EXECUTE sqlx_s_1(9)"
+            ))],
+            vec![query(&format!(
+                "SELECT n FROM {table}; EXECUTE sqlx_s_1(20)"
+            ))],
+            vec![query("SELECT 'EXECUTE sqlx_s_1(1)'")],
+            vec![
+                parse("", "EXPLAIN EXECUTE sqlx_s_1(2)"),
+                bind("", ""),
+                execute("", 0),
+                sync(),
+            ],
+        ];
+        let msgs = match mode {
+            Mode::Stepwise => stepwise(&mut raw, &groups),
+            Mode::OneFlight => flight(&mut raw, &groups.concat(), groups.len()),
+        };
+        assert_eq!(codes(&msgs), Vec::<String>::new(), "{mode:?}");
+        let col = column(&msgs);
+        assert!(col[0].contains("\"Output\""), "{mode:?}: {col:?}");
+        assert_eq!(&col[1..4], ["10", "21", "EXECUTE sqlx_s_1(1)"], "{mode:?}");
+        assert!(col[4].starts_with("Result"), "{mode:?}: {col:?}");
+    }
+}
+
 /// The text of every ErrorResponse's message field.
 fn messages(msgs: &[Msg]) -> Vec<String> {
     msgs.iter()

@@ -56,10 +56,10 @@ impl Pipeline {
                 }
                 None => false,
             },
-            b'B' => match frontend::bind(f.body()) {
-                Some(b) => {
-                    self.prepared.lookup(b.statement, g).is_wait()
-                        || (!b.portal.is_empty() && self.portals.lookup(b.portal, g).is_wait())
+            b'B' => match frontend::bind_names(f.body()) {
+                Some((portal, statement)) => {
+                    self.prepared.lookup(statement, g).is_wait()
+                        || (!portal.is_empty() && self.portals.lookup(portal, g).is_wait())
                 }
                 None => false,
             },
@@ -380,8 +380,9 @@ impl Pipeline {
             return self.refuse_unlogged(stmts);
         }
         // A protocol statement or portal named by SQL goes by the name the server holds (the
-        // log keeps the client's text).
-        let renamed = if split && ranges.len() != 1 {
+        // log keeps the client's text); the rewrite below renames each of several statements
+        // on its own.
+        let renamed = if split && ranges.len() > 1 && rewrite {
             None
         } else {
             self.sql_renamed(text_bytes)
@@ -403,8 +404,15 @@ impl Pipeline {
         let error_mode = self.id.caps.mode == CapMode::Error;
         for (range, mut stmt) in ranges.iter().zip(stmts.drain(..)) {
             let piece = &text[range.clone()];
-            // A renamed text is one command: its one piece is sent as renamed.
-            let sent = renamed.as_deref().unwrap_or(piece.as_bytes());
+            // A text of one statement was renamed whole; each of several is renamed alone.
+            let own = match ranges.len() {
+                1 => None,
+                _ => self.sql_renamed(piece.as_bytes()),
+            };
+            let sent = own
+                .as_deref()
+                .or(renamed.as_deref())
+                .unwrap_or(piece.as_bytes());
             let lower = self.stops_early(&stmt, classify::may_read_catalogs(piece));
             self.binds += 1;
             let key = Some((Vec::new(), self.binds));

@@ -1,6 +1,8 @@
 //! SQL commands that name a statement or portal the client made through the protocol:
 //! `DEALLOCATE [PREPARE] name`, `EXECUTE name [(arguments)]`, `FETCH`/`MOVE [direction]
-//! [FROM|IN] name`, `CLOSE name`.
+//! [FROM|IN] name`, `CLOSE name`; and `EXECUTE name` inside another command (`EXPLAIN
+//! [ANALYZE] EXECUTE`, sqlx's way to learn a statement's nullable columns; `CREATE TABLE …
+//! AS EXECUTE`).
 //!
 //! The backend knows the client's protocol statements and portals by the gateway's own names
 //! (see `owned`), so a driver that prepares or binds through the protocol and then frees or
@@ -10,7 +12,10 @@
 //! to the backend with the name the server holds spliced in place of the client's (waiting,
 //! like a Bind, while that name's Parse or Bind is unanswered); anything else goes as it
 //! came (an SQL-made name, `ALL`, a command among others: the server answers for its own
-//! names). Nothing is enforced by this reading: at worst the client's own statement or
+//! names). An `EXECUTE` of a confirmed protocol statement is renamed wherever it stands in a
+//! text that starts like one of these commands, `EXPLAIN`, `CREATE` or a comment, when it is
+//! a word of the SQL itself (not in a string, quoted name, dollar quote or comment) followed
+//! by its name and then `(`, `;`, `WITH` or the end. Nothing is enforced by this reading: at worst the client's own statement or
 //! portal is freed or moved, as it asked; rows a FETCH returns are counted and capped from
 //! the backend's stream like any others.
 
@@ -28,6 +33,9 @@ const NAME_MAX: usize = 63;
 
 /// Most words a FETCH or MOVE takes before its cursor name (`FORWARD 5 FROM`).
 const DIRECTION_WORDS: usize = 3;
+
+/// Most `EXECUTE`s inside other commands one text has read (bounds the work and the copy).
+const EXECUTES_MAX: usize = 16;
 
 /// Which [`SqlName`] a command's name makes.
 type MakeName = fn(Vec<u8>) -> SqlName;
@@ -53,6 +61,9 @@ impl Pipeline {
             Some((SqlName::Portal(n) | SqlName::Fetched(n), _)) => {
                 self.portals.lookup(&n, self.group).is_wait()
             }
+            None if may_name(sql) => executed(sql)
+                .iter()
+                .any(|(n, _)| self.prepared.lookup(n, self.group).is_wait()),
             None => false,
         }
     }
@@ -72,7 +83,9 @@ impl Pipeline {
 
     #[inline(never)]
     fn sql_renamed_named(&self, sql: &[u8]) -> Option<Vec<u8>> {
-        let (named, at) = sql_named(sql)?;
+        let Some((named, at)) = sql_named(sql) else {
+            return self.executes_renamed(sql);
+        };
         let backend = match named {
             SqlName::Statement(n) => match self.prepared.lookup(&n, self.group) {
                 Lookup::Defined(p) => Target(p.backend, Role::Statement),
@@ -98,6 +111,142 @@ impl Pipeline {
         out.extend_from_slice(&sql[at.end..]);
         Some(out)
     }
+}
+
+impl Pipeline {
+    /// `sql` with the server's name in place of each `EXECUTE`d protocol statement of the
+    /// client's inside another command ([`executed`]); None when it names none.
+    fn executes_renamed(&self, sql: &[u8]) -> Option<Vec<u8>> {
+        let mut out: Option<Vec<u8>> = None;
+        let mut copied = 0;
+        for (name, at) in executed(sql) {
+            let Lookup::Defined(p) = self.prepared.lookup(&name, self.group) else {
+                continue;
+            };
+            let backend = self
+                .backend_names
+                .render(Target(p.backend, Role::Statement));
+            let o = out.get_or_insert_with(|| Vec::with_capacity(sql.len() + 64));
+            o.extend_from_slice(&sql[copied..at.start]);
+            o.extend_from_slice(backend.as_bytes());
+            copied = at.end;
+        }
+        let mut o = out?;
+        o.extend_from_slice(&sql[copied..]);
+        Some(o)
+    }
+}
+
+/// Each `EXECUTE name` in a text, wherever the command stands (`EXPLAIN (VERBOSE) EXECUTE
+/// s(NULL)`, `CREATE TABLE t AS EXECUTE s`, after a comment or another statement): the name
+/// as the server reads it and where its bytes are, for an `EXECUTE` that is a word of the
+/// SQL itself (not inside a string, quoted identifier, dollar quote or comment), followed by
+/// space, the name, and then `(`, `;`, `WITH` or the end (so `GRANT EXECUTE ON`, `EXECUTE
+/// FUNCTION f()` are not read). Nothing for a text the scan cannot read as the server would:
+/// a backslash in a string (two readings), anything left open. At most [`EXECUTES_MAX`].
+pub(super) fn executed(sql: &[u8]) -> Vec<(Vec<u8>, Range<usize>)> {
+    let b = sql.strip_suffix(&[0]).unwrap_or(sql);
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < b.len() && found.len() < EXECUTES_MAX {
+        let c = b[i];
+        i = match c {
+            b'-' if b.get(i + 1) == Some(&b'-') => {
+                i + b[i..]
+                    .iter()
+                    .take_while(|&&c| c != b'\n' && c != b'\r')
+                    .count()
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => match comment_end(b, i) {
+                Some(end) => end,
+                None => return Vec::new(),
+            },
+            b'\'' | b'"' => {
+                let mut j = i + 1;
+                loop {
+                    match b.get(j) {
+                        None => return Vec::new(),
+                        Some(b'\\') => return Vec::new(),
+                        Some(&q) if q == c && b.get(j + 1) == Some(&c) => j += 2,
+                        Some(&q) if q == c => break j + 1,
+                        Some(_) => j += 1,
+                    }
+                }
+            }
+            b'$' => match dollar_end(b, i) {
+                Some(end) => end,
+                None => return Vec::new(),
+            },
+            c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
+                let n = b[i..].iter().take_while(|&&c| is_ident_char(c)).count();
+                if b[i..i + n].eq_ignore_ascii_case(b"execute") {
+                    if let Some(hit) = execute_at(b, i + n) {
+                        found.push(hit);
+                    }
+                }
+                i + n
+            }
+            _ => i + 1,
+        };
+    }
+    found
+}
+
+/// After the word EXECUTE ending at `at`: the statement it names and where, when space, a
+/// name, and then `(`, `;`, `WITH` or the end follow.
+fn execute_at(b: &[u8], at: usize) -> Option<(Vec<u8>, Range<usize>)> {
+    let rest = skip_space(&b[at..]);
+    if rest.len() == b.len() - at {
+        return None; // no space after the keyword
+    }
+    let (name, after) = identifier(rest)?;
+    let next = skip_space(after);
+    let follows =
+        next.is_empty() || matches!(next[0], b'(' | b';') || keyword(next, b"with").is_some();
+    let from = b.len() - rest.len();
+    follows.then(|| (name, from..b.len() - after.len()))
+}
+
+/// The end of the (nested) comment opening at `at`, or None when it is not closed.
+fn comment_end(b: &[u8], at: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = at;
+    loop {
+        match (b.get(i)?, b.get(i + 1)) {
+            (b'/', Some(b'*')) => {
+                depth += 1;
+                i += 2;
+            }
+            (b'*', Some(b'/')) => {
+                depth -= 1;
+                i += 2;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+}
+
+/// After a `$` at `at`: past a parameter (`$1`) or a dollar-quoted string (`$tag$ … $tag$`);
+/// None when the quote is not closed. (A `$` inside a word is read with the word.)
+fn dollar_end(b: &[u8], at: usize) -> Option<usize> {
+    let digits = b[at + 1..]
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .count();
+    if digits > 0 {
+        return Some(at + 1 + digits);
+    }
+    let tag_len = b[at + 1..].iter().take_while(|&&c| ident_byte(c)).count();
+    if b.get(at + 1 + tag_len) != Some(&b'$') {
+        return Some(at + 1); // a lone `$`: the server's error, not a quote
+    }
+    let tag = &b[at..at + tag_len + 2];
+    let body = at + tag.len();
+    let close = b[body..].windows(tag.len()).position(|w| w == tag)?;
+    Some(body + close + tag.len())
 }
 
 /// The statement or portal a text that is only one `DEALLOCATE [PREPARE] name`,
@@ -181,12 +330,14 @@ fn last_word(s: &[u8]) -> Option<&[u8]> {
 }
 
 /// Whether `sql` may start with one of the commands read here: its first byte is the first
-/// letter of one, or space (read on).
+/// letter of one (`EXPLAIN` and `CREATE` among them), space or a comment (read on).
 #[inline]
 fn may_name(sql: &[u8]) -> bool {
     matches!(
         sql.first().map(u8::to_ascii_lowercase),
-        Some(b'd' | b'e' | b'c' | b'f' | b'm' | b' ' | b'\t' | b'\n' | b'\r' | b'\x0c')
+        Some(
+            b'd' | b'e' | b'c' | b'f' | b'm' | b'/' | b'-' | b' ' | b'\t' | b'\n' | b'\r' | b'\x0c'
+        )
     )
 }
 
@@ -262,7 +413,59 @@ fn identifier(s: &[u8]) -> Option<(Vec<u8>, &[u8])> {
 
 #[cfg(test)]
 mod tests {
-    use super::{sql_named, SqlName};
+    use super::{executed, sql_named, SqlName};
+
+    #[test]
+    fn an_execute_inside_another_command_is_read_only_where_the_sql_itself_says_it() {
+        // (the text, each name the server would execute with its bytes in the text)
+        let table: &[(&str, &[(&str, &str)])] = &[
+            (
+                "EXPLAIN (VERBOSE, FORMAT JSON) EXECUTE sqlx_s_1(NULL)",
+                &[("sqlx_s_1", "sqlx_s_1")],
+            ),
+            ("explain analyze execute S1", &[("s1", "S1")]),
+            (
+                "create temp table t as execute s1 with no data",
+                &[("s1", "s1")],
+            ),
+            ("/* c */ execute \"S\"\"1\"(1);", &[("S\"1", "\"S\"\"1\"")]),
+            ("-- c\nexecute a; execute b (2)", &[("a", "a"), ("b", "b")]),
+            ("select 'execute a'", &[]),
+            ("select \"execute a\"", &[]),
+            ("select $$execute a$$, $t$ execute b $t$", &[]),
+            ("select 1 /* execute a */", &[]),
+            ("select 1 -- execute a", &[]),
+            ("grant execute on function f() to r", &[]),
+            (
+                "create trigger t after insert on x execute function f()",
+                &[],
+            ),
+            ("execute all", &[]),
+            ("execute a b", &[]),
+            ("executea(1)", &[]),
+            ("x.execute a", &[("a", "a")]),
+            ("select $1, execute_a(1)", &[]),
+            // Read as the server might not: nothing is renamed.
+            ("select E'\\'' ; execute a", &[]),
+            ("select 'open; execute a", &[]),
+            ("/* open execute a", &[]),
+            ("select $q$ open execute a", &[]),
+        ];
+        for (sql, want) in table {
+            let got: Vec<(Vec<u8>, String)> = executed(sql.as_bytes())
+                .into_iter()
+                .map(|(n, at)| (n, sql[at].to_string()))
+                .collect();
+            let want: Vec<(Vec<u8>, String)> = want
+                .iter()
+                .map(|(n, at)| (n.as_bytes().to_vec(), at.to_string()))
+                .collect();
+            assert_eq!(got, want, "{sql}");
+        }
+        // Bounded: a text of many EXECUTEs is read up to the limit.
+        let many = "execute a;".repeat(100);
+        assert_eq!(executed(many.as_bytes()).len(), super::EXECUTES_MAX);
+    }
 
     #[test]
     fn a_lone_fetch_move_or_close_names_its_portal_by_its_last_word() {
