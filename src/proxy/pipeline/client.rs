@@ -289,17 +289,7 @@ impl Pipeline {
     /// Before a Bind of the unnamed statement and/or portal goes out.
     fn before_bind(&mut self, unnamed_portal: bool, unnamed_statement: bool) {
         if self.stmt_dirty && unnamed_statement {
-            // The client's unnamed statement is gone on a real server after a Query; ours
-            // may hold the gateway's own text. Close it first so the Bind fails as it should.
-            self.stmt_dirty = false;
-            self.prepared.propose(b"", None, self.group);
-            self.outbox.push_built(|out| {
-                put_message(out, b'C', &[b"S\0"]);
-                [Pending::Close {
-                    swallow: true,
-                    change: Some(Change::Stmt(Vec::new())),
-                }]
-            });
+            self.close_unnamed_statement();
         }
         if unnamed_portal {
             // A Bind replaces the unnamed portal whatever it held.
@@ -546,6 +536,21 @@ impl Pipeline {
     /// stop: every result is still counted and capped from the stream.
     fn stops_early(&self, stmt: &Stmt, may_read_catalogs: bool) -> bool {
         self.id.caps.mode == CapMode::Error || (stmt.kind != Kind::Write && !may_read_catalogs)
+    }
+
+    /// Close the unnamed statement the gateway's own messages may have left behind, before a
+    /// client Bind of it: on a real server a Query would have dropped the client's, so the
+    /// Bind fails as it should.
+    fn close_unnamed_statement(&mut self) {
+        self.stmt_dirty = false;
+        self.prepared.propose(b"", None, self.group);
+        self.outbox.push_built(|out| {
+            put_message(out, b'C', &[b"S\0"]);
+            [Pending::Close {
+                swallow: true,
+                change: Some(Change::Stmt(Vec::new())),
+            }]
+        });
     }
 
     /// Close the unnamed portal the gateway's own messages left behind, before a client

@@ -8,16 +8,17 @@
 //! (see `owned`), so a driver that prepares or binds through the protocol and then frees or
 //! moves by SQL (pgx's `Deallocate`, Rails' statement pool, asyncpg's `Cursor.forward`,
 //! which sends `MOVE FORWARD n <portal>`) would be told the name does not exist. A Query
-//! (or a Parse's text) that is exactly one such command, naming a statement or portal the server confirmed, goes
-//! to the backend with the name the server holds spliced in place of the client's (waiting,
+//! (or a Parse's text) that is exactly one such command, naming a statement or portal the
+//! server confirmed, goes to the backend with the name the server holds spliced in place of
+//! the client's (waiting,
 //! like a Bind, while that name's Parse or Bind is unanswered); anything else goes as it
 //! came (an SQL-made name, `ALL`, a command among others: the server answers for its own
 //! names). An `EXECUTE` of a confirmed protocol statement is renamed wherever it stands in a
 //! text that starts like one of these commands, `EXPLAIN`, `CREATE` or a comment, when it is
 //! a word of the SQL itself (not in a string, quoted name, dollar quote or comment) followed
-//! by its name and then `(`, `;`, `WITH` or the end. Nothing is enforced by this reading: at worst the client's own statement or
-//! portal is freed or moved, as it asked; rows a FETCH returns are counted and capped from
-//! the backend's stream like any others.
+//! by its name and then `(`, `;`, `WITH` or the end. Nothing is enforced by this reading: at
+//! worst the client's own statement or portal is freed, run or moved, as it asked; rows a
+//! FETCH returns are counted and capped from the backend's stream like any others.
 
 use std::ops::Range;
 
